@@ -1,0 +1,1 @@
+"""Alembic environment of leoflow's tables, driven by ``LeoflowDBManager`` (``airflow db migrate``)."""

@@ -1,0 +1,1 @@
+"""leoflow ledger migrations, one file per revision, numbered in order."""

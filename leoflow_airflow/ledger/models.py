@@ -1,0 +1,133 @@
+"""The ledger's tables, in their own ``MetaData`` inside Airflow's metadata database.
+
+DESIGN §2 / issue 2 item 2: leoflow keeps its attempts in tables it owns (never Airflow's ``Base``), created
+and upgraded by ``airflow db migrate`` through ``LeoflowDBManager``. The migration in
+``migrations/versions/0001_*.py`` creates exactly this schema; change both together.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.types import TypeDecorator
+
+__all__ = ["ID_LEN", "UtcDateTime", "attempt_table", "infra_budget_table", "metadata"]
+
+ID_LEN = 250
+"""Length of dag_id / task_id / run_id columns: Airflow's own limit for these ids."""
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+"""Deterministic constraint names, so migrations can name what they alter."""
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+"""leoflow's own MetaData; ``LeoflowDBManager.metadata``. Holds only leoflow tables."""
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timestamp stored in UTC and always read back timezone-aware (UTC).
+
+    Writing a naive ``datetime`` raises ``ValueError``: the ledger never guesses a timezone. SQLite keeps
+    no zone, so values read back naive there are marked UTC (they were written as UTC).
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        """Convert an aware datetime to UTC before it is written; reject a naive one."""
+        if value is None:
+            return None
+        if not isinstance(value, datetime):
+            raise TypeError(f"expected datetime, got {type(value).__name__}")
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError("naive datetime given to the ledger; pass a timezone-aware UTC value")
+        value = value.astimezone(timezone.utc)
+        if dialect.name == "sqlite":
+            # Stored as text without an offset so that string comparisons order correctly.
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        """Return the stored value as an aware UTC datetime."""
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+_PK_INT = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements only INTEGER keys
+
+attempt_table = Table(
+    "leoflow_attempt",
+    metadata,
+    Column("id", _PK_INT, primary_key=True, autoincrement=True),
+    Column("ti_id", String(36), nullable=False),
+    Column("try_number", Integer, nullable=False),
+    Column("attempt_epoch", Integer, nullable=False),
+    Column("dag_id", String(ID_LEN), nullable=False),
+    Column("task_id", String(ID_LEN), nullable=False),
+    Column("run_id", String(ID_LEN), nullable=False),
+    Column("map_index", Integer, nullable=False, server_default="-1"),
+    Column("state", String(20), nullable=False),
+    Column("runtime", String(20), nullable=False),
+    Column("workload_json", Text, nullable=False),
+    Column("scheduler_job_id", Integer, nullable=True),
+    Column("pid", Integer, nullable=True),
+    Column("proc_create_time", Float, nullable=True),
+    Column("record_path", Text, nullable=True),
+    Column("pod_name", String(253), nullable=True),
+    Column("pod_uid", String(64), nullable=True),
+    Column("reported_state", String(32), nullable=True),
+    Column("exit_status", Integer, nullable=True),
+    Column("resolution", String(32), nullable=True),
+    Column("detail", Text, nullable=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("dispatched_at", UtcDateTime, nullable=True),
+    Column("reported_at", UtcDateTime, nullable=True),
+    Column("exited_at", UtcDateTime, nullable=True),
+    Column("closed_at", UtcDateTime, nullable=True),
+    Column("updated_at", UtcDateTime, nullable=False),
+    UniqueConstraint("ti_id", "attempt_epoch"),
+    Index(None, "state"),
+    Index(None, "dag_id", "run_id", "task_id", "map_index"),
+    Index(None, "closed_at"),
+)
+"""One row per attempt (ti_id, attempt_epoch); ``try_number`` is carried for the guard.
+
+The unique key (ti_id, attempt_epoch) is what makes epoch claims atomic (``LedgerStore.claim_epoch``).
+"""
+
+infra_budget_table = Table(
+    "leoflow_infra_budget",
+    metadata,
+    Column("dag_id", String(ID_LEN), nullable=False),
+    Column("run_id", String(ID_LEN), nullable=False),
+    Column("task_id", String(ID_LEN), nullable=False),
+    Column("map_index", Integer, nullable=False),
+    Column("spent", Integer, nullable=False, server_default="0"),
+    Column("seen_max_tries", Integer, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("dag_id", "run_id", "task_id", "map_index"),
+)
+"""Infra re-drive budget per logical TI (DESIGN §2 "no record / RUNNING" row); used from the next issue."""

@@ -1,0 +1,121 @@
+"""The attempt ledger's vocabulary: attempt states, their transition table, resolutions, attempt refs.
+
+DESIGN §2: an attempt is (ti_id, try_number, attempt_epoch). Its ledger row moves through the states
+below only along the edges of ``TRANSITIONS``; every write that moves it is a guarded write whose
+expected states must each be allowed to reach the target (``check_transition``). Pure module: no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+__all__ = [
+    "TERMINAL_STATES",
+    "TRANSITIONS",
+    "AttemptRef",
+    "AttemptState",
+    "IllegalTransition",
+    "Resolution",
+    "check_transition",
+]
+
+
+class AttemptState(enum.StrEnum):
+    """Where one attempt stands in leoflow's ledger (the ``state`` column of ``leoflow_attempt``).
+
+    The values are the strings stored in the database; renaming one needs a migration.
+    """
+
+    CLAIMED = "claimed"
+    """Epoch claimed, workload stored (token stripped), not yet handed to the runtime."""
+    DISPATCHED = "dispatched"
+    """Handed to the runtime (Lite: agent forked, pid + process create time known)."""
+    REPORTED = "reported"
+    """The agent's terminal ``PATCH …/state`` returned 2xx: the attempt's slot is freed."""
+    EXITED = "exited"
+    """Proof of death: no process of the attempt's subtree is left, or its pod is terminal/gone."""
+    SETTLING = "settling"
+    """The reconciler committed its settling mark before acting (DESIGN §2 settle mechanics)."""
+    CLOSED = "closed"
+    """Final. ``resolution`` says how the attempt ended."""
+
+
+class Resolution(enum.StrEnum):
+    """How a CLOSED attempt ended (the ``resolution`` column); one value per row of DESIGN §2's table."""
+
+    REPORTED = "reported"
+    """Airflow got the agent's own terminal report: the normal path."""
+    REPLAYED = "replayed"
+    """The reconciler replayed the recorded terminal ``PATCH`` body through the Execution API."""
+    INFRA_REDRIVE = "infra_redrive"
+    """No usable evidence: the TI was reset as an infra loss and re-runs as a new try."""
+    REDISPATCHED = "redispatched"
+    """The agent died before ``/run``: the same ``ti_id`` was dispatched again as epoch + 1."""
+    EXECUTOR_FAILED = "executor_failed"
+    """A budget was spent: ``executor.fail(key)`` handed the TI to Airflow's killed-externally path."""
+    RESTARTING = "restarting"
+    """A user cleared the running task: ``executor.success(key)`` let Airflow's RESTARTING branch re-run it."""
+    MOVED_ON = "moved_on"
+    """Airflow's TI was already terminal or belongs to another attempt: closed, nothing else done."""
+    REVOKED = "revoked"
+    """``revoke_task``/``terminate`` killed the attempt's subtree."""
+    LAUNCH_FAILED = "launch_failed"
+    """The runtime never started the attempt (a rejected or refused dispatch)."""
+    ABANDONED = "abandoned"
+    """Given up without evidence either way (for example the row outlived every bound)."""
+
+
+class IllegalTransition(ValueError):
+    """A move between two attempt states that ``TRANSITIONS`` does not allow: a programming error."""
+
+
+_S = AttemptState
+
+TRANSITIONS: Mapping[AttemptState, frozenset[AttemptState]] = MappingProxyType(
+    {
+        _S.CLAIMED: frozenset({_S.DISPATCHED, _S.CLOSED}),
+        _S.DISPATCHED: frozenset({_S.REPORTED, _S.EXITED, _S.CLOSED}),
+        _S.REPORTED: frozenset({_S.EXITED, _S.CLOSED}),
+        _S.EXITED: frozenset({_S.SETTLING, _S.CLOSED}),
+        # SETTLING -> EXITED: the settle call failed; the reconciler retries on a later sync().
+        _S.SETTLING: frozenset({_S.CLOSED, _S.EXITED}),
+        _S.CLOSED: frozenset(),
+    }
+)
+"""Allowed moves, ``from -> {to, …}``. Read-only; every state has an entry."""
+
+TERMINAL_STATES: frozenset[AttemptState] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+"""States with no way out (just CLOSED)."""
+
+
+def check_transition(frm: AttemptState | str, to: AttemptState | str) -> None:
+    """Raise unless ``frm -> to`` is an edge of ``TRANSITIONS``.
+
+    Both arguments may be members or their string values. Raises ``IllegalTransition`` (a
+    ``ValueError``) naming both states; an unknown state string raises ``ValueError`` from the enum.
+    A self-loop is illegal: a write that keeps the state is ``LedgerStore.record_facts``.
+    """
+    frm_state = AttemptState(frm)
+    to_state = AttemptState(to)
+    if to_state not in TRANSITIONS[frm_state]:
+        raise IllegalTransition(f"illegal attempt transition {frm_state.value!r} -> {to_state.value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRef:
+    """The identity of one execution (DESIGN §2 "Attempt"); every guarded write names one.
+
+    ``ti_id`` is Airflow's ``TaskInstance.id`` as ``str(uuid)``; ``try_number`` is Airflow's try (>= 1);
+    ``attempt_epoch`` counts dispatches of the same ``ti_id``, starting at 1.
+    """
+
+    ti_id: str
+    try_number: int
+    attempt_epoch: int
+
+    def __str__(self) -> str:
+        """Render as ``ti_id/try/epoch`` for log lines."""
+        return f"{self.ti_id}/{self.try_number}/{self.attempt_epoch}"

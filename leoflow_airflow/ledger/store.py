@@ -1,0 +1,396 @@
+"""``LedgerStore``: every read and guarded write of leoflow's attempt ledger.
+
+DESIGN §2 Invariant 1 (fencing): each write names the exact attempt (ti_id, try_number, attempt_epoch) and
+the states it expects, runs as ONE ``UPDATE … WHERE`` and returns whether a row changed. ``False`` means
+someone else moved the attempt on; callers log at debug and do nothing destructive. Epochs are claimed
+atomically through the unique key (ti_id, attempt_epoch). The store owns its engine and short
+transactions: no transaction outlives a method call, so none is ever held across an HTTP call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine, RowMapping
+from sqlalchemy.exc import IntegrityError
+
+from leoflow_airflow.ledger.models import attempt_table
+from leoflow_airflow.ledger.states import (
+    AttemptRef,
+    AttemptState,
+    Resolution,
+    check_transition,
+)
+
+__all__ = ["FACT_COLUMNS", "Attempt", "LedgerConflict", "LedgerStore"]
+
+log = logging.getLogger(__name__)
+
+FACT_COLUMNS: frozenset[str] = frozenset(
+    {
+        "scheduler_job_id",
+        "pid",
+        "proc_create_time",
+        "record_path",
+        "pod_name",
+        "pod_uid",
+        "reported_state",
+        "exit_status",
+        "resolution",
+        "detail",
+    }
+)
+"""Columns a guarded write may set as ``**facts``. Identity, state and timestamps are the store's own."""
+
+_STATE_TIMESTAMP: Mapping[AttemptState, str] = {
+    AttemptState.DISPATCHED: "dispatched_at",
+    AttemptState.REPORTED: "reported_at",
+    AttemptState.EXITED: "exited_at",
+    AttemptState.CLOSED: "closed_at",
+}
+
+_OPEN_STATES = tuple(s.value for s in AttemptState if s is not AttemptState.CLOSED)
+
+CLAIM_ATTEMPTS = 8
+"""How many times ``claim_epoch`` re-reads and retries after losing a race before ``LedgerConflict``."""
+
+
+class LedgerConflict(RuntimeError):
+    """``claim_epoch`` lost the race for a new epoch ``CLAIM_ATTEMPTS`` times in a row."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One ledger row, read-only. Timestamps are timezone-aware UTC; ``proc_create_time`` is seconds since
+    the epoch as ``psutil.Process.create_time()`` gives it; ``workload_json`` never holds a token."""
+
+    ref: AttemptRef
+    dag_id: str
+    task_id: str
+    run_id: str
+    map_index: int
+    state: AttemptState
+    runtime: str
+    workload_json: str
+    scheduler_job_id: int | None
+    pid: int | None
+    proc_create_time: float | None
+    record_path: str | None
+    pod_name: str | None
+    pod_uid: str | None
+    reported_state: str | None
+    exit_status: int | None
+    resolution: Resolution | None
+    detail: str | None
+    created_at: datetime
+    dispatched_at: datetime | None
+    reported_at: datetime | None
+    exited_at: datetime | None
+    closed_at: datetime | None
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> Attempt:
+        """Build from a ``leoflow_attempt`` row mapping. Raises ``ValueError`` on an unknown state."""
+        return cls(
+            ref=AttemptRef(row["ti_id"], row["try_number"], row["attempt_epoch"]),
+            dag_id=row["dag_id"],
+            task_id=row["task_id"],
+            run_id=row["run_id"],
+            map_index=row["map_index"],
+            state=AttemptState(row["state"]),
+            runtime=row["runtime"],
+            workload_json=row["workload_json"],
+            scheduler_job_id=row["scheduler_job_id"],
+            pid=row["pid"],
+            proc_create_time=row["proc_create_time"],
+            record_path=row["record_path"],
+            pod_name=row["pod_name"],
+            pod_uid=row["pod_uid"],
+            reported_state=row["reported_state"],
+            exit_status=row["exit_status"],
+            resolution=Resolution(row["resolution"]) if row["resolution"] is not None else None,
+            detail=row["detail"],
+            created_at=row["created_at"],
+            dispatched_at=row["dispatched_at"],
+            reported_at=row["reported_at"],
+            exited_at=row["exited_at"],
+            closed_at=row["closed_at"],
+            updated_at=row["updated_at"],
+        )
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _dispose_after_fork(store_ref: weakref.ref[LedgerStore]) -> None:
+    store = store_ref()
+    if store is not None:
+        # close=False: the parent still owns those sockets; the child just forgets them.
+        store.engine.dispose(close=False)
+
+
+class LedgerStore:
+    """Reads and guarded writes of ``leoflow_attempt`` over one SQLAlchemy engine.
+
+    Thread-safe (each call checks out its own connection). ``clock`` returns the aware UTC "now" used for
+    every timestamp the store writes (tests inject one). After ``os.fork()`` the child disposes the
+    engine's pool without closing the parent's connections (issue 2: any engine leoflow owns is disposed
+    after a fork).
+    """
+
+    def __init__(self, engine: Engine, *, clock: Callable[[], datetime] = _utcnow) -> None:
+        """Wrap ``engine`` (whose database already has the ledger tables; see ``LeoflowDBManager``)."""
+        self.engine = engine
+        self._clock = clock
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=lambda ref=weakref.ref(self): _dispose_after_fork(ref))
+
+    @classmethod
+    def from_airflow(cls) -> LedgerStore:
+        """A store on its own small engine to Airflow's metadata DB (``airflow.settings.SQL_ALCHEMY_CONN``).
+
+        Takes Airflow's ``[database] sql_alchemy_connect_args`` and pool recycle; pool of 2 (+2 overflow),
+        ``pool_pre_ping``; SQLite gets a 30 s busy timeout unless the connect args set one, and MySQL
+        READ COMMITTED like Airflow's own engine. Raises ``RuntimeError`` if Airflow has no DB URL.
+        """
+        from airflow import settings
+        from airflow.configuration import conf
+
+        url = settings.SQL_ALCHEMY_CONN
+        if not url:
+            raise RuntimeError("airflow.settings.SQL_ALCHEMY_CONN is not set; cannot open the leoflow ledger")
+        connect_args: dict[str, Any] = {}
+        if conf.has_option("database", "sql_alchemy_connect_args"):
+            connect_args = dict(conf.getimport("database", "sql_alchemy_connect_args") or {})
+        engine_args: dict[str, Any] = {"pool_pre_ping": True}
+        backend = sa.make_url(url).get_backend_name()
+        if backend == "sqlite":
+            connect_args.setdefault("timeout", 30)
+            connect_args["check_same_thread"] = False
+        else:
+            engine_args.update(
+                pool_size=2,
+                max_overflow=2,
+                pool_recycle=conf.getint("database", "sql_alchemy_pool_recycle", fallback=1800),
+            )
+        if backend == "mysql":
+            engine_args["isolation_level"] = "READ COMMITTED"
+        engine = sa.create_engine(url, connect_args=connect_args, **engine_args)
+        return cls(engine)
+
+    # ------------------------------------------------------------------ writes
+
+    def claim_epoch(
+        self,
+        *,
+        ti_id: str,
+        try_number: int,
+        dag_id: str,
+        task_id: str,
+        run_id: str,
+        map_index: int,
+        runtime: str,
+        workload_json: str,
+        scheduler_job_id: int | None,
+    ) -> Attempt:
+        """Claim the next epoch of ``ti_id`` (its highest epoch + 1, or 1) and insert it as CLAIMED.
+
+        Atomic through the unique key (ti_id, attempt_epoch): a concurrent claimer that took the same
+        epoch makes the insert fail; this method then re-reads and retries, up to ``CLAIM_ATTEMPTS``
+        times, then raises ``LedgerConflict``. Two concurrent claimers therefore get distinct epochs.
+        ``workload_json`` must already have its token stripped (DESIGN §3 Dispatch). Any other integrity
+        error propagates as ``sqlalchemy.exc.IntegrityError``. Returns the inserted row.
+        """
+        t = attempt_table
+        for _ in range(CLAIM_ATTEMPTS):
+            now = self._clock()
+            try:
+                with self.engine.begin() as conn:
+                    top = conn.execute(
+                        sa.select(sa.func.max(t.c.attempt_epoch)).where(t.c.ti_id == ti_id)
+                    ).scalar_one()
+                    epoch = (top or 0) + 1
+                    conn.execute(
+                        t.insert().values(
+                            ti_id=ti_id,
+                            try_number=try_number,
+                            attempt_epoch=epoch,
+                            dag_id=dag_id,
+                            task_id=task_id,
+                            run_id=run_id,
+                            map_index=map_index,
+                            state=AttemptState.CLAIMED.value,
+                            runtime=runtime,
+                            workload_json=workload_json,
+                            scheduler_job_id=scheduler_job_id,
+                            created_at=now,
+                            updated_at=now,
+                        )
+                    )
+            except IntegrityError:
+                if self.get_epoch(ti_id, epoch) is None:
+                    raise  # not a lost race: a real constraint violation
+                log.debug("lost the race for epoch %d of ti %s; retrying", epoch, ti_id)
+                continue
+            attempt = self.get(AttemptRef(ti_id, try_number, epoch))
+            if attempt is None:  # pragma: no cover - the row was committed just above
+                raise LedgerConflict(f"claimed epoch {epoch} of ti {ti_id} vanished")
+            return attempt
+        raise LedgerConflict(f"could not claim an epoch for ti {ti_id} after {CLAIM_ATTEMPTS} tries")
+
+    def transition(
+        self,
+        ref: AttemptRef,
+        *,
+        expected: Iterable[AttemptState],
+        to: AttemptState,
+        **facts: Any,
+    ) -> bool:
+        """Move ``ref`` to ``to`` if it is in one of ``expected``; return whether a row changed.
+
+        One guarded ``UPDATE … WHERE ti_id AND try_number AND attempt_epoch AND state IN expected`` that
+        sets ``state``, the given ``facts`` (names from ``FACT_COLUMNS``), ``updated_at`` and, for
+        DISPATCHED/REPORTED/EXITED/CLOSED, ``dispatched_at``/``reported_at``/``exited_at``/``closed_at``
+        (kept if already set, so it is the first time the attempt got there). Raises ``IllegalTransition``
+        if any expected -> to is not in ``TRANSITIONS``, ``ValueError`` for an empty ``expected``, a bad
+        ``resolution``, or a move to CLOSED without a ``resolution``, and ``TypeError`` for unknown facts.
+        """
+        states = self._expected(expected)
+        to_state = AttemptState(to)
+        for frm in states:
+            check_transition(frm, to_state)
+        values = self._fact_values(facts)
+        if to_state is AttemptState.CLOSED and values.get("resolution") is None:
+            raise ValueError(f"closing attempt {ref} needs a resolution")
+        now = self._clock()
+        values["state"] = to_state.value
+        values["updated_at"] = now
+        stamp = _STATE_TIMESTAMP.get(to_state)
+        if stamp is not None:
+            col = attempt_table.c[stamp]
+            values[stamp] = sa.func.coalesce(col, sa.bindparam(f"{stamp}_now", now, type_=col.type))
+        return self._guarded_update(ref, states, values)
+
+    def record_facts(self, ref: AttemptRef, *, expected: Iterable[AttemptState], **facts: Any) -> bool:
+        """Set ``facts`` on ``ref`` if it is in one of ``expected``, state unchanged; return whether a row
+        changed. Background work records facts; only reconciliation settles (DESIGN §2 Invariant 2).
+        Raises ``TypeError`` for no facts or unknown names, ``ValueError`` for an empty ``expected``
+        or a bad ``resolution``.
+        """
+        states = self._expected(expected)
+        if not facts:
+            raise TypeError("record_facts needs at least one fact")
+        values = self._fact_values(facts)
+        values["updated_at"] = self._clock()
+        return self._guarded_update(ref, states, values)
+
+    # ------------------------------------------------------------------ reads
+
+    def get(self, ref: AttemptRef) -> Attempt | None:
+        """The row of exactly this attempt (all three of ti_id, try_number, epoch must match), or None."""
+        t = attempt_table
+        return self._one(
+            sa.select(t).where(
+                t.c.ti_id == ref.ti_id,
+                t.c.try_number == ref.try_number,
+                t.c.attempt_epoch == ref.attempt_epoch,
+            )
+        )
+
+    def get_epoch(self, ti_id: str, attempt_epoch: int) -> Attempt | None:
+        """The row of ``ti_id`` at ``attempt_epoch`` whatever its try_number, or None."""
+        t = attempt_table
+        return self._one(sa.select(t).where(t.c.ti_id == ti_id, t.c.attempt_epoch == attempt_epoch))
+
+    def current(self, ti_id: str) -> Attempt | None:
+        """The highest-epoch row of ``ti_id`` (the only one allowed to act, DESIGN §2), or None."""
+        t = attempt_table
+        return self._one(
+            sa.select(t).where(t.c.ti_id == ti_id).order_by(t.c.attempt_epoch.desc()).limit(1)
+        )
+
+    def open_attempts(self, *, runtime: str | None = None) -> list[Attempt]:
+        """Every attempt not CLOSED (optionally only of ``runtime``: "lite"/"kubernetes"), oldest id first."""
+        t = attempt_table
+        query = sa.select(t).where(t.c.state.in_(_OPEN_STATES)).order_by(t.c.id)
+        if runtime is not None:
+            query = query.where(t.c.runtime == runtime)
+        return self._many(query)
+
+    def closed_before(self, cutoff: datetime, *, limit: int) -> list[Attempt]:
+        """Up to ``limit`` CLOSED attempts with ``closed_at < cutoff`` (aware), oldest close first (for GC).
+
+        Raises ``ValueError`` for a naive ``cutoff`` or a ``limit`` below 1.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        if cutoff.tzinfo is None or cutoff.utcoffset() is None:
+            raise ValueError("closed_before needs a timezone-aware cutoff")
+        t = attempt_table
+        query = (
+            sa.select(t)
+            .where(t.c.state == AttemptState.CLOSED.value, t.c.closed_at < cutoff)
+            .order_by(t.c.closed_at, t.c.id)
+            .limit(limit)
+        )
+        return self._many(query)
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _expected(expected: Iterable[AttemptState]) -> tuple[AttemptState, ...]:
+        if isinstance(expected, str):  # a bare state would iterate as characters
+            expected = (expected,)  # type: ignore[assignment]
+        states = tuple(dict.fromkeys(AttemptState(s) for s in expected))
+        if not states:
+            raise ValueError("a guarded write needs at least one expected state")
+        return states
+
+    @staticmethod
+    def _fact_values(facts: Mapping[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(facts) - FACT_COLUMNS)
+        if unknown:
+            raise TypeError(f"unknown ledger fact(s): {', '.join(unknown)}")
+        values = dict(facts)
+        if values.get("resolution") is not None:
+            values["resolution"] = Resolution(values["resolution"]).value
+        return values
+
+    def _guarded_update(
+        self, ref: AttemptRef, states: tuple[AttemptState, ...], values: dict[str, Any]
+    ) -> bool:
+        t = attempt_table
+        stmt = (
+            t.update()
+            .where(
+                t.c.ti_id == ref.ti_id,
+                t.c.try_number == ref.try_number,
+                t.c.attempt_epoch == ref.attempt_epoch,
+                t.c.state.in_([s.value for s in states]),
+            )
+            .values(**values)
+        )
+        with self.engine.begin() as conn:
+            changed = conn.execute(stmt).rowcount == 1
+        if not changed:
+            log.debug("guarded write on attempt %s expecting %s changed nothing", ref, [s.value for s in states])
+        return changed
+
+    def _one(self, query: sa.Select) -> Attempt | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(query).mappings().first()
+        return Attempt.from_row(row) if row is not None else None
+
+    def _many(self, query: sa.Select) -> list[Attempt]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).mappings().all()
+        return [Attempt.from_row(r) for r in rows]

@@ -1,0 +1,232 @@
+"""LedgerStore on SQLite: epoch claims, guarded writes and reads (DESIGN §2 Invariant 1)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from leoflow_airflow.ledger.models import metadata
+from leoflow_airflow.ledger.states import AttemptRef, AttemptState, IllegalTransition, Resolution
+from leoflow_airflow.ledger.store import LedgerStore
+
+S = AttemptState
+T0 = datetime(2025, 11, 29, 12, 0, 0, tzinfo=timezone.utc)
+
+
+class Clock:
+    """A manual clock: aware UTC, advanced by the test."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def tick(self, seconds: float = 1.0) -> datetime:
+        self.now += timedelta(seconds=seconds)
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path, clock) -> LedgerStore:
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+    metadata.create_all(engine)
+    yield LedgerStore(engine, clock=clock)
+    engine.dispose()
+
+
+def claim(store: LedgerStore, ti_id: str | None = None, *, try_number: int = 1, runtime: str = "lite", **kw):
+    args = dict(
+        ti_id=ti_id or str(uuid.uuid4()),
+        try_number=try_number,
+        dag_id="dag",
+        task_id="task",
+        run_id="run",
+        map_index=-1,
+        runtime=runtime,
+        workload_json='{"ti": "x"}',
+        scheduler_job_id=7,
+    )
+    args.update(kw)
+    return store.claim_epoch(**args)
+
+
+def test_claim_starts_at_epoch_one_and_stores_the_workload(store):
+    a = claim(store, try_number=3)
+    assert a.ref.attempt_epoch == 1 and a.ref.try_number == 3
+    assert a.state is S.CLAIMED
+    assert a.workload_json == '{"ti": "x"}' and a.scheduler_job_id == 7 and a.runtime == "lite"
+    assert a.created_at == T0 == a.updated_at
+    assert a.created_at.tzinfo is not None
+    assert a.dispatched_at is None and a.closed_at is None and a.resolution is None
+    assert store.get(a.ref) == a
+
+
+def test_each_claim_of_the_same_ti_raises_the_epoch(store):
+    ti = str(uuid.uuid4())
+    epochs = [claim(store, ti).ref.attempt_epoch for _ in range(3)]
+    assert epochs == [1, 2, 3]
+    assert claim(store).ref.attempt_epoch == 1  # another ti_id starts over
+    assert store.current(ti).ref.attempt_epoch == 3
+
+
+def test_a_real_constraint_violation_is_not_mistaken_for_a_lost_race(store):
+    with pytest.raises(IntegrityError):
+        claim(store, dag_id=None)
+
+
+def test_normal_path_sets_facts_and_timestamps(store, clock):
+    a = claim(store)
+    t1 = clock.tick()
+    assert store.transition(a.ref, expected=[S.CLAIMED], to=S.DISPATCHED, pid=4242, proc_create_time=1700000000.25)
+    t2 = clock.tick()
+    assert store.transition(a.ref, expected=[S.DISPATCHED], to=S.REPORTED, reported_state="success")
+    t3 = clock.tick()
+    assert store.transition(a.ref, expected=[S.REPORTED, S.DISPATCHED], to=S.EXITED, exit_status=0)
+    t4 = clock.tick()
+    assert store.transition(a.ref, expected=[S.EXITED], to=S.CLOSED, resolution=Resolution.REPORTED)
+
+    got = store.get(a.ref)
+    assert got.state is S.CLOSED and got.resolution is Resolution.REPORTED
+    assert (got.pid, got.proc_create_time, got.reported_state, got.exit_status) == (4242, 1700000000.25, "success", 0)
+    assert (got.dispatched_at, got.reported_at, got.exited_at, got.closed_at) == (t1, t2, t3, t4)
+    assert got.updated_at == t4 and got.created_at == T0
+
+
+def test_guarded_write_changes_nothing_for_another_epoch_try_or_state(store, clock):
+    a = claim(store)
+    before = store.get(a.ref)
+    clock.tick()
+    ti, t, e = a.ref.ti_id, a.ref.try_number, a.ref.attempt_epoch
+    assert not store.transition(AttemptRef(ti, t, e + 1), expected=[S.CLAIMED], to=S.DISPATCHED, pid=1)
+    assert not store.transition(AttemptRef(ti, t + 1, e), expected=[S.CLAIMED], to=S.DISPATCHED, pid=1)
+    assert not store.transition(a.ref, expected=[S.DISPATCHED], to=S.EXITED, pid=1)
+    assert not store.record_facts(a.ref, expected=[S.DISPATCHED], pid=1)
+    assert store.get(a.ref) == before
+
+
+def test_second_identical_transition_loses(store):
+    a = claim(store)
+    assert store.transition(a.ref, expected=[S.CLAIMED], to=S.DISPATCHED) is True
+    assert store.transition(a.ref, expected=[S.CLAIMED], to=S.DISPATCHED) is False
+
+
+def test_stale_epoch_cannot_touch_the_current_epoch(store):
+    ti = str(uuid.uuid4())
+    old = claim(store, ti)
+    assert store.transition(old.ref, expected=[S.CLAIMED], to=S.DISPATCHED)
+    assert store.transition(old.ref, expected=[S.DISPATCHED], to=S.CLOSED, resolution="redispatched")
+    new = claim(store, ti)
+    assert store.transition(new.ref, expected=[S.CLAIMED], to=S.DISPATCHED, pid=2)
+    current_before = store.current(ti)
+
+    assert not store.transition(old.ref, expected=[S.DISPATCHED], to=S.EXITED)
+    assert not store.record_facts(old.ref, expected=[S.DISPATCHED], pid=999)
+    assert store.current(ti) == current_before
+    assert store.get(old.ref).state is S.CLOSED
+
+
+def test_illegal_transitions_raise_before_writing(store):
+    a = claim(store)
+    with pytest.raises(IllegalTransition):
+        store.transition(a.ref, expected=[S.CLAIMED], to=S.REPORTED)
+    # one bad edge among several expected states is still a programming error
+    with pytest.raises(IllegalTransition):
+        store.transition(a.ref, expected=[S.CLAIMED, S.CLOSED], to=S.DISPATCHED)
+    with pytest.raises(IllegalTransition):
+        store.transition(a.ref, expected=[S.CLAIMED], to=S.CLAIMED)
+    assert store.get(a.ref).state is S.CLAIMED
+
+
+def test_bad_arguments_are_rejected(store):
+    a = claim(store)
+    with pytest.raises(TypeError, match="bogus"):
+        store.transition(a.ref, expected=[S.CLAIMED], to=S.DISPATCHED, bogus=1)
+    with pytest.raises(TypeError, match="attempt_epoch"):
+        store.record_facts(a.ref, expected=[S.CLAIMED], attempt_epoch=5)
+    with pytest.raises(TypeError):
+        store.record_facts(a.ref, expected=[S.CLAIMED])
+    with pytest.raises(ValueError, match="expected"):
+        store.transition(a.ref, expected=[], to=S.DISPATCHED)
+    with pytest.raises(ValueError, match="resolution"):
+        store.transition(a.ref, expected=[S.CLAIMED], to=S.CLOSED)
+    with pytest.raises(ValueError):
+        store.transition(a.ref, expected=[S.CLAIMED], to=S.CLOSED, resolution="gone")
+    assert store.get(a.ref).state is S.CLAIMED
+
+
+def test_record_facts_keeps_the_state(store, clock):
+    a = claim(store)
+    store.transition(a.ref, expected=[S.CLAIMED], to=S.DISPATCHED)
+    t = clock.tick()
+    assert store.record_facts(a.ref, expected=[S.DISPATCHED], record_path="/r/a.json", pod_name="p", pod_uid="u")
+    got = store.get(a.ref)
+    assert got.state is S.DISPATCHED
+    assert (got.record_path, got.pod_name, got.pod_uid, got.updated_at) == ("/r/a.json", "p", "u", t)
+
+
+def test_failed_settle_returns_to_exited_keeping_time_of_death(store, clock):
+    a = claim(store)
+    store.transition(a.ref, expected=[S.CLAIMED], to=S.DISPATCHED)
+    died = clock.tick()
+    store.transition(a.ref, expected=[S.DISPATCHED], to=S.EXITED)
+    clock.tick()
+    assert store.transition(a.ref, expected=[S.EXITED], to=S.SETTLING)
+    clock.tick()
+    assert store.transition(a.ref, expected=[S.SETTLING], to=S.EXITED, detail="settle timed out")
+    got = store.get(a.ref)
+    assert got.state is S.EXITED and got.exited_at == died and got.detail == "settle timed out"
+
+
+def test_current_and_get(store):
+    assert store.current("no-such-ti") is None
+    a = claim(store)
+    assert store.get(AttemptRef(a.ref.ti_id, a.ref.try_number, 2)) is None
+    assert store.current(a.ref.ti_id) == a
+
+
+def test_open_attempts_lists_unclosed_by_id_and_filters_runtime(store):
+    lite1 = claim(store)
+    k8s = claim(store, runtime="kubernetes")
+    done = claim(store)
+    store.transition(done.ref, expected=[S.CLAIMED], to=S.CLOSED, resolution="launch_failed")
+    lite2 = claim(store)
+    store.transition(lite2.ref, expected=[S.CLAIMED], to=S.DISPATCHED)
+
+    assert [a.ref for a in store.open_attempts()] == [lite1.ref, k8s.ref, lite2.ref]
+    assert [a.ref for a in store.open_attempts(runtime="lite")] == [lite1.ref, lite2.ref]
+    assert [a.ref for a in store.open_attempts(runtime="kubernetes")] == [k8s.ref]
+
+
+def test_closed_before_pages_oldest_first(store, clock):
+    closed = []
+    for _ in range(4):
+        a = claim(store)
+        clock.tick(60)
+        store.transition(a.ref, expected=[S.CLAIMED], to=S.CLOSED, resolution="moved_on")
+        closed.append(a.ref)
+    claim(store)  # open: never listed
+    cutoff = T0 + timedelta(seconds=180)  # the first three closed at +60, +120, +180 -> two strictly before
+
+    assert [a.ref for a in store.closed_before(cutoff, limit=10)] == closed[:2]
+    assert [a.ref for a in store.closed_before(cutoff + timedelta(hours=1), limit=3)] == closed[:3]
+    with pytest.raises(ValueError):
+        store.closed_before(datetime(2030, 1, 1), limit=1)
+    with pytest.raises(ValueError):
+        store.closed_before(cutoff, limit=0)
+
+
+def test_timestamps_round_trip_as_utc_from_other_zones(store, clock):
+    clock.now = datetime(2025, 11, 29, 14, 0, tzinfo=timezone(timedelta(hours=2)))
+    a = claim(store)
+    assert a.created_at == datetime(2025, 11, 29, 12, 0, tzinfo=timezone.utc)
+    assert a.created_at.utcoffset() == timedelta(0)
