@@ -1,0 +1,27 @@
+"""SQLite settings for the demo stack: a 30 s busy timeout for every Airflow DB connection.
+
+SQLite lets one writer in at a time. pysqlite's default busy timeout is 5 s, after which a waiting writer
+fails with ``database is locked``; with LocalExecutor at ``[core] parallelism`` 32 on 2 cores that happened.
+Airflow takes connect args only as an import path (``[database] sql_alchemy_connect_args`` and its async
+twin), so the dicts live here and the stack puts the repo root on ``PYTHONPATH``. WAL mode (readers never
+block the writer) is switched on once per database file by ``AirflowStack.migrate()``.
+"""
+
+from __future__ import annotations
+
+BUSY_TIMEOUT_SECONDS = 30.0
+"""How long a connection waits for SQLite's write lock before ``database is locked`` (seconds)."""
+
+CONNECT_ARGS: dict[str, object] = {"timeout": BUSY_TIMEOUT_SECONDS}
+"""Connect args of Airflow's synchronous engine (pysqlite: ``timeout`` in seconds)."""
+
+CONNECT_ARGS_ASYNC: dict[str, object] = {"timeout": BUSY_TIMEOUT_SECONDS}
+"""Connect args of Airflow's async engine (aiosqlite: ``timeout`` in seconds)."""
+
+
+def env() -> dict[str, str]:
+    """The ``AIRFLOW__DATABASE__*`` variables that point Airflow at the connect args above."""
+    return {
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{__name__}.CONNECT_ARGS",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": f"{__name__}.CONNECT_ARGS_ASYNC",
+    }

@@ -1,0 +1,387 @@
+"""A real Airflow 3.3 (scheduler, dag-processor, api-server) in a throwaway AIRFLOW_HOME.
+
+All configuration goes through ``AIRFLOW__SECTION__KEY`` environment variables handed to each process; no
+``airflow.cfg`` is written by us. The REST API v2 is reached with a SimpleAuthManager user whose password
+the stack generates, through ``POST /auth/token``.
+
+Typical use::
+
+    with AirflowStack(home, executor="LocalExecutor", example_dags=["tutorial"]) as stack:
+        stack.migrate()
+        stack.start(wait_for_dags=["tutorial"])
+        stack.unpause("tutorial")
+        run_id = stack.trigger("tutorial")
+        assert stack.wait_for_run("tutorial", run_id, timeout=120) == "success"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from devtools import procs, sqlite_tuning
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+OUR_DAGS = REPO_ROOT / "dags"
+TERMINAL_RUN_STATES = frozenset({"success", "failed"})
+API_USER = "leoflow"
+
+
+class StackError(RuntimeError):
+    """The stack could not be brought up, or an API call failed; the message names the log to read."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picked it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def example_dag_file(name: str) -> Path:
+    """Path of Airflow's bundled example DAG file ``name`` (without ``.py``) in the installed packages.
+
+    Looks in ``airflow/example_dags`` and ``airflow/providers/standard/example_dags``. Raises
+    ``FileNotFoundError`` when neither has it.
+    """
+    import airflow
+
+    root = Path(airflow.__file__).resolve().parent
+    for folder in (root / "example_dags", root / "providers" / "standard" / "example_dags"):
+        candidate = folder / f"{name}.py"
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"no bundled example DAG file {name}.py under {root}")
+
+
+class AirflowStack:
+    """A real Airflow with its own AIRFLOW_HOME, ports, JWT secret and admin user.
+
+    ``home``: an empty or missing directory that the stack owns. ``executor``: the ``[core] executor``
+    string, e.g. ``"LocalExecutor"`` or ``"leoflow_airflow.executor.LeoflowExecutor"``. ``parallelism``:
+    ``[core] parallelism``. ``dags_folder``: our DAGs (a LocalDagBundle). ``example_dags``: names of Airflow's
+    bundled example files (without ``.py``) copied into ``home/example_dags``, a second LocalDagBundle.
+    ``sql_alchemy_conn``: a SQLAlchemy URL; ``None`` means SQLite at ``home/airflow.db`` with WAL and a 30 s
+    busy timeout (``tune_sqlite=False`` keeps SQLite's defaults, for measuring). ``extra_env``: more variables
+    for every process, applied last (they win).
+
+    Use as a context manager or call ``stop()``: every process started is stopped, including task
+    processes that left their parent's process group.
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        *,
+        executor: str = "LocalExecutor",
+        parallelism: int = 6,
+        dags_folder: Path = OUR_DAGS,
+        example_dags: list[str] | tuple[str, ...] = (),
+        sql_alchemy_conn: str | None = None,
+        extra_env: dict[str, str] | None = None,
+        tune_sqlite: bool = True,
+    ) -> None:
+        self.home = Path(home).resolve()
+        self.executor = executor
+        self.parallelism = parallelism
+        self.dags_folder = Path(dags_folder).resolve()
+        self.example_dags = list(example_dags)
+        self.sqlite = sql_alchemy_conn is None
+        self.sql_alchemy_conn = sql_alchemy_conn or f"sqlite:///{self.home / 'airflow.db'}"
+        self.extra_env = dict(extra_env or {})
+        self.tune_sqlite = tune_sqlite
+        self.stack_id = uuid.uuid4().hex
+        self.api_port = free_port()
+        self.log_server_port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.api_port}"
+        self.process_logs = self.home / "process-logs"
+        self.traces_dir = self.home / "traces"
+        self.examples_folder = self.home / "example_dags"
+        self._password = secrets.token_urlsafe(16)
+        self._jwt_secret = secrets.token_urlsafe(32)
+        self._popens: list[subprocess.Popen] = []
+        self._names: list[str] = []
+        self._client: httpx.Client | None = None
+        self._prepared = False
+
+    # ------------------------------------------------------------------ configuration
+
+    def env(self) -> dict[str, str]:
+        """The full environment every Airflow process of this stack gets (a fresh dict each call).
+
+        Inherits the caller's environment minus any ``AIRFLOW__*``/``AIRFLOW_HOME``, then adds this stack's
+        configuration, the stack marker, ``PYTHONPATH`` with the repo root, then ``extra_env``.
+        """
+        base = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith("AIRFLOW__") and key not in {"AIRFLOW_HOME", "AIRFLOW_CONFIG"}
+        }
+        pythonpath = [str(REPO_ROOT)] + [p for p in base.get("PYTHONPATH", "").split(":") if p]
+        bundles = [
+            {
+                "name": "leoflow-dags",
+                "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                "kwargs": {"path": str(self.dags_folder), "refresh_interval": 30},
+            }
+        ]
+        if self.example_dags:
+            bundles.append(
+                {
+                    "name": "airflow-examples",
+                    "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                    "kwargs": {"path": str(self.examples_folder), "refresh_interval": 30},
+                }
+            )
+        cfg = {
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW_CONFIG": str(self.home / "airflow.cfg"),
+            "PYTHONPATH": ":".join(pythonpath),
+            procs.MARKER_VAR: self.stack_id,
+            "AIRFLOW__CORE__EXECUTOR": self.executor,
+            "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
+            "AIRFLOW__CORE__AUTH_MANAGER": (
+                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+            ),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{API_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.sql_alchemy_conn,
+            "AIRFLOW__API__BASE_URL": self.base_url,
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.api_port),
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API_AUTH__JWT_SECRET": self._jwt_secret,
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.log_server_port),
+            "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
+            # Only the runs we trigger: unpausing a scheduled example must not add a scheduled run.
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+        }
+        if self.sqlite and self.tune_sqlite:
+            cfg.update(sqlite_tuning.env())
+        return {**base, **cfg, **self.extra_env}
+
+    def _prepare_home(self) -> None:
+        if self._prepared:
+            return
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.traces_dir.mkdir(exist_ok=True)
+        self.process_logs.mkdir(exist_ok=True)
+        (self.home / "passwords.json").write_text(json.dumps({API_USER: self._password}))
+        if self.example_dags:
+            self.examples_folder.mkdir(exist_ok=True)
+            for name in self.example_dags:
+                src = example_dag_file(name)
+                (self.examples_folder / src.name).write_bytes(src.read_bytes())
+        self._prepared = True
+
+    def _airflow(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "airflow", *args]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def migrate(self, timeout: float = 180.0) -> None:
+        """Run ``airflow db migrate`` (output to ``process-logs/migrate.log``); SQLite is switched to WAL.
+
+        Raises ``StackError`` when the command fails or takes longer than ``timeout`` seconds.
+        """
+        self._prepare_home()
+        log_path = self.process_logs / "migrate.log"
+        popen = procs.spawn(self._airflow("db", "migrate"), env=self.env(), log_path=log_path, cwd=self.home)
+        self._popens.append(popen)
+        self._names.append("migrate")
+        try:
+            code = popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            procs.stop_all([popen], self.stack_id, grace_seconds=5)
+            raise StackError(f"airflow db migrate took over {timeout}s; see {log_path}") from None
+        if code != 0:
+            raise StackError(f"airflow db migrate exited {code}; see {log_path}")
+        if self.sqlite and self.tune_sqlite:
+            # The journal mode is a property of the database file, so one switch here covers every process.
+            with sqlite3.connect(self.home / "airflow.db") as conn:
+                conn.execute("PRAGMA journal_mode=WAL")
+
+    def start(self, *, wait_for_dags: list[str] | tuple[str, ...] = (), timeout: float = 180.0) -> None:
+        """Start api-server, scheduler and dag-processor, each in its own process group.
+
+        Returns once the api-server answers and every DAG in ``wait_for_dags`` is serialized. Raises
+        ``StackError`` (naming the logs, and any DAG import errors) after ``timeout`` seconds or when a
+        process exits early; the processes already started are left for ``stop()``.
+        """
+        self._prepare_home()
+        env = self.env()
+        for name, args in (
+            ("api-server", ("api-server",)),
+            ("scheduler", ("scheduler",)),
+            ("dag-processor", ("dag-processor",)),
+        ):
+            popen = procs.spawn(
+                self._airflow(*args), env=env, log_path=self.process_logs / f"{name}.log", cwd=self.home
+            )
+            self._popens.append(popen)
+            self._names.append(name)
+        deadline = time.monotonic() + timeout
+        while not self._api_up():
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise StackError(f"api-server not answering on {self.base_url}; see {self.process_logs}")
+            time.sleep(0.5)
+        missing = set(wait_for_dags)
+        while missing:
+            self._check_alive()
+            missing -= set(self.dag_ids())
+            if not missing:
+                break
+            if time.monotonic() > deadline:
+                errors = self.import_errors()
+                raise StackError(
+                    f"DAGs not serialized after {timeout}s: {sorted(missing)}; import errors: {errors}; "
+                    f"see {self.process_logs}/dag-processor.log"
+                )
+            time.sleep(1.0)
+
+    def _check_alive(self) -> None:
+        for name, popen in zip(self._names, self._popens):
+            if name != "migrate" and popen.poll() is not None:
+                raise StackError(f"{name} exited with {popen.returncode}; see {self.process_logs}/{name}.log")
+
+    def _api_up(self) -> bool:
+        try:
+            return httpx.get(f"{self.base_url}/api/v2/version", timeout=2).status_code < 500
+        except httpx.HTTPError:
+            return False
+
+    def stop(self, grace_seconds: float = 20.0) -> list[str]:
+        """Stop every process of the stack (SIGTERM, ``grace_seconds`` wait, SIGKILL); idempotent.
+
+        Returns descriptions of processes that could not be stopped (empty when clean).
+        """
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        left = procs.stop_all(self._popens, self.stack_id, grace_seconds=grace_seconds)
+        self._popens.clear()
+        self._names.clear()
+        return left
+
+    def __enter__(self) -> AirflowStack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        left = self.stop()
+        if left and exc[0] is None:
+            raise StackError(f"processes left after stop: {left}")
+
+    # ------------------------------------------------------------------ REST API v2
+
+    def _api(self) -> httpx.Client:
+        if self._client is None:
+            token = httpx.post(
+                f"{self.base_url}/auth/token",
+                json={"username": API_USER, "password": self._password},
+                timeout=10,
+            )
+            if token.status_code >= 300:
+                raise StackError(f"/auth/token answered {token.status_code}: {token.text[:300]}")
+            self._client = httpx.Client(
+                base_url=f"{self.base_url}/api/v2",
+                headers={"Authorization": f"Bearer {token.json()['access_token']}"},
+                timeout=30,
+            )
+        return self._client
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._api().request(method, path, **kwargs)
+        if response.status_code >= 300:
+            raise StackError(f"{method} {path} answered {response.status_code}: {response.text[:500]}")
+        return response.json() if response.content else None
+
+    def dag_ids(self) -> list[str]:
+        """Ids of every DAG serialized so far (all bundles), sorted."""
+        body = self._call("GET", "/dags", params={"limit": 1000})
+        return sorted(dag["dag_id"] for dag in body["dags"])
+
+    def import_errors(self) -> list[dict[str, str]]:
+        """DAG import errors as ``[{"filename": ..., "stack_trace": ...}]`` (empty when all files parse)."""
+        body = self._call("GET", "/importErrors", params={"limit": 1000})
+        return [{"filename": e["filename"], "stack_trace": e["stack_trace"]} for e in body["import_errors"]]
+
+    def unpause(self, dag_id: str) -> None:
+        """Unpause ``dag_id``. Raises ``StackError`` if the API refuses (e.g. unknown DAG: 404)."""
+        self._call("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+
+    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
+        """Trigger a manual run of ``dag_id`` with logical date now (so ``{{ ds }}`` renders); returns run_id."""
+        body = {"logical_date": datetime.now(timezone.utc).isoformat(), "conf": conf or {}}
+        return self._call("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"]
+
+    def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        """The DAG run as the API returns it (keys include ``state``, ``start_date``, ``end_date``)."""
+        return self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
+
+    def wait_for_run(self, dag_id: str, run_id: str, timeout: float, poll: float = 1.0) -> str:
+        """Wait until the run is ``success`` or ``failed`` and return that state.
+
+        Raises ``TimeoutError`` (with the last state) after ``timeout`` seconds.
+        """
+        return self.wait_for_runs({dag_id: run_id}, timeout=timeout, poll=poll)[dag_id]
+
+    def wait_for_runs(self, runs: dict[str, str], timeout: float, poll: float = 2.0) -> dict[str, str]:
+        """Wait for several runs (``{dag_id: run_id}``) to end; returns ``{dag_id: final state}``.
+
+        Raises ``TimeoutError`` naming the unfinished runs and their states after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        final: dict[str, str] = {}
+        last: dict[str, str] = {}
+        while True:
+            for dag_id, run_id in runs.items():
+                if dag_id in final:
+                    continue
+                state = self.run(dag_id, run_id)["state"]
+                last[dag_id] = state
+                if state in TERMINAL_RUN_STATES:
+                    final[dag_id] = state
+            if len(final) == len(runs):
+                return final
+            if time.monotonic() > deadline:
+                pending = {d: last.get(d) for d in runs if d not in final}
+                raise TimeoutError(f"runs not finished after {timeout}s: {pending}")
+            time.sleep(poll)
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
+        """``{task key: state}`` for one run; key is ``task_id``, or ``task_id[map_index]`` for mapped TIs.
+
+        A state of ``None`` (never scheduled) is reported as ``"none"``.
+        """
+        body = self._call(
+            "GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 1000}
+        )
+        states = {}
+        for ti in body["task_instances"]:
+            key = ti["task_id"] if ti["map_index"] < 0 else f"{ti['task_id']}[{ti['map_index']}]"
+            states[key] = ti["state"] or "none"
+        return states
+
+    def traces(self) -> list[str]:
+        """All callback trace lines written under ``home/traces`` (sorted), see ``dags/_trace.py``."""
+        lines: list[str] = []
+        for path in sorted(self.traces_dir.glob("*")):
+            lines.extend(line for line in path.read_text().splitlines() if line.strip())
+        return sorted(lines)
