@@ -1,0 +1,131 @@
+"""A plain ``airflow db migrate`` creates leoflow's ledger tables through the provider's DB manager.
+
+Runs the real ``airflow`` CLI of this venv in a throwaway AIRFLOW_HOME (the leoflow distribution must be
+installed, e.g. ``pip install -e . --no-deps``, so its provider info is discovered). SQLite always; the
+PostgreSQL variant needs ``LEOFLOW_TEST_PG_URL`` (see test_ledger_postgres.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from leoflow_airflow.ledger.db_manager import LeoflowDBManager
+from leoflow_airflow.ledger.models import metadata
+
+AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+HEAD = LeoflowDBManager.revision_heads_map["0.1.0"]
+PG_URL = os.environ.get("LEOFLOW_TEST_PG_URL")
+
+CLAIM_SCRIPT = """
+from leoflow_airflow.ledger.store import LedgerStore
+a = LedgerStore.from_airflow().claim_epoch(
+    ti_id="0199aaaa-0000-7000-8000-000000000001", try_number=1, dag_id="d", task_id="t", run_id="r",
+    map_index=-1, runtime="lite", workload_json="{}", scheduler_job_id=None)
+print(a.ref.attempt_epoch)
+"""
+
+
+def airflow_env(home: Path, db_url: str) -> dict[str, str]:
+    """The caller's environment minus any Airflow settings, pointed at ``home`` and ``db_url``.
+
+    The async URL is blanked: migrations use only the sync engine, and Airflow would otherwise derive a
+    ``postgresql+asyncpg`` engine (a driver the api-server needs, ``db migrate`` does not).
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update(
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=db_url,
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC="",
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+    )
+    return env
+
+
+def run(args: list[str], env: dict[str, str]) -> str:
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def ledger_state(db_url: str) -> tuple[set[str], list[str], list[tuple]]:
+    """(leoflow tables present, version rows, attempt rows) as a user would inspect them."""
+    engine = sa.create_engine(db_url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            tables = {t for t in sa.inspect(conn).get_table_names() if t.startswith("leoflow_")}
+            versions = [r[0] for r in conn.execute(sa.text("SELECT version_num FROM leoflow_alembic_version"))]
+            attempts = conn.execute(sa.text("SELECT ti_id, attempt_epoch, state FROM leoflow_attempt")).all()
+        return tables, versions, [tuple(r) for r in attempts]
+    finally:
+        engine.dispose()
+
+
+def schema_diff(db_url: str) -> list:
+    """Differences between the migrated database and the models (empty when they agree)."""
+    engine = sa.create_engine(db_url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(
+                conn,
+                opts={
+                    "compare_type": True,
+                    "include_object": lambda obj, name, type_, *_: type_ != "table" or name in metadata.tables,
+                },
+            )
+            return compare_metadata(ctx, metadata)
+    finally:
+        engine.dispose()
+
+
+def check_migrate_twice(tmp_path: Path, db_url: str, *, first_args: tuple[str, ...] = ()) -> None:
+    env = airflow_env(tmp_path, db_url)
+    run([AIRFLOW, "db", "migrate", *first_args], env)
+    assert ledger_state(db_url) == (
+        {"leoflow_attempt", "leoflow_infra_budget", "leoflow_alembic_version"},
+        [HEAD],
+        [],
+    )
+    assert schema_diff(db_url) == []
+
+    # the store finds the tables through Airflow's own configuration
+    assert run([sys.executable, "-c", CLAIM_SCRIPT], env).strip().splitlines()[-1] == "1"
+
+    out = run([AIRFLOW, "db", "migrate"], env)
+    assert "Creating LeoflowDBManager tables" not in out and "Running upgrade" not in out
+    tables, versions, attempts = ledger_state(db_url)
+    assert versions == [HEAD]
+    assert attempts == [("0199aaaa-0000-7000-8000-000000000001", 1, "claimed")]  # nothing lost
+
+
+@pytest.mark.airflow
+def test_db_migrate_creates_ledger_on_sqlite_and_rerun_is_a_noop(tmp_path):
+    """A fresh database: the tables come from the models, stamped at head (the path most users take)."""
+    check_migrate_twice(tmp_path, f"sqlite:///{tmp_path / 'airflow.db'}")
+
+
+@pytest.mark.airflow
+@pytest.mark.postgres
+@pytest.mark.skipif(not PG_URL, reason="LEOFLOW_TEST_PG_URL is unset: run `scripts/pg start --dir DIR`")
+def test_db_migrate_with_migration_files_on_postgres_then_rerun_is_a_noop(tmp_path):
+    """The migration files (not the models) build the tables here, and must match the models exactly."""
+    server = sa.make_url(PG_URL)
+    name = f"leoflow_migrate_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        db_url = server.set(database=name).render_as_string(hide_password=False)
+        check_migrate_twice(tmp_path, db_url, first_args=("--use-migration-files",))
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

@@ -1,0 +1,178 @@
+"""Ledger guarded writes under real concurrency on PostgreSQL (issue 2 acceptance, DESIGN §2 Invariant 1).
+
+Needs a server: ``scripts/pg start --dir /tmp/leoflow-pg`` then
+``export LEOFLOW_TEST_PG_URL=$(cat /tmp/leoflow-pg/url)``. Each test module works in its own throwaway
+database on that server, dropped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import sqlalchemy as sa
+
+from leoflow_airflow.ledger.models import metadata
+from leoflow_airflow.ledger.states import AttemptRef, AttemptState, Resolution
+from leoflow_airflow.ledger.store import LedgerStore
+
+S = AttemptState
+PG_URL = os.environ.get("LEOFLOW_TEST_PG_URL")
+ROUNDS = 150
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.skipif(
+        not PG_URL,
+        reason="LEOFLOW_TEST_PG_URL is unset: run `scripts/pg start --dir DIR` and export "
+        "LEOFLOW_TEST_PG_URL=$(cat DIR/url)",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def db_url():
+    """A fresh database with the ledger tables, dropped after the module."""
+    server = sa.make_url(PG_URL)
+    name = f"leoflow_ledger_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = server.set(database=name)
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    metadata.create_all(engine)
+    engine.dispose()
+    yield url
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture
+def stores(db_url):
+    """Two stores on two separate engines, so each writer has its own connection and transaction."""
+    engines = [sa.create_engine(db_url, pool_size=1, max_overflow=0) for _ in range(2)]
+    yield [LedgerStore(e) for e in engines]
+    for e in engines:
+        e.dispose()
+
+
+def claim(store: LedgerStore, ti_id: str):
+    return store.claim_epoch(
+        ti_id=ti_id,
+        try_number=1,
+        dag_id="race",
+        task_id="t",
+        run_id="r",
+        map_index=-1,
+        runtime="lite",
+        workload_json="{}",
+        scheduler_job_id=1,
+    )
+
+
+def race(fns: list[Callable[[], object]]) -> list[object]:
+    """Run each fn in its own thread, all released at once by a barrier; return their results in order."""
+    barrier = threading.Barrier(len(fns))
+
+    def run(fn):
+        barrier.wait(timeout=30)
+        return fn()
+
+    with ThreadPoolExecutor(len(fns)) as pool:
+        return [f.result(timeout=60) for f in [pool.submit(run, fn) for fn in fns]]
+
+
+def test_two_writers_racing_one_guarded_transition_exactly_one_wins(stores):
+    a, b = stores
+    for rnd in range(ROUNDS):
+        ref = claim(a, str(uuid.uuid4())).ref
+        if rnd % 2:
+            # the same move from both sides
+            results = race(
+                [
+                    lambda: a.transition(ref, expected=[S.CLAIMED], to=S.DISPATCHED, pid=1),
+                    lambda: b.transition(ref, expected=[S.CLAIMED], to=S.DISPATCHED, pid=2),
+                ]
+            )
+        else:
+            # conflicting moves: dispatch vs. close-as-launch-failed
+            results = race(
+                [
+                    lambda: a.transition(ref, expected=[S.CLAIMED], to=S.DISPATCHED, pid=1),
+                    lambda: b.transition(ref, expected=[S.CLAIMED], to=S.CLOSED, resolution=Resolution.LAUNCH_FAILED),
+                ]
+            )
+        assert results.count(True) == 1, (rnd, results)
+        row = a.get(ref)
+        if results[0]:
+            assert (row.state, row.pid, row.resolution) == (S.DISPATCHED, 1, None)
+        elif rnd % 2:
+            assert (row.state, row.pid) == (S.DISPATCHED, 2)
+        else:
+            assert (row.state, row.pid, row.resolution) == (S.CLOSED, None, Resolution.LAUNCH_FAILED)
+
+
+def test_two_claimers_on_one_ti_get_epochs_one_and_two(stores):
+    a, b = stores
+    for _ in range(ROUNDS // 2):
+        ti = str(uuid.uuid4())
+        got = race([lambda: claim(a, ti), lambda: claim(b, ti)])
+        assert sorted(x.ref.attempt_epoch for x in got) == [1, 2]
+        assert a.current(ti).ref.attempt_epoch == 2
+
+
+def test_stale_epoch_writer_never_changes_the_current_epoch(stores):
+    a, b = stores
+    for _ in range(ROUNDS // 3):
+        ti = str(uuid.uuid4())
+        old = claim(a, ti).ref
+        assert a.transition(old, expected=[S.CLAIMED], to=S.DISPATCHED, pid=10)
+        assert a.transition(old, expected=[S.DISPATCHED], to=S.CLOSED, resolution=Resolution.REDISPATCHED)
+        new = claim(a, ti).ref
+        stale_ref = AttemptRef(ti, old.try_number, old.attempt_epoch)
+        results = race(
+            [
+                lambda: b.transition(stale_ref, expected=[S.DISPATCHED, S.CLAIMED], to=S.CLOSED, resolution="moved_on", detail="stale"),
+                lambda: a.transition(new, expected=[S.CLAIMED], to=S.DISPATCHED, pid=20),
+            ]
+        )
+        assert results == [False, True]
+        assert not b.record_facts(stale_ref, expected=[S.DISPATCHED], pid=666)
+        current = a.current(ti)
+        assert current.ref == new
+        assert (current.state, current.pid, current.detail) == (S.DISPATCHED, 20, None)
+        assert a.get(old).resolution is Resolution.REDISPATCHED
+
+
+def test_forked_child_gets_its_own_connection(db_url):
+    """The store's pool is disposed in a forked child: the child never reuses the parent's socket."""
+    engine = sa.create_engine(db_url, pool_size=1, max_overflow=0)
+    store = LedgerStore(engine)
+    backend_pid = sa.text("SELECT pg_backend_pid()")
+    with store.engine.connect() as conn:  # leaves one connection pooled in the parent
+        parent_backend = conn.execute(backend_pid).scalar_one()
+    read_fd, write_fd = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            with store.engine.connect() as conn:
+                child_backend = conn.execute(backend_pid).scalar_one()
+            os.write(write_fd, str(child_backend).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    _, status = os.waitpid(child, 0)
+    child_backend = int(os.read(read_fd, 64) or b"0")
+    os.close(read_fd)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert child_backend not in (0, parent_backend)
+    with store.engine.connect() as conn:  # the parent's pooled connection still works
+        assert conn.execute(backend_pid).scalar_one() == parent_backend
+    engine.dispose()
