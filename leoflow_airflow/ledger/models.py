@@ -46,12 +46,21 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 class UtcDateTime(TypeDecorator[datetime]):
     """A timestamp stored in UTC and always read back timezone-aware (UTC).
 
-    Writing a naive ``datetime`` raises ``ValueError``: the ledger never guesses a timezone. SQLite keeps
-    no zone, so values read back naive there are marked UTC (they were written as UTC).
+    Writing a naive ``datetime`` raises ``ValueError``: the ledger never guesses a timezone. PostgreSQL
+    stores ``timestamptz``; SQLite and MySQL keep no zone, so UTC is written without an offset and marked
+    UTC again on read. MySQL gets microsecond precision (``DATETIME(6)``), like Airflow's own columns.
     """
 
     impl = DateTime(timezone=True)
     cache_ok = True
+
+    def load_dialect_impl(self, dialect):
+        """Use ``DATETIME(6)`` on MySQL/MariaDB, the generic zone-aware type elsewhere."""
+        if dialect.name in ("mysql", "mariadb"):
+            from sqlalchemy.dialects.mysql import DATETIME
+
+            return dialect.type_descriptor(DATETIME(fsp=6))
+        return dialect.type_descriptor(DateTime(timezone=True))
 
     def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
         """Convert an aware datetime to UTC before it is written; reject a naive one."""
@@ -62,8 +71,8 @@ class UtcDateTime(TypeDecorator[datetime]):
         if value.tzinfo is None or value.utcoffset() is None:
             raise ValueError("naive datetime given to the ledger; pass a timezone-aware UTC value")
         value = value.astimezone(timezone.utc)
-        if dialect.name == "sqlite":
-            # Stored as text without an offset so that string comparisons order correctly.
+        if dialect.name != "postgresql":
+            # No zone column: store plain UTC (on SQLite, text that orders correctly as strings).
             return value.replace(tzinfo=None)
         return value
 

@@ -158,9 +158,10 @@ class LedgerStore:
     def from_airflow(cls) -> LedgerStore:
         """A store on its own small engine to Airflow's metadata DB (``airflow.settings.SQL_ALCHEMY_CONN``).
 
-        Takes Airflow's ``[database] sql_alchemy_connect_args`` and pool recycle; pool of 2 (+2 overflow),
-        ``pool_pre_ping``; SQLite gets a 30 s busy timeout unless the connect args set one, and MySQL
-        READ COMMITTED like Airflow's own engine. Raises ``RuntimeError`` if Airflow has no DB URL.
+        Takes Airflow's ``[database] sql_alchemy_connect_args`` and pool recycle; pool of 2 (+2 overflow,
+        none for in-memory SQLite), ``pool_pre_ping``; SQLite gets a 30 s busy timeout unless the connect
+        args set one, and MySQL READ COMMITTED like Airflow's own engine. Raises ``RuntimeError`` if
+        Airflow has no DB URL.
         """
         from airflow import settings
         from airflow.configuration import conf
@@ -172,11 +173,13 @@ class LedgerStore:
         if conf.has_option("database", "sql_alchemy_connect_args"):
             connect_args = dict(conf.getimport("database", "sql_alchemy_connect_args") or {})
         engine_args: dict[str, Any] = {"pool_pre_ping": True}
-        backend = sa.make_url(url).get_backend_name()
+        parsed = sa.make_url(url)
+        backend = parsed.get_backend_name()
         if backend == "sqlite":
             connect_args.setdefault("timeout", 30)
             connect_args["check_same_thread"] = False
-        else:
+        if not (backend == "sqlite" and (not parsed.database or ":memory:" in parsed.database)):
+            # in-memory SQLite uses a SingletonThreadPool, which has no size or overflow
             engine_args.update(
                 pool_size=2,
                 max_overflow=2,

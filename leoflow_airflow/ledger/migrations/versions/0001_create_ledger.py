@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import mysql
 
 revision = "5e0f1a7c2b10"
 down_revision = None
@@ -22,7 +23,8 @@ _ID_LEN = 250
 
 
 def _ts(name: str, nullable: bool = True) -> sa.Column:
-    return sa.Column(name, sa.DateTime(timezone=True), nullable=nullable)
+    kind = sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+    return sa.Column(name, kind, nullable=nullable)
 
 
 def upgrade() -> None:
