@@ -1,19 +1,27 @@
-"""Airflow provider info for leoflow (entry point ``apache_airflow_provider``, DESIGN §5).
-
-Minimal for now: it registers the ledger's DB manager so ``airflow db migrate`` creates leoflow's tables.
-The config defaults, CLI group and plugin are added as they land.
-"""
+"""leoflow's Airflow provider info (entry point ``apache_airflow_provider``): the ``[leoflow]`` config
+defaults, the ``airflow leoflow`` CLI group, the plugin and the ledger's DB manager (Airflow's
+``provider_info.schema.json``; DESIGN §5)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from leoflow_airflow import __version__
+
 
 def get_provider_info() -> dict[str, Any]:
-    """Return the provider-info mapping Airflow's ProvidersManager reads (keys as Airflow's schema names them)."""
+    """Return the provider-info dict Airflow's ``ProvidersManager`` reads."""
+    from leoflow_airflow.settings import provider_config
+
     return {
         "package-name": "leoflow",
         "name": "leoflow",
-        "description": "Airflow executor with attempt epochs, durable outcome records and task-scoped tokens.",
+        "description": "An Airflow executor that stops losing work: attempt epochs, durable outcome records, "
+        "warm pools, task-scoped tokens.",
+        "versions": [__version__],
+        "executors": ["leoflow_airflow.executor.LeoflowExecutor"],
+        "cli": ["leoflow_airflow.cli.get_cli_commands"],
+        "config": provider_config(),
+        "plugins": [{"name": "leoflow", "plugin-class": "leoflow_airflow.plugin.LeoflowPlugin"}],
         "db-managers": ["leoflow_airflow.ledger.db_manager.LeoflowDBManager"],
     }

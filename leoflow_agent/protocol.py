@@ -1,0 +1,102 @@
+"""The messages between the executor and the Lite zygote, and between an agent and its zygote.
+
+Standard library only. Framing: one JSON object per line (UTF-8, ``\\n``-terminated) over a 0600 Unix
+stream socket (executor <-> zygote) or an inherited pipe (agent -> zygote). A workload and its token travel
+only inside these messages, never on a command line or in an environment variable (DESIGN §3).
+
+Executor -> zygote ("op"):
+  ``launch``  {"op","launch_id","workload","server","record_path","fault"}
+  ``kill``    {"op","launch_id"}
+Zygote -> executor ("ev"):
+  ``hello``   {"ev","pid","start_time"}                      once per connection
+  ``launched``{"ev","launch_id","pid","start_time"}          an agent was forked
+  ``launch_failed`` {"ev","launch_id","error"}               the fork or the message was refused
+  ``reported``{"ev","launch_id","state"}                     the agent's terminal PATCH returned 2xx
+  ``exited``  {"ev","launch_id","pid","exit_code"}           the agent was reaped, its subtree killed
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_LINE_BYTES = 16 * 1024 * 1024
+"""Largest accepted message line, in bytes; a longer line is a protocol error."""
+
+FAULT_POINTS = frozenset({"before_run", "after_run", "mid_task", "after_record", "after_patch"})
+"""The agent's fault-injection points (DESIGN §3 "Fault injection"), honoured only in test mode."""
+
+
+class ProtocolError(ValueError):
+    """A message that is not valid JSON, not an object, too long, or lacks a required field."""
+
+
+def launch_id_for(ti_id: str, try_number: int, attempt_epoch: int) -> str:
+    """Return the launch id of a task attempt: ``"<ti_id>:<try_number>:<attempt_epoch>"``."""
+    return f"{ti_id}:{int(try_number)}:{int(attempt_epoch)}"
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """Serialize one message to a newline-terminated UTF-8 JSON line.
+
+    :raises ProtocolError: when the result exceeds :data:`MAX_LINE_BYTES`.
+    """
+    line = json.dumps(message, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+    if len(line) > MAX_LINE_BYTES:
+        raise ProtocolError(f"message of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
+    return line
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """Parse one line into a message dict.
+
+    :raises ProtocolError: for invalid UTF-8/JSON, a non-object, or a line over :data:`MAX_LINE_BYTES`.
+    """
+    if len(line) > MAX_LINE_BYTES:
+        raise ProtocolError("message line too long")
+    try:
+        msg = json.loads(line.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"not a JSON message: {exc}") from None
+    if not isinstance(msg, dict) or not ("op" in msg or "ev" in msg):
+        raise ProtocolError("a message is a JSON object with an 'op' or 'ev' field")
+    return msg
+
+
+@dataclass
+class LineBuffer:
+    """Accumulates bytes from a non-blocking stream and yields complete decoded messages.
+
+    Malformed lines are returned as :class:`ProtocolError` instances in :attr:`errors` instead of raising,
+    so one bad line never loses the good ones around it.
+    """
+
+    data: bytearray = field(default_factory=bytearray)
+    errors: list[ProtocolError] = field(default_factory=list)
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        """Add ``chunk`` and return every complete message now available, in order."""
+        self.data.extend(chunk)
+        out: list[dict[str, Any]] = []
+        while True:
+            idx = self.data.find(b"\n")
+            if idx < 0:
+                if len(self.data) > MAX_LINE_BYTES:
+                    self.errors.append(ProtocolError("unterminated message over the size limit"))
+                    self.data.clear()
+                return out
+            line = bytes(self.data[:idx])
+            del self.data[: idx + 1]
+            if not line.strip():
+                continue
+            try:
+                out.append(decode(line))
+            except ProtocolError as exc:
+                self.errors.append(exc)
+
+
+def send(sock: socket.socket, message: dict[str, Any]) -> None:
+    """Write one message to a blocking socket. Raises :class:`OSError` when the peer is gone."""
+    sock.sendall(encode(message))

@@ -1,0 +1,122 @@
+"""Run one launched workload inside an agent process (Lite: a fork of the zygote).
+
+The agent is the Task SDK supervisor: it calls ``supervise_task(..., client=...)`` with an SDK client whose
+HTTP transport is a :class:`~leoflow_agent.transport.RecordingTransport` (DESIGN §3 "Run"). Callbacks and
+connection tests run through ``BaseExecutor.run_workload`` unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from leoflow_agent import outcome
+
+log = logging.getLogger(__name__)
+
+
+def workload_decoder() -> Callable[[str], Any]:
+    """Return a function that parses an Airflow workload JSON string into its pydantic model.
+
+    Built once in the zygote (pydantic schema building is slow), so every forked agent inherits it.
+    Raises ``pydantic.ValidationError`` on a malformed workload.
+    """
+    from pydantic import TypeAdapter
+
+    from airflow.executors import workloads
+
+    adapter = TypeAdapter(workloads.All)
+    return adapter.validate_json
+
+
+def run_launch(
+    message: dict[str, Any],
+    *,
+    decode_workload: Callable[[str], Any],
+    report: Callable[[dict[str, Any]], None],
+) -> int:
+    """Run the workload of one ``launch`` message to completion; return the process exit code.
+
+    :param message: the zygote's ``launch`` message (see :mod:`leoflow_agent.protocol`).
+    :param decode_workload: from :func:`workload_decoder`.
+    :param report: sends an event to the zygote (``{"ev": "reported", "state": ...}``).
+    :returns: 0 when the supervisor returned (whatever the task's outcome: exit codes are never the outcome,
+        DESIGN §3); 1 when the workload could not be started.
+    """
+    import httpx
+
+    from airflow.executors.workloads import ExecuteTask
+    from airflow.sdk.api.client import Client
+    from airflow.sdk.execution_time.supervisor import supervise_task
+
+    workload = decode_workload(message["workload"])
+    server = message["server"]
+    if not isinstance(workload, ExecuteTask):
+        from airflow.executors.base_executor import BaseExecutor
+
+        code = BaseExecutor.run_workload(workload, server=server, subprocess_logs_to_stdout=False)
+        return 0 if code in (0, None) else int(code)
+
+    ti = workload.ti
+    attempt = outcome.AttemptIdentity(str(ti.id), int(ti.try_number), int(message["attempt_epoch"]))
+    sinks = []
+    if message.get("record_path"):
+        from leoflow_agent.transport import file_sink
+
+        sinks.append(file_sink(message["record_path"]))
+    from leoflow_agent.transport import RecordingTransport
+
+    transport = RecordingTransport(
+        httpx.HTTPTransport(retries=0),
+        attempt=attempt,
+        sinks=sinks,
+        on_reported=lambda state: report({"ev": "reported", "state": state}),
+        fault=message.get("fault"),
+    )
+    client = Client(base_url=server, token=workload.token, transport=transport)
+    try:
+        from setproctitle import setproctitle
+
+        setproctitle(f"leoflow agent: {ti.dag_id}.{ti.task_id} {attempt.ti_id} e{attempt.attempt_epoch}")
+    except ImportError:
+        pass
+    supervise_task(
+        ti=ti,
+        bundle_info=workload.bundle_info,
+        dag_rel_path=workload.dag_rel_path,
+        token=workload.token,
+        server=server,
+        log_path=workload.log_path,
+        client=client,
+        sentry_integration=getattr(workload, "sentry_integration", ""),
+    )
+    return 0
+
+
+def agent_main(
+    message: dict[str, Any],
+    *,
+    decode_workload: Callable[[str], Any],
+    report_fd: int,
+) -> int:
+    """Entry point of a freshly forked agent: new session, subreaper, run, return the exit code.
+
+    Never raises: any exception is logged and turned into exit code 1 (the reconciler then treats the
+    attempt by what Airflow and the record say).
+    """
+    from leoflow_agent import proc, protocol
+
+    os.setsid()
+    proc.become_subreaper()
+
+    def report(event: dict[str, Any]) -> None:
+        event = dict(event, launch_id=message["launch_id"])
+        os.write(report_fd, protocol.encode(event))
+
+    try:
+        return run_launch(message, decode_workload=decode_workload, report=report)
+    except BaseException:  # noqa: BLE001 - an agent must always exit with a code
+        log.exception("agent failed to run launch %s", message.get("launch_id"))
+        return 1

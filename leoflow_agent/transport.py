@@ -1,0 +1,123 @@
+"""The agent's wrapper around the Task SDK client's HTTP transport (DESIGN §3 "Run").
+
+Keying off the requests the supervisor actually sends covers every sink without enumerating call sites:
+
+* immediately before a terminal ``PATCH /task-instances/{id}/state`` leaves, the outcome record of that exact
+  body is written to every configured sink (Lite: the attempt's record file);
+* when that PATCH returns 2xx the agent tells its zygote (``reported``), which frees the attempt's slot;
+* the named fault-injection points SIGKILL the agent, only when the launch message asked for one (test mode).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+from collections.abc import Callable, Sequence
+
+import httpx
+
+from leoflow_agent import outcome
+
+log = logging.getLogger(__name__)
+
+_STATE_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/state$")
+_RUN_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/run$")
+
+RecordSink = Callable[[outcome.OutcomeRecord], None]
+"""Writes one outcome record durably; raises :class:`OSError` when it cannot."""
+
+
+def file_sink(path: str) -> RecordSink:
+    """Return a sink that writes the whole record body atomically to ``path`` (the Lite record file)."""
+
+    def write(record: outcome.OutcomeRecord) -> None:
+        outcome.write_record_file(path, record)
+
+    return write
+
+
+def _suicide(point: str) -> None:
+    log.warning("fault injection: killing the agent at %s", point)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RecordingTransport(httpx.BaseTransport):
+    """An ``httpx`` transport that records terminal states before they leave and reports them after.
+
+    :param inner: the transport that really sends (an ``httpx.HTTPTransport``).
+    :param attempt: the attempt this agent runs; requests for any other ``ti_id`` pass through untouched.
+    :param sinks: where outcome records go, each written before the PATCH leaves. A sink that fails makes
+        the PATCH fail too (``httpx.TransportError``), so no report ever leaves without its record.
+    :param on_reported: called with the Airflow state once a terminal PATCH returned 2xx.
+    :param fault: one of :data:`leoflow_agent.protocol.FAULT_POINTS` or ``None``.
+    """
+
+    def __init__(
+        self,
+        inner: httpx.BaseTransport,
+        *,
+        attempt: outcome.AttemptIdentity,
+        sinks: Sequence[RecordSink],
+        on_reported: Callable[[str], None],
+        fault: str | None = None,
+    ) -> None:
+        self._inner = inner
+        self._attempt = attempt
+        self._sinks = list(sinks)
+        self._on_reported = on_reported
+        self._fault = fault
+
+    def _record(self, request: httpx.Request) -> str | None:
+        try:
+            body = json.loads(request.content or b"{}")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        state = body.get("state") if isinstance(body, dict) else None
+        if not isinstance(state, str):
+            return None
+        try:
+            record = outcome.record_for_state(
+                state, body, attempt=self._attempt, api_version=request.headers.get("airflow-api-version")
+            )
+        except ValueError:
+            return None  # not a terminal / hand-off state: nothing to record
+        for sink in self._sinks:
+            try:
+                sink(record)
+            except OSError as exc:
+                raise httpx.TransportError(f"could not write the outcome record: {exc}") from exc
+        return state
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request``, recording/reporting terminal states and honouring the fault point."""
+        path = request.url.path
+        is_state = request.method == "PATCH" and (m := _STATE_PATH.search(path)) and m["ti_id"] == self._attempt.ti_id
+        is_run = request.method == "PATCH" and (m := _RUN_PATH.search(path)) and m["ti_id"] == self._attempt.ti_id
+        state = None
+        if is_run and self._fault == "before_run":
+            _suicide("before_run")
+        if is_state:
+            request.read()
+            state = self._record(request)
+            if state is not None and self._fault == "after_record":
+                _suicide("after_record")
+        response = self._inner.handle_request(request)
+        if is_run and self._fault == "after_run" and response.status_code < 300:
+            response.read()
+            _suicide("after_run")
+        if state is not None and 200 <= response.status_code < 300:
+            try:
+                self._on_reported(state)
+            except OSError:
+                log.warning("could not tell the zygote about the report; the reconciler will see it")
+            if self._fault == "after_patch":
+                response.read()
+                _suicide("after_patch")
+        return response
+
+    def close(self) -> None:
+        """Close the wrapped transport."""
+        self._inner.close()

@@ -1,0 +1,302 @@
+"""The Lite zygote: a pre-imported, single-threaded process that forks one agent per attempt (DESIGN §3).
+
+Started once by the executor (``python -m leoflow_agent serve``) with an allow-listed environment, it imports
+the Task SDK up front so no attempt pays for ``import airflow.sdk``; it then serves one executor connection
+on a 0600 Unix socket. Each ``launch`` forks an agent in its own session. The zygote and every agent are
+child subreapers, so a task's subprocesses that start new sessions (BashOperator's ``bash``) stay in the
+attempt's tree; when an agent dies, the zygote kills whatever of its subtree is left (orphans reparent to
+the zygote) and only then reports ``exited``. The zygote dies with the scheduler (parent-death signal and
+executor hang-up); agents do not, so a restarted scheduler can adopt them.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from leoflow_agent import proc, protocol
+
+log = logging.getLogger("leoflow.zygote")
+
+
+class Zygote:
+    """The zygote's state and event loop.
+
+    :param socket_path: the Unix socket to listen on (created 0600; an existing file is replaced).
+    :param preload: import the Task SDK and build the workload decoder before serving (False only in
+        narrow unit tests of the protocol).
+    """
+
+    def __init__(self, socket_path: str, *, preload: bool = True) -> None:
+        self.socket_path = socket_path
+        self.sel = selectors.DefaultSelector()
+        self.conn: socket.socket | None = None
+        self.conn_buf = protocol.LineBuffer()
+        self.agents: dict[int, dict[str, Any]] = {}  # pid -> {"launch_id", "report_fd", "buf"}
+        self.report_fds: dict[int, int] = {}  # read fd -> pid
+        self.decode_workload = None
+        self.stopping = False
+        if preload:
+            self._preload()
+
+    # --- start-up -------------------------------------------------------------------------------------
+    def _preload(self) -> None:
+        from leoflow_agent.runner import workload_decoder
+
+        import airflow.sdk.execution_time.supervisor  # noqa: F401 - the point: pay the import once
+        import airflow.sdk.execution_time.task_runner  # noqa: F401
+        import airflow.executors.base_executor  # noqa: F401
+
+        self.decode_workload = workload_decoder()
+        try:
+            from airflow.settings import dispose_orm
+
+            dispose_orm(do_log=False)  # never carry a DB connection into a fork
+        except Exception:  # noqa: BLE001 - nothing to dispose is fine
+            pass
+
+    def _listen(self) -> socket.socket:
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        old_umask = os.umask(0o177)
+        try:
+            srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            srv.bind(self.socket_path)
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.socket_path, 0o600)
+        srv.listen(4)
+        srv.setblocking(False)
+        return srv
+
+    # --- main loop ------------------------------------------------------------------------------------
+    def serve(self) -> int:
+        """Serve until the executor hangs up or SIGTERM arrives; return the exit code (0)."""
+        proc.become_subreaper()
+        try:
+            proc.die_with_parent(signal.SIGTERM)
+        except OSError:
+            log.warning("could not set the parent-death signal")
+        rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        srv = self._listen()
+        self.sel.register(srv, selectors.EVENT_READ, "listen")
+        self.sel.register(rfd, selectors.EVENT_READ, "signal")
+        had_conn = False
+        while not self.stopping:
+            for key, _ in self.sel.select(timeout=1.0):
+                what = key.data
+                if what == "listen":
+                    self._accept(srv)
+                    had_conn = True
+                elif what == "signal":
+                    try:
+                        os.read(rfd, 4096)
+                    except BlockingIOError:
+                        pass
+                elif what == "conn":
+                    self._read_conn()
+                elif what == "report":
+                    self._read_report(key.fd)
+            self._reap()
+            if had_conn and self.conn is None:
+                log.info("executor hung up; zygote exits and leaves %d running agents", len(self.agents))
+                break
+        self.sel.close()
+        srv.close()
+        try:
+            os.unlink(self.socket_path)
+        except OSError:
+            pass
+        return 0
+
+    def _on_term(self, *_: Any) -> None:
+        self.stopping = True
+
+    def _accept(self, srv: socket.socket) -> None:
+        try:
+            conn, _ = srv.accept()
+        except BlockingIOError:
+            return
+        if self.conn is not None:  # one executor at a time: the newest wins
+            self._drop_conn()
+        conn.setblocking(True)
+        self.conn = conn
+        self.conn_buf = protocol.LineBuffer()
+        self.sel.register(conn, selectors.EVENT_READ, "conn")
+        me = proc.identity(os.getpid())
+        self._send({"ev": "hello", "pid": os.getpid(), "start_time": me.start_time if me else None})
+
+    def _drop_conn(self) -> None:
+        if self.conn is not None:
+            try:
+                self.sel.unregister(self.conn)
+            except (KeyError, ValueError):
+                pass
+            self.conn.close()
+            self.conn = None
+
+    def _send(self, event: dict[str, Any]) -> None:
+        if self.conn is None:
+            return
+        try:
+            protocol.send(self.conn, event)
+        except OSError:
+            self._drop_conn()
+
+    def _read_conn(self) -> None:
+        assert self.conn is not None
+        try:
+            chunk = self.conn.recv(1 << 20)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop_conn()
+            return
+        for msg in self.conn_buf.feed(chunk):
+            self._handle(msg)
+        for err in self.conn_buf.errors:
+            log.error("bad message from the executor: %s", err)
+        self.conn_buf.errors.clear()
+
+    def _handle(self, msg: dict[str, Any]) -> None:
+        op = msg.get("op")
+        if op == "launch":
+            self._launch(msg)
+        elif op == "kill":
+            for pid, agent in list(self.agents.items()):
+                if agent["launch_id"] == msg.get("launch_id"):
+                    proc.kill_tree(pid)
+        else:
+            log.error("unknown op %r", op)
+
+    # --- agents ---------------------------------------------------------------------------------------
+    def _launch(self, msg: dict[str, Any]) -> None:
+        launch_id = msg.get("launch_id")
+        if not isinstance(launch_id, str) or not isinstance(msg.get("workload"), str) or not msg.get("server"):
+            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": "malformed launch message"})
+            return
+        if msg.get("fault") is not None and msg["fault"] not in protocol.FAULT_POINTS:
+            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": f"unknown fault {msg['fault']!r}"})
+            return
+        rfd, wfd = os.pipe2(os.O_CLOEXEC)
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(rfd)
+            os.close(wfd)
+            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": f"fork failed: {exc.strerror}"})
+            return
+        if pid == 0:  # the agent
+            code = 1
+            try:
+                os.close(rfd)
+                signal.set_wakeup_fd(-1)
+                for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                self.sel.close()
+                if self.conn is not None:
+                    self.conn.close()
+                for fd in list(self.report_fds):
+                    os.close(fd)
+                from leoflow_agent.runner import agent_main
+
+                code = agent_main(msg, decode_workload=self.decode_workload, report_fd=wfd)
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
+        os.close(wfd)
+        os.set_blocking(rfd, False)
+        self.agents[pid] = {"launch_id": launch_id, "report_fd": rfd, "buf": protocol.LineBuffer()}
+        self.report_fds[rfd] = pid
+        self.sel.register(rfd, selectors.EVENT_READ, "report")
+        start = proc.start_time(pid)
+        self._send({"ev": "launched", "launch_id": launch_id, "pid": pid, "start_time": start})
+
+    def _read_report(self, fd: int) -> None:
+        pid = self.report_fds.get(fd)
+        if pid is None:
+            return
+        agent = self.agents[pid]
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._close_report(fd)
+            return
+        for event in agent["buf"].feed(chunk):
+            if event.get("ev") == "reported":
+                self._send({"ev": "reported", "launch_id": agent["launch_id"], "state": event.get("state")})
+
+    def _close_report(self, fd: int) -> None:
+        if self.report_fds.pop(fd, None) is None:
+            return
+        try:
+            self.sel.unregister(fd)
+        except (KeyError, ValueError):
+            pass
+        os.close(fd)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                return
+            if pid == 0:
+                return
+            agent = self.agents.pop(pid, None)
+            if agent is None:
+                continue  # an orphan of a dead agent, reaped
+            # drain what the agent said before it died, then kill what is left of its subtree: orphans
+            # reparent to us, so every direct child that is not a live agent belongs to a dead attempt.
+            self._read_report(agent["report_fd"])
+            self._close_report(agent["report_fd"])
+            self._kill_orphans()
+            code = os.waitstatus_to_exitcode(status)
+            self._send({"ev": "exited", "launch_id": agent["launch_id"], "pid": pid, "exit_code": code})
+
+    def _kill_orphans(self) -> None:
+        for child in proc.children(os.getpid()):
+            if child not in self.agents:
+                proc.kill_tree(child)
+        # reap them now so nothing of the attempt lingers as a zombie
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            orphans = [c for c in proc.children(os.getpid()) if c not in self.agents]
+            if not orphans:
+                return
+            for c in orphans:
+                try:
+                    os.waitpid(c, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+            time.sleep(0.01)
+
+
+def serve_main(socket_path: str) -> int:
+    """Configure logging, build the zygote and serve; returns the process exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return Zygote(socket_path).serve()

@@ -1,0 +1,63 @@
+"""The ``airflow leoflow`` CLI group (registered through the provider's ``cli`` entry).
+
+* ``airflow leoflow check``: parse ``[leoflow]`` and evaluate the resilience ladder; exit 1 on a violation.
+* ``airflow leoflow attempts [--limit N]``: list the ledger's open attempts.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from airflow.cli.cli_config import ActionCommand, Arg, GroupCommand
+
+
+def check(args: Any) -> None:
+    """Print the parsed settings and every ladder rung; exit 1 when a hard rung is broken or config is bad."""
+    from leoflow_airflow import ladder, settings
+    from leoflow_airflow.errors import ConfigError
+
+    try:
+        parsed = settings.load()
+    except ConfigError as exc:
+        print(f"leoflow: {exc}", file=sys.stderr)
+        sys.exit(1)
+    report = ladder.evaluate(ladder.read_values(parsed))
+    for name, value in sorted(vars(parsed).items()):
+        print(f"[leoflow] {name} = {value}")
+    for rung in report.warnings:
+        print(f"WARNING {rung.rung}: {rung.message} {rung.values}")
+    for rung in report.violations:
+        print(f"VIOLATION {rung.rung}: {rung.message}", file=sys.stderr)
+    sys.exit(1 if report.violations else 0)
+
+
+def attempts(args: Any) -> None:
+    """Print one line per attempt: ti_id, try, epoch, state, resolution, dag/task/run."""
+    from leoflow_airflow.ledger.store import LedgerStore
+
+    store = LedgerStore.from_airflow()
+    for a in store.open_attempts()[: args.limit]:
+        print(f"{a.ref.ti_id} try={a.ref.try_number} epoch={a.ref.attempt_epoch} {a.state:<10} "
+              f"{a.resolution or '-':<16} {a.dag_id}.{a.task_id}[{a.map_index}] {a.run_id}")
+
+
+def get_cli_commands() -> list[GroupCommand]:
+    """Return the ``leoflow`` command group for Airflow's CLI parser."""
+    return [
+        GroupCommand(
+            name="leoflow",
+            help="leoflow executor tools",
+            subcommands=[
+                ActionCommand(name="check", help="Validate [leoflow] and the resilience ladder", func=check, args=()),
+                ActionCommand(
+                    name="attempts",
+                    help="List the open attempts of the ledger",
+                    func=attempts,
+                    args=(
+                        Arg(("--limit",), help="rows at most", type=int, default=50),
+                    ),
+                ),
+            ],
+        )
+    ]

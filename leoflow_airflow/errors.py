@@ -1,0 +1,28 @@
+"""Errors leoflow raises to operators. Each message names the config keys and values involved."""
+
+from __future__ import annotations
+
+
+class LeoflowError(Exception):
+    """Base class of every error leoflow raises on purpose."""
+
+
+class ConfigError(LeoflowError, ValueError):
+    """A ``[leoflow]`` (or related Airflow) option has a value leoflow cannot use.
+
+    :param key: ``section.option``, e.g. ``leoflow.runtime``.
+    :param value: the raw value as configured.
+    :param reason: what is wrong and what is accepted.
+    """
+
+    def __init__(self, key: str, value: object, reason: str) -> None:
+        self.key, self.value, self.reason = key, value, reason
+        super().__init__(f"[{key.split('.')[0]}] {key.split('.', 1)[1]} = {value!r}: {reason}")
+
+
+class LadderViolation(LeoflowError):
+    """The resilience ladder's hard rung is broken: the executor refuses to start (DESIGN §2, §3)."""
+
+
+class ZygoteError(LeoflowError):
+    """The Lite zygote could not be started or reached."""

@@ -1,0 +1,481 @@
+"""``LeoflowExecutor``: an Airflow 3 ``BaseExecutor`` that runs every task attempt under an attempt epoch,
+records its outcome durably and reconciles what was lost (DESIGN §1-§3).
+
+Enable it with ``[core] executor = leoflow_airflow.executor.LeoflowExecutor``; DAGs do not change.
+
+The scheduler calls, per loop: ``heartbeat()`` → ``trigger_tasks`` → :meth:`_process_workloads` (dispatch),
+then :meth:`sync` (events, zygote health, reconcile). The api-server builds the executor without starting it,
+only to call :meth:`get_task_log`; nothing expensive happens in ``__init__``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow.executors.base_executor import BaseExecutor, get_execution_api_server_url
+from airflow.executors.workloads import ExecuteCallback, ExecuteTask
+
+from leoflow_agent import outcome, proc
+from leoflow_agent.protocol import FAULT_POINTS, launch_id_for
+from leoflow_airflow import ladder
+from leoflow_airflow import settings as leoflow_settings
+from leoflow_airflow.airflow_db import load_ti_row, load_ti_row_by_id
+from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
+from leoflow_airflow.dispatch.guard import guard
+from leoflow_airflow.ledger.states import AttemptRef, AttemptState, Resolution
+from leoflow_airflow.reconcile import Act, decide, outcome_summary
+from leoflow_airflow.settle import replay_state
+
+if TYPE_CHECKING:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    from leoflow_airflow.ledger.store import Attempt, LedgerStore
+    from leoflow_airflow.runtime.lite import LiteRuntime
+
+_S = AttemptState
+LIVE_STATES = (_S.DISPATCHED, _S.REPORTED)
+
+
+def _launch_id(ref: AttemptRef) -> str:
+    return launch_id_for(ref.ti_id, ref.try_number, ref.attempt_epoch)
+
+
+@dataclass
+class _Launch:
+    """What the executor remembers of one launch it sent to the zygote (in memory only)."""
+
+    key: Any  # TaskInstanceKey or CallbackKey
+    workload: Any
+    ref: AttemptRef | None  # None for callbacks
+    exited: bool = False
+    exit_code: int | None = None
+
+
+class LeoflowExecutor(BaseExecutor):
+    """Runs each attempt as a Lite agent process forked by a pre-imported zygote (``[leoflow] runtime = lite``).
+
+    Slots are accounted per attempt ``(ti_id, try_number, attempt_epoch)``: ``running`` holds the
+    ``TaskInstanceKey`` of the attempt that currently owns the slot plus an :class:`AttemptRef` for every
+    other attempt still alive (one being killed), so two epochs of one key never share a slot.
+
+    :raises leoflow_airflow.errors.ConfigError: from :meth:`start` for a malformed ``[leoflow]`` value.
+    :raises leoflow_airflow.errors.LadderViolation: from :meth:`start` when the recovery window is broken.
+    """
+
+    supports_callbacks = True
+    supports_connection_test = False
+    is_local = True
+    serve_logs = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._settings: leoflow_settings.LeoflowSettings | None = None
+        self._ledger: LedgerStore | None = None
+        self._runtime: LiteRuntime | None = None
+        self._launches: dict[str, _Launch] = {}
+        self._slot_owner: dict[Any, str] = {}  # key -> launch_id holding its slot
+
+    # --- lazily built parts ---------------------------------------------------------------------------
+    @property
+    def settings(self) -> leoflow_settings.LeoflowSettings:
+        """The parsed ``[leoflow]`` section (read once). Raises ``ConfigError`` for a malformed value."""
+        if self._settings is None:
+            self._settings = leoflow_settings.load()
+        return self._settings
+
+    @property
+    def ledger(self) -> LedgerStore:
+        """The attempt ledger in Airflow's metadata DB, on leoflow's own engine."""
+        if self._ledger is None:
+            from leoflow_airflow.ledger.store import LedgerStore
+
+            self._ledger = LedgerStore.from_airflow()
+        return self._ledger
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Validate config, enforce the resilience ladder, start the zygote.
+
+        :raises ConfigError: a malformed ``[leoflow]`` value (key and value named).
+        :raises LadderViolation: the recovery window is broken (keys and values named).
+        :raises ZygoteError: the zygote did not come up.
+        """
+        from leoflow_airflow.runtime.lite import LiteRuntime
+
+        settings = self.settings
+        report = ladder.evaluate(ladder.read_values(settings))
+        ladder.enforce(report, self._warn_rung)
+        self._runtime = LiteRuntime(settings)
+        self._runtime.start()
+        self.log.info(
+            "leoflow started: runtime=lite, zygote pid=%s, runtime_dir=%s, parallelism=%d",
+            self._runtime._proc.pid if self._runtime._proc else None,
+            settings.runtime_dir,
+            self.parallelism,
+        )
+
+    def _warn_rung(self, rung: ladder.Rung) -> None:
+        self.log.warning("leoflow resilience ladder: %s (%s)", rung.message, rung.values, extra={"rung": rung.rung})
+
+    def end(self) -> None:
+        """Stop the zygote. Running agents are left for a successor scheduler (or drained within
+        ``[leoflow] end_drain_timeout`` seconds)."""
+        if self._runtime is None:
+            return
+        deadline = time.monotonic() + self.settings.end_drain_timeout
+        while time.monotonic() < deadline and any(not launch.exited for launch in self._launches.values()):
+            self.sync()
+            time.sleep(0.2)
+        self.sync()
+        self._runtime.stop()
+        self._runtime = None
+        self.log.info("leoflow zygote stopped; %d agents left running", sum(not l.exited for l in self._launches.values()))
+
+    def terminate(self) -> None:
+        """Kill everything: every live attempt's whole subtree, then the zygote."""
+        for attempt in self.ledger.open_attempts(runtime="lite"):
+            if attempt.state in LIVE_STATES and attempt.pid:
+                self._kill_attempt(attempt)
+        if self._runtime is not None:
+            self._runtime.kill()
+            self._runtime = None
+
+    # --- dispatch -------------------------------------------------------------------------------------
+    def _process_workloads(self, workloads: Any) -> None:
+        """Dispatch each workload and act on its :class:`Disposition` (DESIGN §3 "Dispatch")."""
+        for workload in workloads:
+            if isinstance(workload, ExecuteTask):
+                result = self._dispatch_task(workload)
+            elif isinstance(workload, ExecuteCallback):
+                result = self._dispatch_callback(workload)
+            else:
+                result = DispatchResult(Disposition.REFUSED, f"{type(workload).__name__} is not supported")
+            self._apply(workload, result)
+
+    def _apply(self, workload: Any, result: DispatchResult) -> None:
+        key = workload.key
+        queue = self.queued_callbacks if isinstance(workload, ExecuteCallback) else self.queued_tasks
+        if result.disposition in (Disposition.DEFERRED, Disposition.BACKPRESSURE):
+            self.log.debug("dispatch of %s %s: %s", key, result.disposition, result.reason)
+            return  # stays queued: re-offered on the next heartbeat
+        queue.pop(key, None)
+        if result.disposition == Disposition.DISPATCHED:
+            self.running.add(key)
+        elif result.disposition == Disposition.STALE:
+            self.log.info("not launching %s: %s", key, result.reason)
+        else:
+            self.log.error("dispatch of %s %s: %s", key, result.disposition, result.reason)
+            self.fail(key, result.reason)
+
+    def _dispatch_task(self, workload: ExecuteTask) -> DispatchResult:
+        runtime = self._runtime
+        if runtime is None or not runtime.alive():
+            return DispatchResult(Disposition.DEFERRED, "the zygote is not running")
+        if len(runtime.pending) >= self.settings.launch_queue_size:
+            return DispatchResult(Disposition.DEFERRED, "the zygote's launch queue is full")
+        ti = workload.ti
+        ti_id = str(ti.id)
+        if reason := guard(load_ti_row_by_id(ti_id), ti_id=ti_id, try_number=ti.try_number, job_id=self.job_id):
+            return DispatchResult(Disposition.STALE, reason)
+        previous = self.ledger.current(ti_id)
+        if previous is not None and previous.state != _S.CLOSED:
+            if not self._prove_dead_and_close(previous):
+                return DispatchResult(Disposition.DEFERRED, f"epoch {previous.ref.attempt_epoch} of {ti_id} is still alive")
+        attempt = self.ledger.claim_epoch(
+            ti_id=ti_id,
+            try_number=ti.try_number,
+            dag_id=ti.dag_id,
+            task_id=ti.task_id,
+            run_id=ti.run_id,
+            map_index=ti.map_index,
+            runtime="lite",
+            workload_json=workload.model_dump_json(exclude={"token"}),
+            scheduler_job_id=self.job_id,
+        )
+        ref = attempt.ref
+        assert self._runtime is not None
+        record_path = self._runtime.paths.record_path(ti_id, ref.attempt_epoch)
+        os.makedirs(os.path.dirname(record_path), mode=0o700, exist_ok=True)
+        self.ledger.record_facts(ref, expected=[_S.CLAIMED], record_path=record_path)
+        # the token is minted now, at launch, never one that waited in a queue (DESIGN §3)
+        token = ExecuteTask.generate_token(ti_id, self.jwt_generator)
+        launch_id = launch_id_for(ti_id, ti.try_number, ref.attempt_epoch)
+        message = {
+            "launch_id": launch_id,
+            "attempt_epoch": ref.attempt_epoch,
+            "workload": workload.model_copy(update={"token": token}).model_dump_json(),
+            "server": get_execution_api_server_url(),
+            "record_path": record_path,
+            "fault": self._fault_for(workload),
+        }
+        if not runtime.launch(message):
+            self.ledger.transition(ref, expected=[_S.CLAIMED], to=_S.CLOSED, resolution=Resolution.LAUNCH_FAILED,
+                                   detail="the zygote connection broke")
+            return DispatchResult(Disposition.DEFERRED, "the zygote connection broke")
+        self._launches[launch_id] = _Launch(workload.key, workload, ref)
+        self._slot_owner[workload.key] = launch_id
+        return DispatchResult(Disposition.DISPATCHED)
+
+    def _prove_dead_and_close(self, previous: Attempt) -> bool:
+        """Before a same-``ti_id`` re-dispatch: True once the previous epoch is dead and its row CLOSED."""
+        if previous.state == _S.CLAIMED:
+            if _launch_id(previous.ref) in self._launches:
+                return False  # still on its way to the zygote
+            return self.ledger.transition(previous.ref, expected=[_S.CLAIMED], to=_S.CLOSED,
+                                          resolution=Resolution.ABANDONED, detail="never launched")
+        if previous.state in LIVE_STATES:
+            if not self._is_dead(previous):
+                return False
+            self.ledger.transition(previous.ref, expected=LIVE_STATES, to=_S.EXITED)
+        refreshed = self.ledger.get(previous.ref)
+        if refreshed is not None and refreshed.state == _S.EXITED:
+            self._settle(refreshed)
+            refreshed = self.ledger.get(previous.ref)
+        return refreshed is None or refreshed.state == _S.CLOSED
+
+    def _fault_for(self, workload: ExecuteTask) -> str | None:
+        """The test-only fault point asked for in ``executor_config={"leoflow": {"fault": ...}}``."""
+        if not self.settings.test_fault_injection:
+            return None
+        config = getattr(workload.ti, "executor_config", None) or {}
+        fault = (config.get("leoflow") or {}).get("fault") if isinstance(config, dict) else None
+        return fault if fault in FAULT_POINTS else None
+
+    def _dispatch_callback(self, workload: ExecuteCallback) -> DispatchResult:
+        runtime = self._runtime
+        if runtime is None or not runtime.alive():
+            return DispatchResult(Disposition.DEFERRED, "the zygote is not running")
+        launch_id = f"callback:{workload.callback.id}:{time.monotonic_ns()}"
+        message = {
+            "launch_id": launch_id,
+            "attempt_epoch": 0,
+            "workload": workload.model_dump_json(),
+            "server": get_execution_api_server_url(),
+            "record_path": None,
+            "fault": None,
+        }
+        if not runtime.launch(message):
+            return DispatchResult(Disposition.DEFERRED, "the zygote connection broke")
+        self._launches[launch_id] = _Launch(workload.key, workload, None)
+        self._slot_owner[workload.key] = launch_id
+        return DispatchResult(Disposition.DISPATCHED)
+
+    # --- sync: events, zygote health, reconcile ---------------------------------------------------------
+    def sync(self) -> None:
+        """Read zygote events, restart a dead zygote, then reconcile finished attempts (DESIGN §3)."""
+        if self._runtime is None:
+            return
+        for event in self._runtime.events():
+            self._on_event(event)
+        if not self._runtime.alive():
+            self._restart_zygote()
+        self._reconcile()
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("ev")
+        launch = self._launches.get(event.get("launch_id", ""))
+        if launch is None:
+            self.log.debug("event for an unknown launch: %r", event)
+            return
+        if kind == "launched":
+            if launch.ref is not None:
+                changed = self.ledger.transition(
+                    launch.ref, expected=[_S.CLAIMED], to=_S.DISPATCHED,
+                    pid=event.get("pid"), proc_create_time=event.get("start_time"),
+                )
+                if not changed:  # revoked (or closed) while the launch was in flight: it must not run
+                    self.log.info("attempt %s was closed before its agent started; killing it", event["launch_id"])
+                    self._runtime.kill_launch(event["launch_id"])  # type: ignore[union-attr]
+        elif kind == "launch_failed":
+            self.log.error("the zygote could not launch %s: %s", event["launch_id"], event.get("error"))
+            launch.exited = True
+            if launch.ref is not None:
+                self.ledger.transition(launch.ref, expected=[_S.CLAIMED], to=_S.CLOSED,
+                                       resolution=Resolution.LAUNCH_FAILED, detail=str(event.get("error"))[:500])
+            self._free_slot(launch, event["launch_id"])
+            self.fail(launch.key, f"leoflow could not launch the workload: {event.get('error')}")
+        elif kind == "reported":
+            if launch.ref is not None:
+                self.ledger.transition(launch.ref, expected=[_S.DISPATCHED], to=_S.REPORTED,
+                                       reported_state=str(event.get("state")))
+            self._free_slot(launch, event["launch_id"])  # the slot is freed at the terminal report
+        elif kind == "exited":
+            launch.exited = True
+            launch.exit_code = event.get("exit_code")
+            if launch.ref is None:  # a callback: its executor event is the workload's own result
+                self._free_slot(launch, event["launch_id"])
+                state = launch.workload.success_state if launch.exit_code == 0 else launch.workload.failure_state
+                self.change_state(launch.key, state)
+                del self._launches[event["launch_id"]]
+            else:
+                self.ledger.transition(launch.ref, expected=LIVE_STATES, to=_S.EXITED,
+                                       exit_status=launch.exit_code)
+
+    def _free_slot(self, launch: _Launch, launch_id: str) -> None:
+        if self._slot_owner.get(launch.key) == launch_id:
+            del self._slot_owner[launch.key]
+            self.running.discard(launch.key)
+        if launch.ref is not None:
+            self.running.discard(launch.ref)
+
+    def _restart_zygote(self) -> None:
+        assert self._runtime is not None
+        code = self._runtime.exit_code
+        lost = [lid for lid in self._runtime.pending if lid in self._launches]
+        self.log.error(
+            "the leoflow zygote died (exit code %s); restarting it. %d launches it had not started are re-offered",
+            code, len(lost),
+        )
+        for launch_id in lost:
+            launch = self._launches.pop(launch_id)
+            self._free_slot(launch, launch_id)
+            if launch.ref is not None:
+                self.ledger.transition(launch.ref, expected=[_S.CLAIMED], to=_S.CLOSED,
+                                       resolution=Resolution.LAUNCH_FAILED, detail="the zygote died before forking")
+                self.queued_tasks[launch.key] = launch.workload
+            else:
+                self.queued_callbacks[launch.key] = launch.workload
+        self._runtime.pending.clear()
+        self._runtime.restart()
+        self.log.warning("the leoflow zygote was restarted (restart #%d)", self._runtime.restarts)
+
+    def _reconcile(self) -> None:
+        """Turn facts into attempt states and settle dead attempts, within ``[leoflow] settle_budget``."""
+        budget = self.settings.settle_budget
+        for attempt in self.ledger.open_attempts(runtime="lite"):
+            if attempt.state in LIVE_STATES and self._is_dead(attempt):
+                self.ledger.transition(attempt.ref, expected=LIVE_STATES, to=_S.EXITED)
+                attempt = self.ledger.get(attempt.ref) or attempt
+            if attempt.state == _S.EXITED and budget > 0:
+                budget -= 1
+                self._settle(attempt)
+
+    def _is_dead(self, attempt: Attempt) -> bool:
+        """Proof of death: the agent (pid + start time) is gone and, for our own launches, the zygote has
+        reaped it and killed what was left of its subtree (the ``exited`` event)."""
+        launch = self._launches.get(_launch_id(attempt.ref))
+        if launch is not None and not launch.exited and self._runtime is not None and self._runtime.alive():
+            return False
+        if attempt.pid is None or attempt.proc_create_time is None:
+            return launch is not None and launch.exited
+        return not proc.is_alive(proc.ProcessIdentity(attempt.pid, int(attempt.proc_create_time)))
+
+    def _settle(self, attempt: Attempt) -> None:
+        ref = attempt.ref
+        current = self.ledger.current(ref.ti_id)
+        if current is None or current.ref != ref:
+            self.ledger.transition(ref, expected=[_S.EXITED], to=_S.CLOSED, resolution=Resolution.MOVED_ON,
+                                   detail="a newer epoch exists")
+            return
+        expect = outcome.AttemptIdentity(ref.ti_id, ref.try_number, ref.attempt_epoch)
+        record = outcome.read_record_file(attempt.record_path, expect=expect) if attempt.record_path else None
+        ti = load_ti_row(attempt.dag_id, attempt.run_id, attempt.task_id, attempt.map_index)
+        action = decide(ti_id=ref.ti_id, try_number=ref.try_number, record=record, ti=ti,
+                        reported=attempt.reported_state is not None)
+        key = self._key_of(attempt)
+        self.log.debug("settling %s: %s (%s)", ref, action.act, action.why)
+        if action.act == Act.CLOSE:
+            self._close(attempt, action.resolution, action.why)
+        elif action.act == Act.RESTARTING_SUCCESS:
+            if self._close(attempt, action.resolution, action.why):
+                self.success(key)
+        elif action.act == Act.REPLAY:
+            assert record is not None
+            if not self.ledger.transition(ref, expected=[_S.EXITED], to=_S.SETTLING):
+                return
+            result = replay_state(record, jwt_generator=self.jwt_generator, server=get_execution_api_server_url(),
+                                  timeout=self.settings.settle_timeout)
+            if result.settled:
+                self.log.warning("leoflow recovered a lost report of %s: %s (%s)", ref, outcome_summary(record), result.detail)
+                self._close(attempt, Resolution.REPLAYED if result.applied else Resolution.MOVED_ON, result.detail,
+                            expected=[_S.SETTLING])
+            else:
+                self.log.warning("replay of %s failed (%s); will retry", ref, result.detail)
+                self.ledger.transition(ref, expected=[_S.SETTLING], to=_S.EXITED, detail=result.detail[:500])
+        else:
+            # INFRA_REDRIVE / REDISPATCH: until the infra re-drive lands, hand the TI to Airflow's own
+            # killed-externally path (what Airflow would do after its heartbeat timeout, only sooner).
+            if self._close(attempt, Resolution.EXECUTOR_FAILED, action.why):
+                self.log.warning("attempt %s: %s (%s); failing it through Airflow", ref, action.why,
+                                 outcome_summary(record))
+                self.running.discard(key)
+                self.fail(key, action.why)
+
+    def _close(self, attempt: Attempt, resolution: Resolution, why: str, *, expected: Any = (_S.EXITED,)) -> bool:
+        changed = self.ledger.transition(attempt.ref, expected=expected, to=_S.CLOSED, resolution=resolution,
+                                         detail=why[:500])
+        launch_id = _launch_id(attempt.ref)
+        launch = self._launches.pop(launch_id, None)
+        if launch is not None:
+            self._free_slot(launch, launch_id)
+        return changed
+
+    @staticmethod
+    def _key_of(attempt: Attempt) -> TaskInstanceKey:
+        from airflow.models.taskinstancekey import TaskInstanceKey
+
+        return TaskInstanceKey(attempt.dag_id, attempt.task_id, attempt.run_id, attempt.ref.try_number,
+                               attempt.map_index)
+
+    # --- revoke, logs ---------------------------------------------------------------------------------
+    def revoke_task(self, *, ti: TaskInstance) -> None:
+        """Kill exactly that attempt's whole process subtree and forget it; never touches TI state or
+        writes executor events (Airflow's contract for stuck-in-queued handling)."""
+        ti_id = str(ti.id)
+        self.queued_tasks.pop(ti.key, None)
+        for attempt in self.ledger.open_attempts(runtime="lite"):
+            if attempt.ref.ti_id != ti_id:
+                continue
+            dead = self._kill_attempt(attempt)
+            launch_id = _launch_id(attempt.ref)
+            launch = self._launches.get(launch_id)
+            if launch is not None:
+                self._free_slot(launch, launch_id)
+                if not dead:
+                    self.running.add(attempt.ref)  # still holds resources until it is gone
+            if dead:
+                self.ledger.transition(attempt.ref, expected=[s for s in _S if s != _S.CLOSED], to=_S.CLOSED,
+                                       resolution=Resolution.REVOKED, detail="revoked by the scheduler")
+                self._launches.pop(launch_id, None)
+        self.running.discard(ti.key)
+
+    def _kill_attempt(self, attempt: Attempt) -> bool:
+        """SIGKILL the attempt's agent and its whole subtree; True when nothing of it is left."""
+        if attempt.pid is None or attempt.proc_create_time is None:
+            if self._runtime is not None:
+                self._runtime.kill_launch(_launch_id(attempt.ref))
+            return attempt.state == _S.CLAIMED
+        return proc.kill_tree(proc.ProcessIdentity(attempt.pid, int(attempt.proc_create_time)))
+
+    def get_task_log(self, ti: TaskInstance, try_number: int) -> tuple[list[str], list[str]]:
+        """Return the live log of a running attempt: ``([source], [text])`` read from its log file.
+
+        Called by the api-server (un-started executor) for RUNNING TIs only.
+        """
+        from airflow.configuration import conf
+
+        try:
+            attempt = self.ledger.current(str(ti.id))
+        except Exception:  # noqa: BLE001 - a log read must never fail the page
+            return [], []
+        if attempt is None or attempt.ref.try_number != try_number:
+            return [], []
+        try:
+            import json
+
+            log_path = json.loads(attempt.workload_json).get("log_path")
+        except ValueError:
+            return [], []
+        if not log_path:
+            return [], []
+        path = os.path.join(conf.get("logging", "base_log_folder"), log_path)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except OSError:
+            return [], []
+        return [f"leoflow attempt {attempt.ref.ti_id} epoch {attempt.ref.attempt_epoch}: {path}"], [text]

@@ -1,0 +1,147 @@
+"""The resilience ladder: timing knobs owned by Airflow and leoflow whose relative ORDER recovery depends on
+(seed 002 ``ResilienceLadder``; DESIGN §2 "The recovery window", §3 "Airflow's own zombie purge").
+
+Pure: :func:`evaluate` takes the values and returns violations (hard rungs: the executor refuses to start)
+and warnings (soft rungs: logged structured, with key and value). :func:`read_values` is the only I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from leoflow_airflow.errors import LadderViolation
+from leoflow_airflow.settings import LeoflowSettings
+
+AIRFLOW_KEYS: dict[str, tuple[str, str, float]] = {
+    # name: (section, key, Airflow 3.3.2 default)
+    "task_success_overtime": ("core", "task_success_overtime", 20.0),
+    "min_heartbeat_interval": ("workers", "min_heartbeat_interval", 5.0),
+    "socket_cleanup_timeout": ("workers", "socket_cleanup_timeout", 60.0),
+    "task_instance_heartbeat_timeout": ("scheduler", "task_instance_heartbeat_timeout", 300.0),
+    "task_queued_timeout": ("scheduler", "task_queued_timeout", 600.0),
+    "max_failed_heartbeats": ("workers", "max_failed_heartbeats", 3.0),
+}
+
+
+@dataclass(frozen=True)
+class LadderValues:
+    """Every value the ladder compares, in seconds (``max_failed_heartbeats`` is a count)."""
+
+    task_success_overtime: float
+    min_heartbeat_interval: float
+    socket_cleanup_timeout: float
+    task_instance_heartbeat_timeout: float
+    task_queued_timeout: float
+    max_failed_heartbeats: float
+    agent_lost_threshold: float
+    maintenance_interval: float
+    settle_timeout: float
+
+    def launch_floor(self) -> float:
+        """Seconds an attempt may legitimately sit QUEUED before its agent calls /run (start + one retry)."""
+        return 2 * self.min_heartbeat_interval + 30.0
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One broken rung: a message plus the ``{"section.key": value}`` it is about."""
+
+    rung: str
+    message: str
+    values: dict[str, float]
+
+
+@dataclass(frozen=True)
+class LadderReport:
+    """The outcome of :func:`evaluate`: hard ``violations`` and soft ``warnings``."""
+
+    violations: tuple[Rung, ...]
+    warnings: tuple[Rung, ...]
+
+
+def evaluate(v: LadderValues) -> LadderReport:
+    """Check the ladder. Hard rung (DESIGN §2): the recovery window
+
+    ``task_success_overtime + min_heartbeat_interval + socket_cleanup_timeout < agent_lost_threshold <
+    task_instance_heartbeat_timeout - 2 * maintenance_interval - settle_timeout``.
+
+    A healthy supervisor stops heartbeating once its terminal state is set, hence the lower bound; Airflow's
+    purge (which cannot be switched off) must never act before leoflow has decided, hence the upper bound.
+    """
+    lower = v.task_success_overtime + v.min_heartbeat_interval + v.socket_cleanup_timeout
+    upper = v.task_instance_heartbeat_timeout - 2 * v.maintenance_interval - v.settle_timeout
+    window_values = {
+        "core.task_success_overtime": v.task_success_overtime,
+        "workers.min_heartbeat_interval": v.min_heartbeat_interval,
+        "workers.socket_cleanup_timeout": v.socket_cleanup_timeout,
+        "leoflow.agent_lost_threshold": v.agent_lost_threshold,
+        "scheduler.task_instance_heartbeat_timeout": v.task_instance_heartbeat_timeout,
+        "leoflow.maintenance_interval": v.maintenance_interval,
+        "leoflow.settle_timeout": v.settle_timeout,
+    }
+    violations: list[Rung] = []
+    if not lower < upper:
+        violations.append(Rung(
+            "recovery_window",
+            f"[scheduler] task_instance_heartbeat_timeout = {v.task_instance_heartbeat_timeout:g} is not above "
+            f"leoflow's recovery window: it must exceed [core] task_success_overtime ({v.task_success_overtime:g}) "
+            f"+ [workers] min_heartbeat_interval ({v.min_heartbeat_interval:g}) + [workers] socket_cleanup_timeout "
+            f"({v.socket_cleanup_timeout:g}) + 2 x [leoflow] maintenance_interval ({v.maintenance_interval:g}) + "
+            f"[leoflow] settle_timeout ({v.settle_timeout:g}) = {lower + 2 * v.maintenance_interval + v.settle_timeout:g} s",
+            window_values,
+        ))
+    elif not lower < v.agent_lost_threshold < upper:
+        violations.append(Rung(
+            "agent_lost_threshold",
+            f"[leoflow] agent_lost_threshold = {v.agent_lost_threshold:g} must lie strictly between {lower:g} "
+            f"([core] task_success_overtime + [workers] min_heartbeat_interval + [workers] socket_cleanup_timeout) "
+            f"and {upper:g} ([scheduler] task_instance_heartbeat_timeout = {v.task_instance_heartbeat_timeout:g} "
+            f"- 2 x [leoflow] maintenance_interval - [leoflow] settle_timeout)",
+            window_values,
+        ))
+    warnings: list[Rung] = []
+    hb_budget = v.max_failed_heartbeats * v.min_heartbeat_interval
+    if hb_budget >= v.task_instance_heartbeat_timeout:
+        warnings.append(Rung(
+            "heartbeat_failure_budget",
+            "the supervisor tolerates heartbeat failures for longer than Airflow's heartbeat timeout",
+            {"workers.max_failed_heartbeats": v.max_failed_heartbeats,
+             "workers.min_heartbeat_interval": v.min_heartbeat_interval,
+             "scheduler.task_instance_heartbeat_timeout": v.task_instance_heartbeat_timeout},
+        ))
+    if v.task_queued_timeout <= v.launch_floor():
+        warnings.append(Rung(
+            "task_queued_timeout",
+            "Airflow may requeue a queued task before a freshly started agent can reach /run",
+            {"scheduler.task_queued_timeout": v.task_queued_timeout},
+        ))
+    return LadderReport(tuple(violations), tuple(warnings))
+
+
+def read_values(settings: LeoflowSettings, getfloat: Callable[[str, str, float], float] | None = None) -> LadderValues:
+    """Collect the ladder's values from Airflow's config and ``settings``.
+
+    :param getfloat: ``getfloat(section, key, fallback)``; defaults to Airflow's ``conf.getfloat``.
+    """
+    if getfloat is None:
+        from airflow.configuration import conf
+
+        def getfloat(section: str, key: str, fallback: float) -> float:
+            return conf.getfloat(section, key, fallback=fallback)
+
+    airflow_values = {name: float(getfloat(sec, key, dflt)) for name, (sec, key, dflt) in AIRFLOW_KEYS.items()}
+    return LadderValues(
+        **airflow_values,
+        agent_lost_threshold=settings.agent_lost_threshold,
+        maintenance_interval=settings.maintenance_interval,
+        settle_timeout=settings.settle_timeout,
+    )
+
+
+def enforce(report: LadderReport, warn: Callable[[Rung], None]) -> None:
+    """Raise :class:`LadderViolation` with one message for every hard rung; pass soft rungs to ``warn``."""
+    for rung in report.warnings:
+        warn(rung)
+    if report.violations:
+        raise LadderViolation("leoflow refuses to start: " + "; ".join(r.message for r in report.violations))

@@ -1,0 +1,151 @@
+"""The ``[leoflow]`` config section: one table of options (the provider's defaults come from it too) and
+its parse into a frozen :class:`LeoflowSettings`.
+
+Every option is read through Airflow's config (so ``AIRFLOW__LEOFLOW__*`` env vars and ``airflow.cfg`` both
+work) and validated here; a malformed value raises :class:`~leoflow_airflow.errors.ConfigError` naming the
+key and the value, before anything is started.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from leoflow_airflow.errors import ConfigError
+
+SECTION = "leoflow"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ``[leoflow]`` option: name, type (``string``/``integer``/``float``/``boolean``), default, help."""
+
+    name: str
+    type: str
+    default: str
+    description: str
+    check: Callable[[Any], str | None] | None = None
+
+
+def _positive(v: float) -> str | None:
+    return None if v > 0 else "must be greater than 0"
+
+
+def _non_negative(v: float) -> str | None:
+    return None if v >= 0 else "must be 0 or more"
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("runtime", "string", "lite", "Where attempts run: `lite` (local agent processes forked by a "
+           "pre-imported zygote) or `kubernetes` (a pod per attempt; not in this release).",
+           lambda v: None if v in ("lite", "kubernetes") else "must be `lite` or `kubernetes`"),
+    Option("runtime_dir", "string", "", "Directory for the Lite zygote socket, pidfile and per-attempt "
+           "record files. Empty: `$AIRFLOW_HOME/leoflow`."),
+    Option("agent_lost_threshold", "float", "120", "Seconds after which an attempt whose heartbeat went "
+           "silent is treated as lost by leoflow. Must sit inside the recovery window (DESIGN §2).", _positive),
+    Option("maintenance_interval", "float", "5", "Upper bound, in seconds, between two reconcile passes "
+           "of the executor's sync().", _positive),
+    Option("settle_timeout", "float", "10", "HTTP timeout, in seconds, of one settle call to the "
+           "Execution API.", _positive),
+    Option("settle_budget", "integer", "20", "Settle calls at most per sync(), so the scheduler loop "
+           "never stalls.", _positive),
+    Option("launch_queue_size", "integer", "64", "Attempts handed to the zygote but not yet forked, at "
+           "most; beyond it a dispatch is `deferred` and re-offered.", _positive),
+    Option("end_drain_timeout", "float", "0", "Seconds end() waits for running agents to finish. 0: "
+           "leave them running for the next scheduler to adopt.", _non_negative),
+    Option("zygote_start_timeout", "float", "60", "Seconds to wait for the zygote to import the Task SDK "
+           "and answer.", _positive),
+    Option("record_retention", "float", "86400", "Seconds a closed attempt's record files are kept.",
+           _non_negative),
+    Option("agent_env_passthrough", "string", "", "Comma-separated extra environment variable names "
+           "handed to the zygote and agents (the rest of the scheduler's environment is not)."),
+    Option("test_fault_injection", "boolean", "False", "TEST ONLY: honour the per-attempt fault-injection "
+           "point (DESIGN §3). Never enable in production."),
+)
+
+
+@dataclass(frozen=True)
+class LeoflowSettings:
+    """The parsed ``[leoflow]`` section. Durations are seconds (float); sizes are counts."""
+
+    runtime: str
+    runtime_dir: str
+    agent_lost_threshold: float
+    maintenance_interval: float
+    settle_timeout: float
+    settle_budget: int
+    launch_queue_size: int
+    end_drain_timeout: float
+    zygote_start_timeout: float
+    record_retention: float
+    agent_env_passthrough: tuple[str, ...]
+    test_fault_injection: bool
+
+
+_BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
+def _parse(opt: Option, raw: str) -> Any:
+    text = raw.strip()
+    try:
+        if opt.type == "integer":
+            value: Any = int(text)
+        elif opt.type == "float":
+            value = float(text)
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError
+        elif opt.type == "boolean":
+            value = _BOOL[text.lower()]
+        else:
+            value = text
+    except (ValueError, KeyError):
+        raise ConfigError(f"{SECTION}.{opt.name}", raw, f"is not a valid {opt.type}") from None
+    if opt.check is not None and (problem := opt.check(value)):
+        raise ConfigError(f"{SECTION}.{opt.name}", raw, problem)
+    return value
+
+
+def load(get: Callable[[str, str, str], str] | None = None) -> LeoflowSettings:
+    """Read and validate ``[leoflow]``.
+
+    :param get: ``get(section, key, fallback) -> str``; defaults to Airflow's ``conf.get``.
+    :raises ConfigError: for the first malformed value, naming key and value.
+    """
+    if get is None:
+        from airflow.configuration import conf
+
+        def get(section: str, key: str, fallback: str) -> str:
+            return conf.get(section, key, fallback=fallback)
+
+    values: dict[str, Any] = {}
+    for opt in OPTIONS:
+        values[opt.name] = _parse(opt, str(get(SECTION, opt.name, opt.default)))
+    if not values["runtime_dir"]:
+        home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
+        values["runtime_dir"] = os.path.join(home, "leoflow")
+    values["agent_env_passthrough"] = tuple(
+        n.strip() for n in values["agent_env_passthrough"].split(",") if n.strip()
+    )
+    if values["runtime"] == "kubernetes":
+        raise ConfigError(f"{SECTION}.runtime", "kubernetes", "the Kubernetes runtime is not in this release; use `lite`")
+    return LeoflowSettings(**values)
+
+
+def provider_config() -> dict[str, Any]:
+    """Return the provider-info ``config`` entry for ``[leoflow]`` (Airflow's provider_info schema)."""
+    return {
+        SECTION: {
+            "description": "leoflow executor (leoflow_airflow.executor.LeoflowExecutor).",
+            "options": {
+                o.name: {
+                    "description": o.description,
+                    "version_added": "0.1.0",
+                    "type": o.type,
+                    "example": None,
+                    "default": o.default,
+                }
+                for o in OPTIONS
+            },
+        }
+    }
