@@ -87,7 +87,7 @@ class RecordingTransport(httpx.BaseTransport):
         for sink in self._sinks:
             try:
                 sink(record)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # ValueError: RecordTooLarge, a record the reader would refuse
                 raise httpx.TransportError(f"could not write the outcome record: {exc}") from exc
         return state
 

@@ -285,7 +285,7 @@ class LeoflowExecutor(BaseExecutor):
             if launch.ref is not None:
                 changed = self.ledger.transition(
                     launch.ref, expected=[_S.CLAIMED], to=_S.DISPATCHED,
-                    pid=event.get("pid"), proc_create_time=event.get("start_time"),
+                    pid=event.get("pid"), proc_start_time=event.get("start_time"),
                 )
                 if not changed:  # revoked (or closed) while the launch was in flight: it must not run
                     self.log.info("attempt %s was closed before its agent started; killing it", event["launch_id"])
@@ -360,9 +360,9 @@ class LeoflowExecutor(BaseExecutor):
         launch = self._launches.get(_launch_id(attempt.ref))
         if launch is not None and not launch.exited and self._runtime is not None and self._runtime.alive():
             return False
-        if attempt.pid is None or attempt.proc_create_time is None:
+        if attempt.pid is None or attempt.proc_start_time is None:
             return launch is not None and launch.exited
-        return not proc.is_alive(proc.ProcessIdentity(attempt.pid, int(attempt.proc_create_time)))
+        return not proc.is_alive(proc.ProcessIdentity(attempt.pid, int(attempt.proc_start_time)))
 
     def _settle(self, attempt: Attempt) -> None:
         ref = attempt.ref
@@ -445,11 +445,11 @@ class LeoflowExecutor(BaseExecutor):
 
     def _kill_attempt(self, attempt: Attempt) -> bool:
         """SIGKILL the attempt's agent and its whole subtree; True when nothing of it is left."""
-        if attempt.pid is None or attempt.proc_create_time is None:
+        if attempt.pid is None or attempt.proc_start_time is None:
             if self._runtime is not None:
                 self._runtime.kill_launch(_launch_id(attempt.ref))
             return attempt.state == _S.CLAIMED
-        return proc.kill_tree(proc.ProcessIdentity(attempt.pid, int(attempt.proc_create_time)))
+        return proc.kill_tree(proc.ProcessIdentity(attempt.pid, int(attempt.proc_start_time)))
 
     def get_task_log(self, ti: TaskInstance, try_number: int) -> tuple[list[str], list[str]]:
         """Return the live log of a running attempt: ``([source], [text])`` read from its log file.

@@ -37,7 +37,7 @@ FACT_COLUMNS: frozenset[str] = frozenset(
     {
         "scheduler_job_id",
         "pid",
-        "proc_create_time",
+        "proc_start_time",
         "record_path",
         "pod_name",
         "pod_uid",
@@ -68,8 +68,8 @@ class LedgerConflict(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    """One ledger row, read-only. Timestamps are timezone-aware UTC; ``proc_create_time`` is seconds since
-    the epoch as ``psutil.Process.create_time()`` gives it; ``workload_json`` never holds a token."""
+    """One ledger row, read-only. Timestamps are timezone-aware UTC; ``proc_start_time`` is the agent's kernel
+    start time (``/proc/<pid>/stat`` starttime, clock ticks since boot: pid + start time is its identity); ``workload_json`` never holds a token."""
 
     ref: AttemptRef
     dag_id: str
@@ -81,7 +81,7 @@ class Attempt:
     workload_json: str
     scheduler_job_id: int | None
     pid: int | None
-    proc_create_time: float | None
+    proc_start_time: int | None
     record_path: str | None
     pod_name: str | None
     pod_uid: str | None
@@ -110,7 +110,7 @@ class Attempt:
             workload_json=row["workload_json"],
             scheduler_job_id=row["scheduler_job_id"],
             pid=row["pid"],
-            proc_create_time=row["proc_create_time"],
+            proc_start_time=row["proc_start_time"],
             record_path=row["record_path"],
             pod_name=row["pod_name"],
             pod_uid=row["pod_uid"],

@@ -87,7 +87,7 @@ def test_a_real_constraint_violation_is_not_mistaken_for_a_lost_race(store):
 def test_normal_path_sets_facts_and_timestamps(store, clock):
     a = claim(store)
     t1 = clock.tick()
-    assert store.transition(a.ref, expected=[S.CLAIMED], to=S.DISPATCHED, pid=4242, proc_create_time=1700000000.25)
+    assert store.transition(a.ref, expected=[S.CLAIMED], to=S.DISPATCHED, pid=4242, proc_start_time=170000000025)
     t2 = clock.tick()
     assert store.transition(a.ref, expected=[S.DISPATCHED], to=S.REPORTED, reported_state="success")
     t3 = clock.tick()
@@ -97,7 +97,7 @@ def test_normal_path_sets_facts_and_timestamps(store, clock):
 
     got = store.get(a.ref)
     assert got.state is S.CLOSED and got.resolution is Resolution.REPORTED
-    assert (got.pid, got.proc_create_time, got.reported_state, got.exit_status) == (4242, 1700000000.25, "success", 0)
+    assert (got.pid, got.proc_start_time, got.reported_state, got.exit_status) == (4242, 170000000025, "success", 0)
     assert (got.dispatched_at, got.reported_at, got.exited_at, got.closed_at) == (t1, t2, t3, t4)
     assert got.updated_at == t4 and got.created_at == T0
 

@@ -44,7 +44,7 @@ def upgrade() -> None:
         sa.Column("workload_json", sa.Text(), nullable=False),
         sa.Column("scheduler_job_id", sa.Integer(), nullable=True),
         sa.Column("pid", sa.Integer(), nullable=True),
-        sa.Column("proc_create_time", sa.Float(), nullable=True),
+        sa.Column("proc_start_time", sa.BigInteger(), nullable=True),
         sa.Column("record_path", sa.Text(), nullable=True),
         sa.Column("pod_name", sa.String(253), nullable=True),
         sa.Column("pod_uid", sa.String(64), nullable=True),
