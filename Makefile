@@ -1,0 +1,35 @@
+# leoflow — two set-up commands on a fresh machine: `make demo` and `make test`. Each does its own set-up.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.leoflow-installed
+
+.PHONY: demo test test-fast bench venv clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found (leoflow needs Python 3.11)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## make demo: a real Airflow (SQLite) with LeoflowExecutor in Lite mode runs the bundled DAGs.
+demo: $(STAMP)
+	$(PY) -m devtools.demo
+
+## make test: the whole suite (starts PostgreSQL and the Kubernetes control plane itself).
+test: $(STAMP)
+	scripts/run-tests all
+
+## make test-fast: unit tests only, no servers.
+test-fast: $(STAMP)
+	scripts/run-tests fast
+
+## make bench: LocalExecutor vs LeoflowExecutor on PostgreSQL (minutes; figures, not pass/fail).
+bench: $(STAMP)
+	scripts/run-tests bench
+
+clean:
+	rm -rf $(VENV) .demo .tmp *.egg-info
