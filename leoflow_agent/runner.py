@@ -74,7 +74,10 @@ def run_launch(
         sinks=sinks,
         on_reported=lambda state: report({"ev": "reported", "state": state}),
         fault=message.get("fault"),
+        max_failed_heartbeats=_conf_int("workers", "max_failed_heartbeats", 3),
     )
+    if message.get("fault") == "mid_task":
+        _arm_mid_task_fault(message)
     client = Client(base_url=server, token=workload.token, transport=transport)
     try:
         from setproctitle import setproctitle
@@ -93,6 +96,44 @@ def run_launch(
         sentry_integration=getattr(workload, "sentry_integration", ""),
     )
     return 0
+
+
+MID_TASK_MARKER_ENV = "LEOFLOW_FAULT_MARKER"
+"""TEST ONLY: set for the task (fault point ``mid_task``): the path a test DAG touches once it is mid-task."""
+
+
+def _arm_mid_task_fault(message: dict[str, Any]) -> None:
+    """Fault point ``mid_task`` (DESIGN §3): SIGKILL this agent once the marker file appears.
+
+    The marker's path reaches the task through the environment the task child inherits from this forked
+    agent; a daemon thread polls for it every 50 ms. Only ever armed when the executor's test-only
+    ``[leoflow] test_fault_injection`` put the point into the launch message.
+    """
+    import signal
+    import threading
+    import time
+
+    record_path = message.get("record_path") or f"/tmp/leoflow-{os.getpid()}"
+    marker = os.path.join(os.path.dirname(record_path), "mid_task.marker")
+    os.environ[MID_TASK_MARKER_ENV] = marker
+
+    def watch() -> None:
+        while not os.path.exists(marker):
+            time.sleep(0.05)
+        log.warning("fault injection: killing the agent mid-task")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="leoflow-mid-task-fault", daemon=True).start()
+
+
+def _conf_int(section: str, key: str, fallback: int) -> int:
+    """Read an integer from the SDK's config (``AIRFLOW__SECTION__KEY`` or airflow.cfg)."""
+    try:
+        from airflow.sdk.configuration import conf
+
+        return conf.getint(section, key, fallback=fallback)
+    except Exception:  # noqa: BLE001 - a missing/odd value falls back to Airflow's default
+        return fallback
 
 
 def agent_main(

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 _STATE_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/state$")
 _RUN_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/run$")
+_HEARTBEAT_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/heartbeat$")
 
 RecordSink = Callable[[outcome.OutcomeRecord], None]
 """Writes one outcome record durably; raises :class:`OSError` when it cannot."""
@@ -53,6 +54,10 @@ class RecordingTransport(httpx.BaseTransport):
         the PATCH fail too (``httpx.TransportError``), so no report ever leaves without its record.
     :param on_reported: called with the Airflow state once a terminal PATCH returned 2xx.
     :param fault: one of :data:`leoflow_agent.protocol.FAULT_POINTS` or ``None``.
+    :param max_failed_heartbeats: ``[workers] max_failed_heartbeats``: after this many consecutive failed
+        heartbeats the supervisor kills the task; the wrapper then writes a ``heartbeat_lost`` record and
+        refuses every later terminal PATCH of the attempt locally (DESIGN §2 "Heartbeat loss"), so the
+        reconciler, not a late report, decides.
     """
 
     def __init__(
@@ -63,8 +68,12 @@ class RecordingTransport(httpx.BaseTransport):
         sinks: Sequence[RecordSink],
         on_reported: Callable[[str], None],
         fault: str | None = None,
+        max_failed_heartbeats: int = 3,
     ) -> None:
         self._inner = inner
+        self._max_failed_heartbeats = max(1, int(max_failed_heartbeats))
+        self._failed_heartbeats = 0
+        self.heartbeat_lost = False
         self._attempt = attempt
         self._sinks = list(sinks)
         self._on_reported = on_reported
@@ -91,14 +100,50 @@ class RecordingTransport(httpx.BaseTransport):
                 raise httpx.TransportError(f"could not write the outcome record: {exc}") from exc
         return state
 
+    def _write_all(self, record: outcome.OutcomeRecord) -> None:
+        for sink in self._sinks:
+            try:
+                sink(record)
+            except (OSError, ValueError):
+                log.exception("could not write the heartbeat_lost record")
+
+    def _heartbeat(self, request: httpx.Request) -> httpx.Response:
+        try:
+            response = self._inner.handle_request(request)
+        except httpx.TransportError:
+            self._heartbeat_failed()
+            raise
+        if response.status_code >= 500:
+            self._heartbeat_failed()
+        elif response.status_code < 300:
+            self._failed_heartbeats = 0
+        return response
+
+    def _heartbeat_failed(self) -> None:
+        self._failed_heartbeats += 1
+        if self._failed_heartbeats >= self._max_failed_heartbeats and not self.heartbeat_lost:
+            self.heartbeat_lost = True
+            log.error("heartbeat lost %d times in a row: recording heartbeat_lost; later terminal reports of "
+                      "this attempt are refused locally", self._failed_heartbeats)
+            self._write_all(outcome.heartbeat_lost(self._attempt))
+
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request``, recording/reporting terminal states and honouring the fault point."""
         path = request.url.path
+        if request.method == "PUT" and (m := _HEARTBEAT_PATH.search(path)) and m["ti_id"] == self._attempt.ti_id:
+            return self._heartbeat(request)
         is_state = request.method == "PATCH" and (m := _STATE_PATH.search(path)) and m["ti_id"] == self._attempt.ti_id
         is_run = request.method == "PATCH" and (m := _RUN_PATH.search(path)) and m["ti_id"] == self._attempt.ti_id
         state = None
         if is_run and self._fault == "before_run":
             _suicide("before_run")
+        if is_state and self.heartbeat_lost:
+            log.warning("refusing a terminal report after heartbeat loss; the reconciler decides")
+            return httpx.Response(
+                409, json={"detail": {"reason": "leoflow_heartbeat_lost",
+                                      "message": "refused locally by the leoflow agent after heartbeat loss"}},
+                request=request,
+            )
         if is_state:
             request.read()
             state = self._record(request)

@@ -27,6 +27,7 @@ from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.dispatch.guard import guard
 from leoflow_airflow.ledger.states import AttemptRef, AttemptState, Resolution
 from leoflow_airflow.reconcile import Act, decide, outcome_summary
+from leoflow_airflow.callbacks import log_lost_success_callback, retry_callback_request
 from leoflow_airflow.settle import replay_state
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class _Launch:
     ref: AttemptRef | None  # None for callbacks
     exited: bool = False
     exit_code: int | None = None
+    adopted: bool = False  # started by a predecessor's zygote: no events come for it, liveness is polled
 
 
 class LeoflowExecutor(BaseExecutor):
@@ -210,7 +212,7 @@ class LeoflowExecutor(BaseExecutor):
             "workload": workload.model_copy(update={"token": token}).model_dump_json(),
             "server": get_execution_api_server_url(),
             "record_path": record_path,
-            "fault": self._fault_for(workload),
+            "fault": self._fault_for(workload, ref.attempt_epoch),
         }
         if not runtime.launch(message):
             self.ledger.transition(ref, expected=[_S.CLAIMED], to=_S.CLOSED, resolution=Resolution.LAUNCH_FAILED,
@@ -237,12 +239,31 @@ class LeoflowExecutor(BaseExecutor):
             refreshed = self.ledger.get(previous.ref)
         return refreshed is None or refreshed.state == _S.CLOSED
 
-    def _fault_for(self, workload: ExecuteTask) -> str | None:
-        """The test-only fault point asked for in ``executor_config={"leoflow": {"fault": ...}}``."""
+    def _fault_for(self, workload: ExecuteTask, attempt_epoch: int) -> str | None:
+        """TEST ONLY: the fault point for this attempt, from ``[leoflow] test_fault_plan`` (key
+        ``dag_id/run_id/task_id/try_number/attempt_epoch``) or the task's
+        ``executor_config={"leoflow": {"fault": ...}}`` (first epoch only). ``None`` unless
+        ``[leoflow] test_fault_injection`` is on."""
         if not self.settings.test_fault_injection:
             return None
-        config = getattr(workload.ti, "executor_config", None) or {}
-        fault = (config.get("leoflow") or {}).get("fault") if isinstance(config, dict) else None
+        ti = workload.ti
+        fault = None
+        if self.settings.test_fault_plan:
+            import json
+
+            try:
+                with open(self.settings.test_fault_plan) as fh:
+                    plan = json.load(fh)
+            except (OSError, ValueError):
+                plan = {}
+            key = f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{ti.try_number}/{attempt_epoch}"
+            fault = plan.get(key) if isinstance(plan, dict) else None
+        if fault is None and attempt_epoch == 1:
+            config = getattr(ti, "executor_config", None) or {}
+            fault = (config.get("leoflow") or {}).get("fault") if isinstance(config, dict) else None
+        if fault is not None:
+            self.log.warning("TEST fault injection: attempt %s/%s epoch %d will be killed at %s",
+                             ti.dag_id, ti.task_id, attempt_epoch, fault)
         return fault if fault in FAULT_POINTS else None
 
     def _dispatch_callback(self, workload: ExecuteCallback) -> DispatchResult:
@@ -347,6 +368,11 @@ class LeoflowExecutor(BaseExecutor):
         """Turn facts into attempt states and settle dead attempts, within ``[leoflow] settle_budget``."""
         budget = self.settings.settle_budget
         for attempt in self.ledger.open_attempts(runtime="lite"):
+            launch = self._launches.get(_launch_id(attempt.ref))
+            if attempt.state == _S.CLAIMED and launch is not None and launch.adopted:
+                self._redispatch(attempt, launch.key, "the previous scheduler never started its agent",
+                                 expected=[_S.CLAIMED])
+                continue
             if attempt.state in LIVE_STATES and self._is_dead(attempt):
                 self.ledger.transition(attempt.ref, expected=LIVE_STATES, to=_S.EXITED)
                 attempt = self.ledger.get(attempt.ref) or attempt
@@ -355,14 +381,18 @@ class LeoflowExecutor(BaseExecutor):
                 self._settle(attempt)
 
     def _is_dead(self, attempt: Attempt) -> bool:
-        """Proof of death: the agent (pid + start time) is gone and, for our own launches, the zygote has
-        reaped it and killed what was left of its subtree (the ``exited`` event)."""
+        """Proof of death: the agent (pid + start time) is gone and, for a launch of our own zygote, the
+        zygote reaped it and killed what was left of its subtree (its ``exited`` event)."""
+        if attempt.pid is not None and attempt.proc_start_time is not None:
+            if proc.is_alive(proc.ProcessIdentity(attempt.pid, int(attempt.proc_start_time))):
+                return False
         launch = self._launches.get(_launch_id(attempt.ref))
-        if launch is not None and not launch.exited and self._runtime is not None and self._runtime.alive():
-            return False
-        if attempt.pid is None or attempt.proc_start_time is None:
-            return launch is not None and launch.exited
-        return not proc.is_alive(proc.ProcessIdentity(attempt.pid, int(attempt.proc_start_time)))
+        if launch is not None and not launch.adopted and not launch.exited:
+            # ours: wait for the zygote's word, unless the zygote itself is gone
+            return self._runtime is None or not self._runtime.alive()
+        # a predecessor's CLAIMED attempt whose launch never reported: if an agent did start, its /run is
+        # fenced by the ti_id Airflow gives the TI on reset; nothing of ours can be proven alive
+        return True
 
     def _settle(self, attempt: Attempt) -> None:
         ref = attempt.ref
@@ -385,25 +415,76 @@ class LeoflowExecutor(BaseExecutor):
                 self.success(key)
         elif action.act == Act.REPLAY:
             assert record is not None
-            if not self.ledger.transition(ref, expected=[_S.EXITED], to=_S.SETTLING):
-                return
-            result = replay_state(record, jwt_generator=self.jwt_generator, server=get_execution_api_server_url(),
-                                  timeout=self.settings.settle_timeout)
-            if result.settled:
-                self.log.warning("leoflow recovered a lost report of %s: %s (%s)", ref, outcome_summary(record), result.detail)
-                self._close(attempt, Resolution.REPLAYED if result.applied else Resolution.MOVED_ON, result.detail,
-                            expected=[_S.SETTLING])
-            else:
-                self.log.warning("replay of %s failed (%s); will retry", ref, result.detail)
-                self.ledger.transition(ref, expected=[_S.SETTLING], to=_S.EXITED, detail=result.detail[:500])
-        else:
-            # INFRA_REDRIVE / REDISPATCH: until the infra re-drive lands, hand the TI to Airflow's own
-            # killed-externally path (what Airflow would do after its heartbeat timeout, only sooner).
-            if self._close(attempt, Resolution.EXECUTOR_FAILED, action.why):
-                self.log.warning("attempt %s: %s (%s); failing it through Airflow", ref, action.why,
-                                 outcome_summary(record))
+            self._replay(attempt, record)
+        elif action.act == Act.INFRA_REDRIVE:
+            self._infra_redrive(attempt, key, action.why)
+        elif action.act == Act.REDISPATCH:
+            self._redispatch(attempt, key, action.why)
+
+    def _replay(self, attempt: Attempt, record: outcome.OutcomeRecord) -> None:
+        """Replay a lost terminal report (settling mark committed first, no transaction across the call)."""
+        ref = attempt.ref
+        if not self.ledger.transition(ref, expected=[_S.EXITED], to=_S.SETTLING):
+            return
+        result = replay_state(record, jwt_generator=self.jwt_generator, server=get_execution_api_server_url(),
+                              timeout=self.settings.settle_timeout)
+        if not result.settled:
+            self.log.warning("replay of %s failed (%s); will retry", ref, result.detail)
+            self.ledger.transition(ref, expected=[_S.SETTLING], to=_S.EXITED, detail=result.detail[:500])
+            return
+        self.log.warning("leoflow recovered the lost report of %s: %s (%s)", ref, outcome_summary(record), result.detail)
+        if record.assets_dropped:
+            self.log.warning("the record of %s had its asset events dropped to fit its size budget", ref)
+        if not self._close(attempt, Resolution.REPLAYED if result.applied else Resolution.MOVED_ON, result.detail,
+                           expected=[_S.SETTLING]) or not result.applied:
+            return
+        where = dict(dag_id=attempt.dag_id, run_id=attempt.run_id, task_id=attempt.task_id, map_index=attempt.map_index)
+        if record.state == "success":
+            log_lost_success_callback(ti_id=ref.ti_id, **where)
+        elif record.state == "up_for_retry" and record.callbacks_pending:
+            request = retry_callback_request(msg=f"leoflow replayed the lost up_for_retry report of attempt {ref}",
+                                             **where)
+            if request is not None:
+                self.send_callback(request)
+
+    def _infra_redrive(self, attempt: Attempt, key: Any, why: str) -> None:
+        """No usable evidence and the TI is RUNNING: a new try on the infra budget, else Airflow's own path."""
+        from leoflow_airflow.redrive import RedriveResult, infra_redrive
+
+        result = infra_redrive(ti_id=attempt.ref.ti_id, reason=why, limit=self.settings.infra_retry_budget)
+        if result == RedriveResult.REDRIVEN:
+            self.log.warning("attempt %s: %s; re-driven as a new try on the infra budget", attempt.ref, why)
+            self._close(attempt, Resolution.INFRA_REDRIVE, why)
+        elif result == RedriveResult.BUDGET_SPENT:
+            if self._close(attempt, Resolution.EXECUTOR_FAILED, f"{why}; infra budget spent"):
+                self.log.warning("attempt %s: %s and the infra budget is spent; failing it through Airflow",
+                                 attempt.ref, why)
                 self.running.discard(key)
-                self.fail(key, action.why)
+                self.fail(key, f"{why}; leoflow's infra re-run budget is spent")
+        else:
+            self._close(attempt, Resolution.MOVED_ON, "the task instance moved on before the re-drive")
+
+    def _redispatch(self, attempt: Attempt, key: Any, why: str, expected: Any = (_S.EXITED,)) -> None:
+        """The agent died before /run (TI still QUEUED): dispatch the same ti_id again as epoch + 1."""
+        ref = attempt.ref
+        done = self.ledger.count_resolution(ref.ti_id, Resolution.REDISPATCHED)
+        if done >= self.settings.redispatch_limit:
+            if self._close(attempt, Resolution.EXECUTOR_FAILED, f"{why}; re-dispatched {done} times already",
+                           expected=expected):
+                self.running.discard(key)
+                self.fail(key, f"{why}; leoflow re-dispatched it {done} times already")
+            return
+        if not self._close(attempt, Resolution.REDISPATCHED, why, expected=expected):
+            return
+        from airflow.executors.workloads import ExecuteTask as _ET
+
+        import json
+
+        # the ledger holds the workload without its token; a fresh one is minted at launch
+        workload = _ET.model_validate({**json.loads(attempt.workload_json), "token": ""})
+        self.log.warning("attempt %s: %s; re-dispatching the same ti_id as epoch %d", ref, why, ref.attempt_epoch + 1)
+        self.queued_tasks[key] = workload
+        self._apply(workload, self._dispatch_task(workload))
 
     def _close(self, attempt: Attempt, resolution: Resolution, why: str, *, expected: Any = (_S.EXITED,)) -> bool:
         changed = self.ledger.transition(attempt.ref, expected=expected, to=_S.CLOSED, resolution=resolution,
@@ -420,6 +501,70 @@ class LeoflowExecutor(BaseExecutor):
 
         return TaskInstanceKey(attempt.dag_id, attempt.task_id, attempt.run_id, attempt.ref.try_number,
                                attempt.map_index)
+
+    # --- adoption -------------------------------------------------------------------------------------
+    def try_adopt_task_instances(self, tis: Any) -> list[Any]:
+        """Adopt a predecessor's attempts from the ledger (DESIGN §3 "Adoption"); return those not adopted.
+
+        Runs while Airflow holds the TI rows ``FOR UPDATE`` and makes no HTTP call. A live agent (pid + start
+        time) is adopted and keeps running. A dead one with an outcome record is adopted with
+        ``last_heartbeat_at = now`` so Airflow's purge waits for the next ``sync()`` to settle it. A dead
+        RUNNING one without a record gets ``max_tries + 1`` (on the infra budget, in Airflow's own
+        transaction) and is returned, so Airflow's reset re-drives it as a new try. Anything leoflow never
+        dispatched is returned.
+        """
+        from sqlalchemy.orm import object_session
+
+        from airflow.utils import timezone
+
+        not_adopted: list[Any] = []
+        for ti in tis:
+            attempt = self.ledger.current(str(ti.id))
+            if attempt is None or attempt.state == _S.CLOSED or attempt.ref.try_number != ti.try_number:
+                not_adopted.append(ti)
+                continue
+            launch_id = _launch_id(attempt.ref)
+            if not self._is_dead(attempt):
+                self._launches[launch_id] = _Launch(ti.key, None, attempt.ref, adopted=True)
+                self._slot_owner[ti.key] = launch_id
+                self.running.add(ti.key)
+                continue
+            expect = outcome.AttemptIdentity(attempt.ref.ti_id, attempt.ref.try_number, attempt.ref.attempt_epoch)
+            record = outcome.read_record_file(attempt.record_path, expect=expect) if attempt.record_path else None
+            if record is not None or attempt.reported_state is not None or str(ti.state) != "running":
+                ti.last_heartbeat_at = timezone.utcnow()
+                self._launches[launch_id] = _Launch(ti.key, None, attempt.ref, adopted=True)
+                continue
+            session = object_session(ti)
+            if session is not None and self._spend_infra_budget(session, ti):
+                ti.max_tries = ti.max_tries + 1
+                self.log.warning("adoption: attempt %s died with no record; Airflow's reset re-runs it as a new "
+                                 "try on leoflow's infra budget (max_tries -> %d)", attempt.ref, ti.max_tries)
+            not_adopted.append(ti)
+        return not_adopted
+
+    def _spend_infra_budget(self, session: Any, ti: Any) -> bool:
+        """Charge one infra re-run to ``ti``'s logical budget inside Airflow's own transaction."""
+        from sqlalchemy import select
+
+        from leoflow_airflow.ledger.models import infra_budget_table as budget
+        from leoflow_airflow.ledger.store import _utcnow
+        from leoflow_airflow.redrive import budget_decision
+
+        where = ((budget.c.dag_id == ti.dag_id) & (budget.c.run_id == ti.run_id)
+                 & (budget.c.task_id == ti.task_id) & (budget.c.map_index == ti.map_index))
+        row = session.execute(select(budget.c.spent, budget.c.seen_max_tries).where(where)).first()
+        decision = budget_decision(spent=row.spent if row else None, seen_max_tries=row.seen_max_tries if row else None,
+                                   max_tries=ti.max_tries, limit=self.settings.infra_retry_budget)
+        if not decision.allowed:
+            return False
+        values = {"spent": decision.spent, "seen_max_tries": ti.max_tries + 1, "updated_at": _utcnow()}
+        if row is None:
+            session.execute(budget.insert().values(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
+                                                   map_index=ti.map_index, **values))
+        else:
+            session.execute(budget.update().where(where).values(**values))
+        return True
 
     # --- revoke, logs ---------------------------------------------------------------------------------
     def revoke_task(self, *, ti: TaskInstance) -> None:

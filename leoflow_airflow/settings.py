@@ -60,8 +60,15 @@ OPTIONS: tuple[Option, ...] = (
            _non_negative),
     Option("agent_env_passthrough", "string", "", "Comma-separated extra environment variable names "
            "handed to the zygote and agents (the rest of the scheduler's environment is not)."),
+    Option("infra_retry_budget", "integer", "2", "Infra re-runs (a dead agent that left no outcome) per "
+           "logical task instance that do not spend the user's retries; then Airflow's own failure path.",
+           _non_negative),
+    Option("redispatch_limit", "integer", "2", "Re-dispatches of the same ti_id as a new epoch when its "
+           "agent died before /run; then Airflow's own failure path.", _non_negative),
     Option("test_fault_injection", "boolean", "False", "TEST ONLY: honour the per-attempt fault-injection "
            "point (DESIGN §3). Never enable in production."),
+    Option("test_fault_plan", "string", "", "TEST ONLY (with test_fault_injection): a JSON file mapping "
+           "`dag_id/run_id/task_id/try_number/attempt_epoch` to a fault point, read at each dispatch."),
 )
 
 
@@ -80,7 +87,10 @@ class LeoflowSettings:
     zygote_start_timeout: float
     record_retention: float
     agent_env_passthrough: tuple[str, ...]
+    infra_retry_budget: int
+    redispatch_limit: int
     test_fault_injection: bool
+    test_fault_plan: str
 
 
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}

@@ -321,6 +321,15 @@ class LedgerStore:
             sa.select(t).where(t.c.ti_id == ti_id).order_by(t.c.attempt_epoch.desc()).limit(1)
         )
 
+    def count_resolution(self, ti_id: str, resolution: Resolution) -> int:
+        """How many CLOSED rows of ``ti_id`` ended with ``resolution`` (e.g. leoflow's re-dispatches)."""
+        t = attempt_table
+        query = sa.select(sa.func.count()).select_from(t).where(
+            t.c.ti_id == ti_id, t.c.resolution == Resolution(resolution).value
+        )
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())
+
     def open_attempts(self, *, runtime: str | None = None) -> list[Attempt]:
         """Every attempt not CLOSED (optionally only of ``runtime``: "lite"/"kubernetes"), oldest id first."""
         t = attempt_table

@@ -1,0 +1,94 @@
+"""Infra re-drive (DESIGN §2, the "no record / TI RUNNING" row): DB-only, so it works while the api-server
+is down.
+
+One guarded transaction on Airflow's own session: the TI row must still be that ``ti_id`` and RUNNING
+(``SELECT … FOR UPDATE``); then exactly what Airflow's orphan reset does (``prepare_db_for_next_try``, state
+None, ``queued_by_job_id``/``external_executor_id`` cleared, next-method args cleared) plus
+``max_tries + 1`` (the re-run does not spend a user retry), leoflow's per-logical-TI budget and a Log row.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass
+
+
+class RedriveResult(enum.StrEnum):
+    """What :func:`infra_redrive` did."""
+
+    REDRIVEN = "redriven"          # reset for a new try on the infra budget
+    BUDGET_SPENT = "budget_spent"  # nothing changed: the caller hands the TI to Airflow (executor.fail)
+    MOVED_ON = "moved_on"          # nothing changed: the row is no longer that ti_id in RUNNING
+
+
+@dataclass(frozen=True)
+class BudgetDecision:
+    """``allowed``: may re-drive; ``spent``: the budget's spent count to store if it does."""
+
+    allowed: bool
+    spent: int
+
+
+def budget_decision(*, spent: int | None, seen_max_tries: int | None, max_tries: int, limit: int) -> BudgetDecision:
+    """Pure budget rule: the count resets when the row's ``max_tries`` differs from the value leoflow last saw
+    or wrote (a user clear rewrote it); a re-drive is allowed while fewer than ``limit`` were spent."""
+    used = 0 if spent is None or seen_max_tries != max_tries else spent
+    if used >= limit:
+        return BudgetDecision(False, used)
+    return BudgetDecision(True, used + 1)
+
+
+def infra_redrive(*, ti_id: str, reason: str, limit: int) -> RedriveResult:
+    """Reset the RUNNING TI ``ti_id`` for a new try that does not spend a user retry.
+
+    :param reason: a short classification for the Log row (e.g. "the agent died with no outcome record").
+    :param limit: ``[leoflow] infra_retry_budget``.
+    :raises sqlalchemy.exc.SQLAlchemyError: on a DB failure (nothing committed).
+    """
+    from sqlalchemy import select
+
+    from airflow.models.log import Log
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+
+    from leoflow_airflow.ledger.models import infra_budget_table as budget
+    from leoflow_airflow.ledger.store import _utcnow
+
+    with create_session(scoped=False) as session:
+        ti = session.scalars(
+            select(TaskInstance)
+            .where(TaskInstance.id == uuid.UUID(ti_id), TaskInstance.state == TaskInstanceState.RUNNING)
+            .with_for_update()
+        ).one_or_none()
+        if ti is None:
+            return RedriveResult.MOVED_ON
+        where = (
+            (budget.c.dag_id == ti.dag_id) & (budget.c.run_id == ti.run_id)
+            & (budget.c.task_id == ti.task_id) & (budget.c.map_index == ti.map_index)
+        )
+        row = session.execute(select(budget.c.spent, budget.c.seen_max_tries).where(where)).first()
+        decision = budget_decision(
+            spent=row.spent if row else None, seen_max_tries=row.seen_max_tries if row else None,
+            max_tries=ti.max_tries, limit=limit,
+        )
+        if not decision.allowed:
+            return RedriveResult.BUDGET_SPENT
+        new_max_tries = ti.max_tries + 1
+        values = {"spent": decision.spent, "seen_max_tries": new_max_tries, "updated_at": _utcnow()}
+        if row is None:
+            session.execute(budget.insert().values(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
+                                                   map_index=ti.map_index, **values))
+        else:
+            session.execute(budget.update().where(where).values(**values))
+        session.add(Log(event="leoflow infra re-drive", task_instance=ti,
+                        extra=f"{reason}; re-run as a new try without spending a retry "
+                              f"(infra budget {decision.spent}/{limit}, max_tries {ti.max_tries} -> {new_max_tries})"))
+        ti.prepare_db_for_next_try(session)
+        ti.max_tries = new_max_tries
+        ti.state = None
+        ti.queued_by_job_id = None
+        ti.external_executor_id = None
+        ti.clear_next_method_args()
+        return RedriveResult.REDRIVEN
