@@ -1,0 +1,174 @@
+"""pytest fixtures for tests against a real Kubernetes control plane (``scripts/k8senv``).
+
+Tests using them carry the ``k8s`` marker (``pytestmark = pytest.mark.k8s``), so a fast tier runs with
+``-m "not k8s"``. The control plane starts once per session (about 10 s warm) and every test gets a fresh
+namespace.
+
+Environment:
+    K8SENV_DIR       reuse a control plane already started with ``scripts/k8senv start --dir DIR``
+                     (it is then neither started nor stopped here).
+    K8SENV_REQUIRED  "1" (set it in CI): missing binaries fail the session instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+REPO = Path(__file__).resolve().parents[2]
+K8SENV = REPO / "scripts" / "k8senv"
+HARNESS_NODE = "harness-node"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the ``k8s`` marker (also listed in pyproject.toml)."""
+    config.addinivalue_line("markers", "k8s: needs the real Kubernetes control plane of scripts/k8senv")
+
+
+@dataclass(frozen=True)
+class K8sEnv:
+    """A running control plane, as described by DIR/env.json of ``scripts/k8senv start``.
+
+    Attributes: dir (Path), server (https URL), kubeconfig / user_kubeconfig (Path), etcd (http URL of the
+    etcd client endpoint), nodes (names of the kwok fake Nodes), test_user / test_group (the non-admin
+    identity), start_seconds (float, wall time of ``start``; 0 when reused), raw (the whole env.json dict).
+    """
+
+    dir: Path
+    server: str
+    kubeconfig: Path
+    user_kubeconfig: Path
+    etcd: str
+    nodes: tuple[str, ...]
+    test_user: str
+    test_group: str
+    start_seconds: float
+    raw: dict
+
+    @classmethod
+    def load(cls, d: Path, start_seconds: float) -> "K8sEnv":
+        """Read DIR/env.json; raise FileNotFoundError if start never wrote it."""
+        e = json.loads((d / "env.json").read_text())
+        return cls(dir=d, server=e["server"], kubeconfig=Path(e["kubeconfig"]),
+                   user_kubeconfig=Path(e["user_kubeconfig"]), etcd=e["etcd"], nodes=tuple(e["nodes"]),
+                   test_user=e["test_user"], test_group=e["test_group"], start_seconds=start_seconds, raw=e)
+
+
+def _k8senv(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run scripts/k8senv with `args`; return the completed process (never raises on exit status)."""
+    return subprocess.run([sys.executable, str(K8SENV), *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def k8s_env(tmp_path_factory: pytest.TempPathFactory) -> K8sEnv:
+    """Start one control plane for the session (or reuse $K8SENV_DIR) and stop it at the end.
+
+    Skips the k8s tests when the binaries are not built, unless K8SENV_REQUIRED=1 (then it fails).
+    """
+    reuse = os.environ.get("K8SENV_DIR")
+    if reuse:
+        yield K8sEnv.load(Path(reuse), 0.0)
+        return
+    r = _k8senv("bindir", timeout=60)
+    if r.returncode != 0:
+        msg = f"k8senv binaries are not built ({r.stderr.strip()}); run `scripts/k8senv build`"
+        if os.environ.get("K8SENV_REQUIRED") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    d = tmp_path_factory.mktemp("k8senv")
+    t0 = time.monotonic()
+    r = _k8senv("start", "--dir", str(d), timeout=400)
+    if r.returncode != 0:
+        pytest.fail(f"scripts/k8senv start failed:\n{r.stderr}")
+    env = K8sEnv.load(d, time.monotonic() - t0)
+    try:
+        yield env
+    finally:
+        r = _k8senv("stop", "--dir", str(d), timeout=120)
+        if r.returncode != 0:
+            print(f"scripts/k8senv stop failed: {r.stderr}", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def api(k8s_env: K8sEnv) -> client.ApiClient:
+    """An ApiClient of the official kubernetes client, authenticated as cluster-admin."""
+    return config.new_client_from_config(config_file=str(k8s_env.kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def user_api(k8s_env: K8sEnv) -> client.ApiClient:
+    """An ApiClient authenticated as the non-admin test identity (no RBAC grants unless a test adds them)."""
+    return config.new_client_from_config(config_file=str(k8s_env.user_kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def core(api: client.ApiClient) -> client.CoreV1Api:
+    """CoreV1Api as cluster-admin."""
+    return client.CoreV1Api(api)
+
+
+@pytest.fixture
+def namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> str:
+    """A fresh namespace for this test, with its ``default`` ServiceAccount in place; deleted afterwards
+    (without waiting: the namespace controller finishes it in the background)."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
+    name = f"{slug}-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            core.read_namespaced_service_account("default", name)
+            break
+        except ApiException as e:
+            if e.status != 404 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    yield name
+    try:
+        core.delete_namespace(name)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+@pytest.fixture(scope="session")
+def harness(api: client.ApiClient, tmp_path_factory: pytest.TempPathFactory):
+    """The node harness serving Node ``harness-node`` for the whole session (see tests/k8s/harness.py).
+
+    Token refresh runs every 3 s here instead of at 80 % of the token's life, so tests can see it.
+    Fails (never skips) when ``unshare`` cannot make mount namespaces.
+    """
+    from .harness import NodeHarness
+
+    h = NodeHarness(api, HARNESS_NODE, tmp_path_factory.mktemp("harness"), refresh_after_seconds=3.0)
+    h.start()
+    try:
+        yield h
+    finally:
+        h.stop()
+    assert not h.errors, f"node harness errors: {h.errors}"
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
+    """Call `predicate()` until it returns a truthy value and return that value.
+
+    Raises AssertionError naming `what` (and the last value) after `timeout` seconds.
+    """
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")

@@ -1,0 +1,613 @@
+"""A node harness that plays the kubelet for selected pods, against the real kube-apiserver.
+
+It drives pods that are bound to its Node (``spec.nodeName == node_name``) *and* carry the label
+``leoflow.test/harness=<node_name>``. Every other pod is left alone (kwok drives the pods on the kwok
+Nodes; the harness Node carries no kwok label, so kwok never touches the harness's pods).
+
+For each such pod, and each of its containers, it runs ``command + args`` as a local process (the
+image is ignored) with the container's env, in its own mount namespace made by ``unshare --mount``
+(root needed). Inside that namespace it bind-mounts:
+
+* each ``projected`` volume (ServiceAccount token, ConfigMap keys, downward API) as a per-pod directory
+  at the container's ``mountPath``; the token is minted through the real TokenRequest API, bound to the
+  pod, with the source's audience (default: the apiserver's) and ``expirationSeconds`` (default 3600),
+  and rewritten (atomically, same directory) once 80 % of its lifetime has passed;
+* ``emptyDir``, ``configMap`` and ``secret`` volumes as per-pod directories;
+* a per-pod, per-container file at ``terminationMessagePath`` (default ``/dev/termination-log``).
+
+Mount points that do not exist on the host are created empty (and removed by ``stop()``); their content
+is only ever visible inside the pod's own namespace, so concurrent pods never see each other's files.
+
+Status goes back through the pod's ``status`` subresource: Running with ``state.running`` when the
+processes start; Succeeded/Failed with ``state.terminated`` (exit code, reason Completed/Error, message =
+the termination file's content, at most 4096 bytes, or the log tail for ``FallbackToLogsOnError``) when
+they end. A pod that is deleted while running gets SIGTERM, SIGKILL after its grace period, and is then
+removed with grace 0 and a UID precondition, as the kubelet does.
+
+Environment the process gets: the container's ``env`` (``value``, ``fieldRef`` on metadata.name,
+metadata.namespace, metadata.uid, metadata.labels['k'], metadata.annotations['k'], spec.nodeName,
+spec.serviceAccountName, status.podIP, status.hostIP; ``configMapKeyRef``/``secretKeyRef``), plus
+``KUBERNETES_SERVICE_HOST``/``KUBERNETES_SERVICE_PORT`` pointing at the test apiserver, and ``PATH`` and
+``HOME`` from the test process unless the pod sets them. Unsupported pod features (no command,
+``subPath``, hostPath and other volume types, envFrom, restartPolicy other than Never) make the pod Failed
+with reason ``HarnessUnsupported`` and a message naming the feature.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+HARNESS_LABEL = "leoflow.test/harness"
+DEFAULT_TERMINATION_PATH = "/dev/termination-log"
+MAX_MESSAGE_BYTES = 4096
+
+
+class HarnessError(RuntimeError):
+    """The harness cannot run here (no ``unshare``, not root) or was misused."""
+
+
+class Unsupported(Exception):
+    """A pod uses a feature the harness does not implement; the pod is marked Failed with this message."""
+
+
+def _now() -> str:
+    """Return the current UTC time in RFC 3339 with second precision, as the API stores it."""
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def check_unshare(unshare: str = "unshare") -> str:
+    """Return the absolute path of a working ``unshare`` that can make a mount namespace.
+
+    Raises HarnessError with the reason when the command is missing or ``unshare --mount`` fails
+    (it needs root or CAP_SYS_ADMIN).
+    """
+    path = shutil.which(unshare)
+    if not path:
+        raise HarnessError(f"`{unshare}` not found: the node harness needs util-linux's unshare "
+                           "(Debian package util-linux) and root to run pods in their own mount namespace")
+    r = subprocess.run([path, "--mount", "--propagation", "private", "true"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise HarnessError(f"`{path} --mount true` failed (exit {r.returncode}: {r.stderr.strip()}); "
+                           "the node harness needs root (CAP_SYS_ADMIN) to make mount namespaces")
+    return path
+
+
+class _PodRun:
+    """The harness's state for one pod: its per-pod directory, processes and token refreshers."""
+
+    def __init__(self, harness: "NodeHarness", pod: client.V1Pod):
+        self.h = harness
+        self.ns, self.name, self.uid = pod.metadata.namespace, pod.metadata.name, pod.metadata.uid
+        self.pod = pod
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{self.ns}.{self.name}.", dir=harness.workdir))
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.started: dict[str, str] = {}
+        self.deleting = threading.Event()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"harness-{self.ns}/{self.name}", daemon=True)
+
+    # ---- status --------------------------------------------------------------------------------
+    def _write_status(self, mutate) -> None:
+        """Read the pod as a JSON dict, apply `mutate(pod_dict)` and PUT it to the status subresource,
+        retrying on 409 conflicts; a pod that is gone (or replaced by another UID) is left alone."""
+        for _ in range(20):
+            try:
+                resp = self.h.core.read_namespaced_pod(self.name, self.ns, _preload_content=False)
+                pod = json.loads(resp.data)
+            except ApiException as e:
+                if e.status == 404:
+                    return
+                raise
+            if pod["metadata"]["uid"] != self.uid:
+                return
+            pod.setdefault("status", {})
+            mutate(pod)
+            try:
+                self.h.core.replace_namespaced_pod_status(self.name, self.ns, pod, _preload_content=False)
+                return
+            except ApiException as e:
+                if e.status == 409:
+                    continue
+                if e.status == 404:
+                    return
+                raise
+        raise HarnessError(f"could not write status of {self.ns}/{self.name}: too many conflicts")
+
+    def _fail(self, reason: str, message: str) -> None:
+        """Mark the pod Failed with a pod-level reason and message (no container ran)."""
+        def mutate(pod):
+            pod["status"].update(phase="Failed", reason=reason, message=message)
+        self._write_status(mutate)
+
+    # ---- volumes -------------------------------------------------------------------------------
+    def _token(self, src: client.V1ServiceAccountTokenProjection) -> tuple[str, float]:
+        """Mint a token for the pod's ServiceAccount bound to this pod; return (token, lifetime seconds)."""
+        spec = client.V1TokenRequestSpec(
+            audiences=[src.audience] if src.audience else [],
+            expiration_seconds=src.expiration_seconds or 3600,
+            bound_object_ref=client.V1BoundObjectReference(kind="Pod", api_version="v1", name=self.name,
+                                                           uid=self.uid))
+        sa = self.pod.spec.service_account_name or "default"
+        tr = self.h.core.create_namespaced_service_account_token(
+            sa, self.ns, client.AuthenticationV1TokenRequest(spec=spec))
+        exp = tr.status.expiration_timestamp
+        lifetime = (exp - dt.datetime.now(dt.timezone.utc)).total_seconds()
+        return tr.status.token, max(lifetime, 1.0)
+
+    @staticmethod
+    def _write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+        """Write `data` to `path` via a temporary file renamed into place (readers never see half)."""
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+
+    def _field(self, path: str) -> str:
+        """Resolve a downward-API fieldPath against the pod; raise Unsupported for unknown paths."""
+        p = self.pod
+        simple = {
+            "metadata.name": p.metadata.name, "metadata.namespace": p.metadata.namespace,
+            "metadata.uid": p.metadata.uid, "spec.nodeName": p.spec.node_name,
+            "spec.serviceAccountName": p.spec.service_account_name or "default",
+            "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1",
+        }
+        if path in simple:
+            return simple[path] or ""
+        for prefix, values in (("metadata.labels", p.metadata.labels), ("metadata.annotations", p.metadata.annotations)):
+            if path.startswith(prefix + "['") and path.endswith("']"):
+                return (values or {}).get(path[len(prefix) + 2:-2], "")
+        raise Unsupported(f"fieldRef {path!r}")
+
+    def _materialize(self, vol: client.V1Volume) -> Path:
+        """Create the per-pod directory for one volume and fill it; return it.
+
+        Projected ServiceAccount tokens get a refresher thread. Raises Unsupported for other volume types.
+        """
+        d = self.dir / "volumes" / vol.name
+        d.mkdir(parents=True, exist_ok=True)
+        if vol.empty_dir is not None:
+            return d
+        if vol.config_map is not None or vol.secret is not None:
+            items = self._source_items(vol.config_map, vol.secret)
+            for key, value in items.items():
+                self._write_atomic(d / key, value)
+            return d
+        if vol.projected is not None:
+            for src in vol.projected.sources or []:
+                if src.service_account_token is not None:
+                    self._start_token_refresher(d, src.service_account_token)
+                elif src.config_map is not None or src.secret is not None:
+                    items = self._source_items(src.config_map, src.secret)
+                    for key, value in items.items():
+                        self._write_atomic(d / key, value)
+                elif src.downward_api is not None:
+                    for item in src.downward_api.items or []:
+                        if item.field_ref is None:
+                            raise Unsupported("downwardAPI resourceFieldRef")
+                        self._write_atomic(d / item.path, self._field(item.field_ref.field_path).encode())
+                else:
+                    raise Unsupported(f"projected source in volume {vol.name!r}")
+            return d
+        raise Unsupported(f"volume {vol.name!r}: only emptyDir, configMap, secret and projected are supported")
+
+    def _source_items(self, cm, secret) -> dict[str, bytes]:
+        """Return {path: bytes} for a configMap or secret source, honouring `items` and `optional`."""
+        src = cm or secret
+        try:
+            if cm is not None:
+                obj = self.h.core.read_namespaced_config_map(cm.name, self.ns)
+                data = {k: v.encode() for k, v in (obj.data or {}).items()}
+                data.update({k: base64.b64decode(v) for k, v in (obj.binary_data or {}).items()})
+            else:
+                obj = self.h.core.read_namespaced_secret(secret.secret_name, self.ns)
+                data = {k: base64.b64decode(v) for k, v in (obj.data or {}).items()}
+        except ApiException as e:
+            if e.status == 404 and src.optional:
+                return {}
+            raise Unsupported(f"volume source {getattr(src, 'name', None) or getattr(src, 'secret_name', None)!r}"
+                              f" not readable: {e.status} {e.reason}") from None
+        if src.items:
+            return {it.path: data[it.key] for it in src.items if it.key in data}
+        return data
+
+    def _start_token_refresher(self, d: Path, src: client.V1ServiceAccountTokenProjection) -> None:
+        """Write a bound token to d/<path> now, then rewrite it each time `refresh_fraction` of its life passes."""
+        token, lifetime = self._token(src)
+        target = d / src.path
+        self._write_atomic(target, token.encode(), 0o600)
+
+        def refresh(lifetime=lifetime):
+            while True:
+                wait = self.h.refresh_after_seconds or lifetime * self.h.refresh_fraction
+                if self.done.wait(wait):
+                    return
+                try:
+                    tok, lifetime = self._token(src)
+                    self._write_atomic(target, tok.encode(), 0o600)
+                except ApiException:
+                    if self.done.is_set():
+                        return
+                    lifetime = 10.0  # pod gone or apiserver busy: try again soon
+
+        threading.Thread(target=refresh, name=f"token-{self.name}-{src.path}", daemon=True).start()
+
+    # ---- environment ---------------------------------------------------------------------------
+    def _env(self, c: client.V1Container) -> dict[str, str]:
+        """Return the process environment for container `c`; raise Unsupported for what is not handled."""
+        if c.env_from:
+            raise Unsupported("envFrom")
+        api = urlparse(self.h.server)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/root",
+               "HOSTNAME": self.name, "KUBERNETES_SERVICE_HOST": api.hostname or "127.0.0.1",
+               "KUBERNETES_SERVICE_PORT": str(api.port or 443)}
+        for e in c.env or []:
+            if e.value_from is None:
+                env[e.name] = _expand(e.value or "", env)
+            elif e.value_from.field_ref is not None:
+                env[e.name] = self._field(e.value_from.field_ref.field_path)
+            elif e.value_from.config_map_key_ref is not None or e.value_from.secret_key_ref is not None:
+                ref = e.value_from.config_map_key_ref or e.value_from.secret_key_ref
+                if e.value_from.config_map_key_ref is not None:
+                    vals = self._source_items(client.V1ConfigMapVolumeSource(name=ref.name, optional=ref.optional), None)
+                else:
+                    vals = self._source_items(None, client.V1SecretVolumeSource(secret_name=ref.name, optional=ref.optional))
+                if ref.key in vals:
+                    env[e.name] = vals[ref.key].decode()
+                elif not ref.optional:
+                    raise Unsupported(f"env {e.name}: key {ref.key!r} not found in {ref.name!r}")
+            else:
+                raise Unsupported(f"env {e.name}: valueFrom kind")
+        return env
+
+    # ---- run -----------------------------------------------------------------------------------
+    def _mount_script(self, c: client.V1Container, volumes: dict[str, Path], term_file: Path) -> str:
+        """Return the shell script run under unshare: bind mounts, then exec the container command."""
+        lines = ["set -e"]
+        binds: list[tuple[Path, str, bool]] = []
+        for m in c.volume_mounts or []:
+            if m.sub_path or m.sub_path_expr:
+                raise Unsupported(f"volumeMount {m.name!r}: subPath")
+            if m.name not in volumes:
+                raise Unsupported(f"volumeMount {m.name!r}: no such volume")
+            binds.append((volumes[m.name], m.mount_path, bool(m.read_only)))
+        tpath = c.termination_message_path or DEFAULT_TERMINATION_PATH
+        binds.append((term_file, tpath, False))
+        for src, dst, ro in binds:
+            self.h.ensure_mount_point(dst, is_dir=src.is_dir())
+            lines.append(f"mount --bind {shlex.quote(str(src))} {shlex.quote(dst)}")
+            if ro:
+                lines.append(f"mount -o remount,bind,ro {shlex.quote(dst)}")
+        lines.append('exec "$@"')
+        return "\n".join(lines)
+
+    def _start_container(self, c: client.V1Container, volumes: dict[str, Path]) -> None:
+        """Start one container's command under unshare with its mounts; record the process."""
+        if not c.command:
+            raise Unsupported(f"container {c.name!r} has no command (the harness ignores images)")
+        term_file = self.dir / f"termination-{c.name}"
+        term_file.write_bytes(b"")
+        script = self._mount_script(c, volumes, term_file)
+        env = self._env(c)
+        cwd = c.working_dir or "/"
+        log = open(self.dir / f"{c.name}.log", "wb")
+        try:
+            self.procs[c.name] = subprocess.Popen(
+                [self.h.unshare, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script,
+                 "sh", *[_expand(a, env) for a in c.command], *[_expand(a, env) for a in (c.args or [])]],
+                env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        finally:
+            log.close()
+        self.started[c.name] = _now()
+
+    def _run(self) -> None:
+        """Thread body: set the pod up, run it, report its end; never raises (errors fail the pod)."""
+        try:
+            self._run_inner()
+        except Unsupported as e:
+            self._stop_procs(0)
+            self._fail("HarnessUnsupported", f"node harness does not support: {e}")
+        except Exception as e:  # noqa: BLE001 - report instead of dying silently
+            self._stop_procs(0)
+            self.h.errors.append(f"{self.ns}/{self.name}: {e!r}")
+            try:
+                self._fail("HarnessError", repr(e)[:1000])
+            except Exception:  # noqa: BLE001
+                pass
+        finally:
+            self.done.set()
+
+    def _run_inner(self) -> None:
+        """Set up volumes, start the containers, write Running, wait, write the terminal status."""
+        spec = self.pod.spec
+        if (spec.restart_policy or "Always") != "Never":
+            raise Unsupported(f"restartPolicy {spec.restart_policy or 'Always'!r} (use Never)")
+        if spec.init_containers:
+            raise Unsupported("initContainers")
+        volumes = {v.name: self._materialize(v) for v in spec.volumes or []}
+        for c in spec.containers:
+            self._start_container(c, volumes)
+        start = _now()
+
+        def running(pod):
+            pod["status"].update(
+                phase="Running", hostIP="127.0.0.1", podIP="127.0.0.1", startTime=start,
+                hostIPs=[{"ip": "127.0.0.1"}], podIPs=[{"ip": "127.0.0.1"}],
+                conditions=[{"type": t, "status": "True", "lastTransitionTime": start}
+                            for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
+                containerStatuses=[{
+                    "name": c.name, "image": c.image or "", "imageID": "", "ready": True, "restartCount": 0,
+                    "started": True, "state": {"running": {"startedAt": self.started[c.name]}}}
+                    for c in spec.containers])
+        self._write_status(running)
+
+        codes: dict[str, int] = {}
+        finished: dict[str, str] = {}
+        while len(codes) < len(self.procs):
+            for name, p in self.procs.items():
+                if name not in codes and p.poll() is not None:
+                    codes[name], finished[name] = p.returncode, _now()
+            if self.deleting.is_set():
+                grace = self.pod.spec.termination_grace_period_seconds
+                self._stop_procs(30 if grace is None else grace)
+                for name, p in self.procs.items():
+                    codes.setdefault(name, p.returncode)
+                    finished.setdefault(name, _now())
+                break
+            time.sleep(0.05)
+
+        def terminated(pod):
+            statuses = []
+            for c in spec.containers:
+                code = codes[c.name]
+                code = 128 - code if code < 0 else code  # killed by signal N -> 128+N, as runtimes report
+                term = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                        "startedAt": self.started[c.name], "finishedAt": finished[c.name]}
+                msg = self._message(c, code)
+                if msg:
+                    term["message"] = msg
+                statuses.append({"name": c.name, "image": c.image or "", "imageID": "", "ready": False,
+                                 "restartCount": 0, "started": False, "state": {"terminated": term}})
+            now = _now()
+            pod["status"].update(
+                containerStatuses=statuses,
+                phase="Succeeded" if all(codes[c.name] == 0 for c in spec.containers) else "Failed",
+                conditions=[{"type": t, "status": "True", "lastTransitionTime": start}
+                            for t in ("Initialized", "PodScheduled")]
+                + [{"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
+                   for t in ("Ready", "ContainersReady")])
+        self._write_status(terminated)
+        if self.deleting.is_set():
+            try:
+                self.h.core.delete_namespaced_pod(self.name, self.ns, body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=self.uid)))
+            except ApiException as e:
+                if e.status not in (404, 409):
+                    raise
+
+    def _message(self, c: client.V1Container, code: int) -> str:
+        """Return the termination message: the file's content, else (FallbackToLogsOnError and a failure)
+        the log tail; both cut to 4096 bytes."""
+        data = (self.dir / f"termination-{c.name}").read_bytes()[:MAX_MESSAGE_BYTES]
+        if not data and code != 0 and c.termination_message_policy == "FallbackToLogsOnError":
+            lines = (self.dir / f"{c.name}.log").read_bytes().splitlines()[-80:]
+            data = b"\n".join(lines)[-2048:]
+        return data.decode(errors="replace")
+
+    def _stop_procs(self, grace: float) -> None:
+        """SIGTERM every running process group, SIGKILL what is left after `grace` seconds."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+
+
+def _expand(s: str, env: dict[str, str]) -> str:
+    """Expand $(VAR) references as the kubelet does ($$(VAR) escapes); unknown ones stay as they are."""
+    out, i = [], 0
+    while i < len(s):
+        if s.startswith("$$(", i):
+            out.append("$(")
+            i += 3
+        elif s.startswith("$(", i) and ")" in s[i:]:
+            j = s.index(")", i)
+            name = s[i + 2:j]
+            out.append(env.get(name, s[i:j + 1]))
+            i = j + 1
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out)
+
+
+class NodeHarness:
+    """Plays the kubelet for harness-labelled pods bound to Node `node_name` (see the module docstring).
+
+    Args:
+        api: an admin ``kubernetes.client.ApiClient`` for the test apiserver.
+        node_name: the Node to create and serve (it gets no kwok label, so kwok leaves it alone).
+        workdir: where per-pod directories go (created).
+        refresh_fraction: rewrite a projected token once this fraction of its lifetime passed (0 < f < 1).
+        refresh_after_seconds: if set, refresh tokens at this fixed period instead (tests of the refresh).
+        unshare: the unshare command to use.
+
+    Raises HarnessError from the constructor when unshare is missing or cannot make mount namespaces.
+    Use ``start()`` / ``stop()``, or the object as a context manager.
+    """
+
+    def __init__(self, api: client.ApiClient, node_name: str, workdir: Path, *,
+                 refresh_fraction: float = 0.8, refresh_after_seconds: float | None = None,
+                 unshare: str = "unshare"):
+        if not 0 < refresh_fraction < 1:
+            raise ValueError(f"refresh_fraction must be in (0, 1), got {refresh_fraction}")
+        self.unshare = check_unshare(unshare)
+        self.api, self.node_name = api, node_name
+        self.core = client.CoreV1Api(api)
+        self.server = api.configuration.host
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.refresh_fraction, self.refresh_after_seconds = refresh_fraction, refresh_after_seconds
+        self.runs: dict[str, _PodRun] = {}
+        self.errors: list[str] = []
+        self._created_mount_points: list[tuple[Path, bool]] = []
+        self._mp_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    @property
+    def label_selector(self) -> str:
+        """The label selector a pod needs to be driven by this harness."""
+        return f"{HARNESS_LABEL}={self.node_name}"
+
+    @property
+    def pod_labels(self) -> dict[str, str]:
+        """The labels to put on a pod so this harness runs it (with ``spec.nodeName = node_name``)."""
+        return {HARNESS_LABEL: self.node_name}
+
+    def ensure_mount_point(self, path: str, is_dir: bool) -> None:
+        """Create an empty directory or file at `path` on the host if missing, to bind-mount over.
+
+        Raises Unsupported if `path` exists with the other type.
+        """
+        p = Path(path)
+        with self._mp_lock:
+            if p.exists():
+                if p.is_dir() != is_dir:
+                    raise Unsupported(f"mount path {path!r} exists as a {'directory' if p.is_dir() else 'file'}")
+                return
+            missing = [q for q in [p, *p.parents] if not q.exists()]
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if is_dir:
+                p.mkdir()
+            else:
+                p.touch()
+            for q in reversed(missing):  # outermost first, so stop() removes innermost first
+                self._created_mount_points.append((q, q == p and not is_dir))
+
+    def start(self) -> "NodeHarness":
+        """Create (or adopt) the Node, mark it Ready, and start watching for pods. Returns self."""
+        node = client.V1Node(metadata=client.V1ObjectMeta(
+            name=self.node_name, labels={"kubernetes.io/hostname": self.node_name, HARNESS_LABEL: "node"}))
+        try:
+            self.core.create_node(node)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        now = _now()
+        self.core.patch_node_status(self.node_name, {"status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "HarnessReady", "message": "node harness",
+                            "lastHeartbeatTime": now, "lastTransitionTime": now}],
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                          {"type": "Hostname", "address": self.node_name}],
+            "capacity": {"cpu": "8", "memory": "16Gi", "pods": "110"},
+            "allocatable": {"cpu": "8", "memory": "16Gi", "pods": "110"}}})
+        self._watcher = threading.Thread(target=self._watch, name=f"harness-watch-{self.node_name}", daemon=True)
+        self._watcher.start()
+        return self
+
+    def _handle(self, pod: client.V1Pod) -> None:
+        """React to one observed pod: start a run for a new Pending pod, flag deletion of a running one."""
+        uid = pod.metadata.uid
+        run = self.runs.get(uid)
+        if pod.metadata.deletion_timestamp is not None:
+            if run is not None:
+                run.deleting.set()
+            elif (pod.status.phase or "Pending") == "Pending":
+                # never started by us: release it as the kubelet would
+                try:
+                    self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace,
+                                                    body=client.V1DeleteOptions(
+                                                        grace_period_seconds=0,
+                                                        preconditions=client.V1Preconditions(uid=uid)))
+                except ApiException as e:
+                    if e.status not in (404, 409):
+                        raise
+            return
+        if run is None and (pod.status.phase or "Pending") == "Pending":
+            run = _PodRun(self, pod)
+            self.runs[uid] = run
+            run.thread.start()
+
+    def _watch(self) -> None:
+        """Thread body: list + watch harness pods on our node until stop(); relist on 410 or errors."""
+        sel = dict(field_selector=f"spec.nodeName={self.node_name}", label_selector=self.label_selector)
+        while not self._stop.is_set():
+            try:
+                lst = self.core.list_pod_for_all_namespaces(**sel)
+                for pod in lst.items:
+                    self._handle(pod)
+                rv = lst.metadata.resource_version
+                w = watch.Watch()
+                for ev in w.stream(self.core.list_pod_for_all_namespaces, resource_version=rv,
+                                   timeout_seconds=5, allow_watch_bookmarks=True, **sel):
+                    if self._stop.is_set():
+                        w.stop()
+                        break
+                    if ev["type"] in ("ADDED", "MODIFIED", "DELETED") and ev["type"] != "DELETED":
+                        self._handle(ev["object"])
+            except ApiException as e:
+                if e.status != 410 and not self._stop.is_set():
+                    self.errors.append(f"watch: {e.status} {e.reason}")
+                    self._stop.wait(0.5)
+            except Exception as e:  # noqa: BLE001 - keep watching; report at stop()
+                if not self._stop.is_set():
+                    self.errors.append(f"watch: {e!r}")
+                    self._stop.wait(0.5)
+
+    def stop(self) -> None:
+        """Stop watching, kill every process still running, remove created mount points."""
+        self._stop.set()
+        for run in self.runs.values():
+            run._stop_procs(0)
+            run.done.set()
+        if self._watcher:
+            self._watcher.join(15)
+        for run in self.runs.values():
+            run.thread.join(10)
+        with self._mp_lock:
+            for q, is_file in reversed(self._created_mount_points):
+                try:
+                    q.unlink() if is_file else q.rmdir()
+                except OSError:
+                    pass
+            self._created_mount_points.clear()
+
+    def __enter__(self) -> "NodeHarness":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def decode_jwt_claims(token: str) -> dict:
+    """Return the (unverified) claims of a JWT, for assertions in tests."""
+    payload = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))

@@ -1,0 +1,155 @@
+"""The node harness (tests/k8s/harness.py) against the real apiserver: it must behave like a kubelet for
+the pods it owns, keep pods apart, and leave every other pod alone."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from .conftest import HARNESS_NODE, wait_for
+from .harness import HarnessError, NodeHarness, decode_jwt_claims
+
+pytestmark = pytest.mark.k8s
+
+TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+# Runs inside the pod: reads the projected token at the standard path, checks it is bound to this pod,
+# and writes "<pod name> <token's pod name> <SA>" to the termination message path.
+POD_SCRIPT = r"""
+import base64, json, os, sys, time
+tok = open(os.environ["TOKEN_FILE"]).read()
+p = tok.split(".")[1]
+claims = json.loads(base64.urlsafe_b64decode(p + "=" * (-len(p) % 4)))
+k = claims["kubernetes.io"]
+time.sleep(float(os.environ.get("HOLD", "0")))      # overlap with the other pod
+# what the other pod wrote must not be visible here
+before = open("/dev/termination-log").read()
+open("/dev/termination-log", "w").write(f"{os.environ['POD_NAME']} {k['pod']['name']} {k['serviceaccount']['name']} seen-before={before!r}")
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+
+def _harness_pod(h: NodeHarness, name: str, *, env: dict[str, str], audience: str | None = "leoflow-agent",
+                 command: list[str] | None = None, labels: dict | None = None, policy: str | None = None,
+                 sa: str = "default") -> client.V1Pod:
+    """A pod for the harness: bound to its node, labelled for it, with a projected token volume."""
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels=h.pod_labels if labels is None else labels),
+        spec=client.V1PodSpec(
+            node_name=h.node_name, restart_policy="Never", service_account_name=sa,
+            automount_service_account_token=False,
+            volumes=[client.V1Volume(name="token", projected=client.V1ProjectedVolumeSource(sources=[
+                client.V1VolumeProjection(service_account_token=client.V1ServiceAccountTokenProjection(
+                    path="token", audience=audience, expiration_seconds=600))]))],
+            containers=[client.V1Container(
+                name="main", image="leoflow.test/agent:0",
+                command=command or [sys.executable, "-c", POD_SCRIPT],
+                termination_message_policy=policy,
+                env=[client.V1EnvVar(name="POD_NAME", value_from=client.V1EnvVarSource(
+                    field_ref=client.V1ObjectFieldSelector(field_path="metadata.name"))),
+                     client.V1EnvVar(name="TOKEN_FILE", value=f"{TOKEN_DIR}/token")]
+                + [client.V1EnvVar(name=k, value=v) for k, v in env.items()],
+                volume_mounts=[client.V1VolumeMount(name="token", mount_path=TOKEN_DIR, read_only=True)])]))
+
+
+def _terminated(core, ns: str, name: str, timeout: float = 60) -> client.V1Pod:
+    """Wait until pod `name` is Succeeded or Failed and return it."""
+    return wait_for(lambda: (p := core.read_namespaced_pod(name, ns)).status.phase in ("Succeeded", "Failed") and p,
+                    timeout, what=f"pod {name} to finish")
+
+
+def test_two_concurrent_pods_get_their_own_token_and_termination_message(harness, core, namespace):
+    for name in ("pod-a", "pod-b"):
+        core.create_namespaced_pod(namespace, _harness_pod(harness, name, env={"HOLD": "2"}))
+    # both must be running at the same time (the commands hold for 2 s)
+    wait_for(lambda: all(core.read_namespaced_pod(n, namespace).status.phase == "Running" for n in ("pod-a", "pod-b")),
+             20, what="both pods Running at once")
+    for name in ("pod-a", "pod-b"):
+        pod = _terminated(core, namespace, name)
+        assert pod.status.phase == "Succeeded"
+        term = pod.status.container_statuses[0].state.terminated
+        assert term.exit_code == 0 and term.reason == "Completed"
+        assert term.message == f"{name} {name} default seen-before=''"
+    # the host never sees the pods' files at the mount paths
+    assert not Path(f"{TOKEN_DIR}/token").exists()
+    assert not Path("/dev/termination-log").exists() or Path("/dev/termination-log").read_text() == ""
+
+
+def test_failed_command_reports_exit_code_and_falls_back_to_logs(harness, core, namespace):
+    core.create_namespaced_pod(namespace, _harness_pod(harness, "exit-7", env={"EXIT": "7"}))
+    core.create_namespaced_pod(namespace, _harness_pod(
+        harness, "logs", env={}, policy="FallbackToLogsOnError",
+        command=["/bin/sh", "-c", "echo first; echo last-words >&2; exit 2"]))
+    pod = _terminated(core, namespace, "exit-7")
+    term = pod.status.container_statuses[0].state.terminated
+    assert (pod.status.phase, term.exit_code, term.reason) == ("Failed", 7, "Error")
+    assert term.message.startswith("exit-7 exit-7 default")
+    pod = _terminated(core, namespace, "logs")
+    term = pod.status.container_statuses[0].state.terminated
+    assert (pod.status.phase, term.exit_code) == ("Failed", 2)
+    assert term.message == "first\nlast-words"
+
+
+def test_token_is_bound_to_pod_with_volume_audience_and_refreshed(harness, api, core, namespace):
+    # the command reports the token it sees now and the one it sees 4 s later (harness refreshes every 3 s)
+    script = ("import os, time, json; f=os.environ['TOKEN_FILE']; a=open(f).read(); time.sleep(4.5); "
+              "b=open(f).read(); open('/dev/termination-log','w').write(json.dumps([a, b]))")
+    core.create_namespaced_pod(namespace, _harness_pod(harness, "refresh", env={}, audience="leoflow-agent",
+                                                       command=[sys.executable, "-c", script]))
+    pod = _terminated(core, namespace, "refresh")
+    assert pod.status.phase == "Succeeded", pod.status
+    import json
+    first, later = json.loads(pod.status.container_statuses[0].state.terminated.message)
+    assert first != later, "token was not refreshed"
+    for tok in (first, later):
+        claims = decode_jwt_claims(tok)
+        assert claims["aud"] == ["leoflow-agent"]
+        assert claims["kubernetes.io"]["pod"] == {"name": "refresh", "uid": pod.metadata.uid}
+        assert claims["exp"] - claims["iat"] == 600
+    review = client.AuthenticationV1Api(api).create_token_review(client.V1TokenReview(
+        spec=client.V1TokenReviewSpec(token=later, audiences=["leoflow-agent"]))).status
+    # the pod is Succeeded but still exists, so its token is still valid
+    assert review.authenticated is True
+    assert review.user.extra["authentication.kubernetes.io/pod-name"] == ["refresh"]
+
+
+def test_unlabelled_pod_on_harness_node_is_left_alone_by_harness_and_kwok(harness, core, namespace, k8s_env):
+    core.create_namespaced_pod(namespace, _harness_pod(harness, "unlabelled", env={}, labels={}))
+    # the same pod with the label, to know how long the harness takes to act
+    core.create_namespaced_pod(namespace, _harness_pod(harness, "labelled", env={}))
+    _terminated(core, namespace, "labelled")
+    time.sleep(2)
+    pod = core.read_namespaced_pod("unlabelled", namespace)
+    assert pod.status.phase == "Pending"
+    assert not pod.status.container_statuses
+    assert not pod.status.pod_ip
+
+
+def test_deleting_a_running_pod_stops_its_process_and_removes_the_pod(harness, core, namespace):
+    core.create_namespaced_pod(namespace, _harness_pod(harness, "sleeper", env={},
+                                                       command=["/bin/sh", "-c", "sleep 300"]))
+    wait_for(lambda: core.read_namespaced_pod("sleeper", namespace).status.phase == "Running", 20,
+             what="sleeper Running")
+    core.delete_namespaced_pod("sleeper", namespace, grace_period_seconds=5)
+    wait_for(lambda: not core.list_namespaced_pod(namespace, field_selector="metadata.name=sleeper").items, 30,
+             what="sleeper removed after its process was stopped")
+
+
+def test_unsupported_pod_feature_fails_the_pod_with_a_clear_message(harness, core, namespace):
+    pod = _harness_pod(harness, "no-command", env={})
+    pod.spec.containers[0].command = None
+    core.create_namespaced_pod(namespace, pod)
+    got = _terminated(core, namespace, "no-command")
+    assert got.status.phase == "Failed"
+    assert got.status.reason == "HarnessUnsupported"
+    assert "no command" in got.status.message
+
+
+def test_harness_fails_loudly_without_unshare(api, tmp_path):
+    with pytest.raises(HarnessError, match="not found"):
+        NodeHarness(api, "nowhere", tmp_path, unshare="/nonexistent/unshare")
+    assert HARNESS_NODE  # the session harness uses a different node name
