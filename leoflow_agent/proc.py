@@ -100,6 +100,16 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
+def _wait_stopped(pids: list[int], timeout: float = 1.0) -> None:
+    """Wait (bounded) until each of ``pids`` is stopped, a zombie or gone: SIGSTOP is not synchronous."""
+    deadline = time.monotonic() + timeout
+    pending = list(pids)
+    while pending and time.monotonic() < deadline:
+        pending = [p for p in pending if (st := _read_stat(p)) is not None and st[0] not in ("T", "t", "Z", "X")]
+        if pending:
+            time.sleep(0.002)
+
+
 def kill_tree(root: ProcessIdentity | int, *, include_root: bool = True, timeout: float = 5.0) -> bool:
     """SIGKILL a whole process subtree, including members that started their own session.
 
@@ -115,17 +125,20 @@ def kill_tree(root: ProcessIdentity | int, *, include_root: bool = True, timeout
     if ident is None or not is_alive(ident):
         return True
     members: list[int] = [ident.pid] if include_root else []
+    if include_root:
+        _signal(ident.pid, signal.SIGSTOP)  # first: a running root would fork past every scan
+        _wait_stopped([ident.pid])
     seen: set[int] = set()
-    for _ in range(20):
+    for _ in range(100):
+        # every member found so far is stopped (or dead), so a scan that finds nothing new is final
         new = [p for p in descendants(ident.pid) if p not in seen]
         if not new:
             break
         for p in new:
             seen.add(p)
             _signal(p, signal.SIGSTOP)
+        _wait_stopped(new)
         members.extend(new)
-    if include_root:
-        _signal(ident.pid, signal.SIGSTOP)
     for p in members:
         _signal(p, signal.SIGKILL)
         _signal(p, signal.SIGCONT)
