@@ -1,0 +1,106 @@
+"""The resilience ladder (DESIGN §2 "The recovery window", §3): the hard rung refuses to start with one
+message naming keys and values; soft rungs are warnings. Pure: values in, report out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from leoflow_airflow import ladder, settings
+from leoflow_airflow.errors import LadderViolation
+
+# Airflow 3.3.2 defaults + leoflow defaults
+DEFAULTS = ladder.LadderValues(
+    task_success_overtime=20, min_heartbeat_interval=5, socket_cleanup_timeout=60,
+    task_instance_heartbeat_timeout=300, task_queued_timeout=600, max_failed_heartbeats=3,
+    agent_lost_threshold=120, maintenance_interval=5, settle_timeout=10,
+)
+LOWER = 20 + 5 + 60          # 85
+UPPER = 300 - 2 * 5 - 10     # 280
+
+
+def test_defaults_pass_cleanly():
+    """Airflow's and leoflow's defaults break no rung."""
+    report = ladder.evaluate(DEFAULTS)
+    assert report.violations == ()
+    assert report.warnings == ()
+
+
+def test_heartbeat_timeout_60_is_refused_with_keys_and_values():
+    """``[scheduler] task_instance_heartbeat_timeout = 60`` breaks the recovery window; the message names it."""
+    report = ladder.evaluate(replace(DEFAULTS, task_instance_heartbeat_timeout=60))
+    assert [r.rung for r in report.violations] == ["recovery_window"]
+    rung = report.violations[0]
+    assert "[scheduler] task_instance_heartbeat_timeout = 60" in rung.message
+    for text in ("[core] task_success_overtime (20)", "[workers] min_heartbeat_interval (5)",
+                 "[workers] socket_cleanup_timeout (60)", "[leoflow] maintenance_interval (5)",
+                 "[leoflow] settle_timeout (10)", "= 105 s"):
+        assert text in rung.message
+    assert rung.values["scheduler.task_instance_heartbeat_timeout"] == 60
+    with pytest.raises(LadderViolation, match="leoflow refuses to start: .*task_instance_heartbeat_timeout = 60"):
+        ladder.enforce(report, lambda r: None)
+
+
+@pytest.mark.parametrize(
+    ("threshold", "ok"),
+    [(LOWER - 1, False), (LOWER, False), (LOWER + 0.5, True), (120, True), (UPPER - 0.5, True),
+     (UPPER, False), (UPPER + 1, False)],
+)
+def test_agent_lost_threshold_must_lie_strictly_inside_the_window(threshold, ok):
+    """The window is open at both ends: lower < agent_lost_threshold < upper."""
+    report = ladder.evaluate(replace(DEFAULTS, agent_lost_threshold=threshold))
+    if ok:
+        assert report.violations == ()
+    else:
+        assert [r.rung for r in report.violations] == ["agent_lost_threshold"]
+        msg = report.violations[0].message
+        assert f"[leoflow] agent_lost_threshold = {threshold:g}" in msg
+        assert f"between {LOWER:g}" in msg and f"and {UPPER:g}" in msg
+
+
+def test_window_boundary_lower_equal_upper_is_refused():
+    """When the window is empty (lower == upper) the hard rung fires even before the threshold is looked at."""
+    # upper = hb - 20 == 85  => hb = 105
+    report = ladder.evaluate(replace(DEFAULTS, task_instance_heartbeat_timeout=105))
+    assert [r.rung for r in report.violations] == ["recovery_window"]
+    report = ladder.evaluate(replace(DEFAULTS, task_instance_heartbeat_timeout=106, agent_lost_threshold=85.5))
+    assert report.violations == ()
+
+
+def test_soft_rungs_warn_and_do_not_refuse():
+    """Heartbeat-failure budget and a too-short queued timeout are warnings handed to ``warn``."""
+    values = replace(DEFAULTS, max_failed_heartbeats=100, task_queued_timeout=40)
+    report = ladder.evaluate(values)
+    assert report.violations == ()
+    assert {r.rung for r in report.warnings} == {"heartbeat_failure_budget", "task_queued_timeout"}
+    seen: list[ladder.Rung] = []
+    ladder.enforce(report, seen.append)
+    assert seen == list(report.warnings)
+    queued = next(r for r in report.warnings if r.rung == "task_queued_timeout")
+    assert queued.values == {"scheduler.task_queued_timeout": 40}
+
+
+def test_warnings_are_passed_even_when_refusing():
+    """``enforce`` reports every soft rung before raising for a hard one."""
+    report = ladder.evaluate(replace(DEFAULTS, task_instance_heartbeat_timeout=60, task_queued_timeout=10))
+    seen: list[ladder.Rung] = []
+    with pytest.raises(LadderViolation):
+        ladder.enforce(report, seen.append)
+    assert [r.rung for r in seen] == ["task_queued_timeout"]
+
+
+def test_read_values_takes_airflow_keys_and_leoflow_settings():
+    """``read_values`` reads each Airflow key from its section (with Airflow's default as fallback)."""
+    asked: list[tuple[str, str]] = []
+
+    def getfloat(section: str, key: str, fallback: float) -> float:
+        asked.append((section, key))
+        return 60.0 if (section, key) == ("scheduler", "task_instance_heartbeat_timeout") else fallback
+
+    s = settings.load(lambda sec, key, fb: {"agent_lost_threshold": "100", "settle_timeout": "3"}.get(key, fb))
+    values = ladder.read_values(s, getfloat)
+    assert set(asked) == {(sec, key) for sec, key, _ in ladder.AIRFLOW_KEYS.values()}
+    assert values.task_instance_heartbeat_timeout == 60
+    assert values.socket_cleanup_timeout == 60
+    assert (values.agent_lost_threshold, values.settle_timeout, values.maintenance_interval) == (100, 3, 5)

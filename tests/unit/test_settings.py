@@ -1,0 +1,116 @@
+"""``[leoflow]`` settings: defaults, the parse of every type, and a ConfigError naming key and value for
+every malformed input (issue 2, "bad input gets a clear error").
+
+Most tests hand :func:`leoflow_airflow.settings.load` a plain ``get`` (the narrow seam it offers); one reads
+through Airflow's real config with an ``AIRFLOW__LEOFLOW__*`` environment variable.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from leoflow_airflow import settings
+from leoflow_airflow.errors import ConfigError
+
+
+def getter(**overrides: str):
+    """A ``get(section, key, fallback)`` returning ``overrides[key]`` or the fallback (the option default)."""
+
+    def get(section: str, key: str, fallback: str) -> str:
+        assert section == "leoflow"
+        return overrides.get(key, fallback)
+
+    return get
+
+
+def test_defaults_parse(monkeypatch, tmp_path):
+    """With nothing configured every option takes its documented default; runtime_dir follows AIRFLOW_HOME."""
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    s = settings.load(getter())
+    assert s.runtime == "lite"
+    assert s.runtime_dir == str(tmp_path / "leoflow")
+    assert s.agent_lost_threshold == 120.0
+    assert s.maintenance_interval == 5.0
+    assert s.settle_timeout == 10.0
+    assert s.settle_budget == 20
+    assert s.launch_queue_size == 64
+    assert s.end_drain_timeout == 0.0
+    assert s.agent_env_passthrough == ()
+    assert s.test_fault_injection is False
+
+
+def test_every_option_has_a_field_and_a_default_that_parses():
+    """OPTIONS and LeoflowSettings agree, and each default is valid on its own."""
+    fields = set(settings.LeoflowSettings.__dataclass_fields__)
+    assert {o.name for o in settings.OPTIONS} == fields
+    for opt in settings.OPTIONS:
+        settings._parse(opt, opt.default)
+
+
+def test_values_are_parsed_and_stripped():
+    """Whitespace is ignored, booleans accept the usual spellings, the passthrough list drops empties."""
+    s = settings.load(getter(
+        runtime=" lite ", runtime_dir="/x/y", settle_timeout=" 2.5", settle_budget="7",
+        test_fault_injection="On", agent_env_passthrough=" A, B,,C ,",
+    ))
+    assert (s.runtime, s.runtime_dir, s.settle_timeout, s.settle_budget) == ("lite", "/x/y", 2.5, 7)
+    assert s.test_fault_injection is True
+    assert s.agent_env_passthrough == ("A", "B", "C")
+    assert settings.load(getter(test_fault_injection="no")).test_fault_injection is False
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("settle_timeout", "abc", "not a valid float"),
+        ("settle_timeout", "0", "greater than 0"),
+        ("settle_timeout", "-1", "greater than 0"),
+        ("agent_lost_threshold", "nan", "not a valid float"),
+        ("agent_lost_threshold", "inf", "not a valid float"),
+        ("maintenance_interval", "", "not a valid float"),
+        ("settle_budget", "1.5", "not a valid integer"),
+        ("settle_budget", "0", "greater than 0"),
+        ("launch_queue_size", "many", "not a valid integer"),
+        ("end_drain_timeout", "-0.5", "0 or more"),
+        ("record_retention", "-1", "0 or more"),
+        ("zygote_start_timeout", "0", "greater than 0"),
+        ("test_fault_injection", "maybe", "not a valid boolean"),
+        ("runtime", "docker", "`lite` or `kubernetes`"),
+        ("runtime", "kubernetes", "not in this release"),
+    ],
+)
+def test_malformed_value_names_key_and_value(key, value, why):
+    """A malformed value raises ConfigError whose message names ``[leoflow] key``, the raw value and why."""
+    with pytest.raises(ConfigError) as info:
+        settings.load(getter(**{key: value}))
+    err = info.value
+    assert err.key == f"leoflow.{key}"
+    assert err.value == value
+    text = str(err)
+    assert f"[leoflow] {key} = {value!r}" in text
+    assert why in text
+
+
+def test_first_malformed_value_wins_and_config_error_is_a_value_error():
+    """ConfigError is a ValueError (callers catching ValueError still see it)."""
+    with pytest.raises(ValueError):
+        settings.load(getter(settle_budget="x"))
+
+
+def test_reads_through_airflow_config(monkeypatch):
+    """The default ``get`` is Airflow's conf: an ``AIRFLOW__LEOFLOW__*`` variable reaches the parse."""
+    monkeypatch.setenv("AIRFLOW__LEOFLOW__SETTLE_BUDGET", "3")
+    assert settings.load().settle_budget == 3
+    monkeypatch.setenv("AIRFLOW__LEOFLOW__SETTLE_TIMEOUT", "abc")
+    with pytest.raises(ConfigError, match=r"\[leoflow\] settle_timeout = 'abc'"):
+        settings.load()
+
+
+def test_provider_config_lists_every_option_with_its_default():
+    """The provider's ``[leoflow]`` defaults are exactly the OPTIONS table."""
+    cfg = settings.provider_config()["leoflow"]["options"]
+    assert set(cfg) == {o.name for o in settings.OPTIONS}
+    for opt in settings.OPTIONS:
+        assert cfg[opt.name]["default"] == opt.default
+        assert cfg[opt.name]["type"] == opt.type
+        assert cfg[opt.name]["description"]
