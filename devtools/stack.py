@@ -292,11 +292,14 @@ class AirflowStack:
 
     def _api(self) -> httpx.Client:
         if self._client is None:
-            token = httpx.post(
-                f"{self.base_url}/auth/token",
-                json={"username": API_USER, "password": self._password},
-                timeout=10,
-            )
+            try:
+                token = httpx.post(
+                    f"{self.base_url}/auth/token",
+                    json={"username": API_USER, "password": self._password},
+                    timeout=30,
+                )
+            except httpx.HTTPError as exc:
+                raise StackError(f"/auth/token failed: {exc!r}") from exc
             if token.status_code >= 300:
                 raise StackError(f"/auth/token answered {token.status_code}: {token.text[:300]}")
             self._client = httpx.Client(
@@ -307,7 +310,10 @@ class AirflowStack:
         return self._client
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self._api().request(method, path, **kwargs)
+        try:
+            response = self._api().request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise StackError(f"{method} {path} failed: {exc!r}; see {self.process_logs}/api-server.log") from exc
         if response.status_code >= 300:
             raise StackError(f"{method} {path} answered {response.status_code}: {response.text[:500]}")
         return response.json() if response.content else None
@@ -345,7 +351,8 @@ class AirflowStack:
     def wait_for_runs(self, runs: dict[str, str], timeout: float, poll: float = 2.0) -> dict[str, str]:
         """Wait for several runs (``{dag_id: run_id}``) to end; returns ``{dag_id: final state}``.
 
-        Raises ``TimeoutError`` naming the unfinished runs and their states after ``timeout`` seconds.
+        A poll that fails (an api-server too busy to answer in 30 s) is retried until the deadline. Raises
+        ``TimeoutError`` naming the unfinished runs and their last states after ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
         final: dict[str, str] = {}
@@ -354,7 +361,11 @@ class AirflowStack:
             for dag_id, run_id in runs.items():
                 if dag_id in final:
                     continue
-                state = self.run(dag_id, run_id)["state"]
+                try:
+                    state = self.run(dag_id, run_id)["state"]
+                except StackError as exc:
+                    last[dag_id] = f"unknown ({exc})"
+                    continue
                 last[dag_id] = state
                 if state in TERMINAL_RUN_STATES:
                     final[dag_id] = state

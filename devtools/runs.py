@@ -1,0 +1,56 @@
+"""Trigger every bundled DAG once on a running stack, wait for all runs, collect what a user would see."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from devtools.stack import AirflowStack
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One DAG run's outcome: final ``state``, ``{task key: state}`` and ``wall_seconds`` (start to end)."""
+
+    dag_id: str
+    run_id: str
+    state: str
+    tasks: dict[str, str]
+    wall_seconds: float
+
+    def counts(self) -> tuple[int, int]:
+        """(tasks that ended ``success``, tasks that ended ``failed``)."""
+        states = list(self.tasks.values())
+        return states.count("success"), states.count("failed")
+
+
+def _seconds(start: str | None, end: str | None) -> float:
+    if not start or not end:
+        return float("nan")
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+def run_all(stack: AirflowStack, dag_ids: list[str], *, timeout: float) -> dict[str, RunResult]:
+    """Unpause and trigger every DAG in ``dag_ids`` (all at once), wait for all runs to end.
+
+    Returns ``{dag_id: RunResult}``. Raises ``TimeoutError`` when some run has not ended after ``timeout``
+    seconds, and ``devtools.stack.StackError`` when the API refuses a call.
+    """
+    runs = {}
+    for dag_id in dag_ids:
+        stack.unpause(dag_id)
+        runs[dag_id] = stack.trigger(dag_id)
+    deadline = time.monotonic() + timeout
+    states = stack.wait_for_runs(runs, timeout=max(1.0, deadline - time.monotonic()))
+    results = {}
+    for dag_id, run_id in runs.items():
+        run = stack.run(dag_id, run_id)
+        results[dag_id] = RunResult(
+            dag_id=dag_id,
+            run_id=run_id,
+            state=states[dag_id],
+            tasks=stack.task_states(dag_id, run_id),
+            wall_seconds=_seconds(run.get("start_date"), run.get("end_date")),
+        )
+    return results
