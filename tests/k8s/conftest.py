@@ -1,7 +1,7 @@
 """pytest fixtures for tests against a real Kubernetes control plane (``scripts/k8senv``).
 
 Tests using them carry the ``k8s`` marker (``pytestmark = pytest.mark.k8s``), so a fast tier runs with
-``-m "not k8s"``. The control plane starts once per session (about 10 s warm) and every test gets a fresh
+``-m "not k8s"``. The control plane starts once per session (about 4 s) and every test gets a fresh
 namespace.
 
 Environment:

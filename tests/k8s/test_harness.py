@@ -21,14 +21,14 @@ TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # and writes "<pod name> <token's pod name> <SA>" to the termination message path.
 POD_SCRIPT = r"""
 import base64, json, os, sys, time
+T = "/dev/termination-log"
+open(T, "w").write("claim:" + os.environ["POD_NAME"])   # a shared file would be overwritten by the other pod
 tok = open(os.environ["TOKEN_FILE"]).read()
 p = tok.split(".")[1]
-claims = json.loads(base64.urlsafe_b64decode(p + "=" * (-len(p) % 4)))
-k = claims["kubernetes.io"]
+k = json.loads(base64.urlsafe_b64decode(p + "=" * (-len(p) % 4)))["kubernetes.io"]
 time.sleep(float(os.environ.get("HOLD", "0")))      # overlap with the other pod
-# what the other pod wrote must not be visible here
-before = open("/dev/termination-log").read()
-open("/dev/termination-log", "w").write(f"{os.environ['POD_NAME']} {k['pod']['name']} {k['serviceaccount']['name']} seen-before={before!r}")
+seen = open(T).read()
+open(T, "w").write(f"{os.environ['POD_NAME']} {k['pod']['name']} {k['serviceaccount']['name']} seen={seen!r}")
 sys.exit(int(os.environ.get("EXIT", "0")))
 """
 
@@ -73,7 +73,8 @@ def test_two_concurrent_pods_get_their_own_token_and_termination_message(harness
         assert pod.status.phase == "Succeeded"
         term = pod.status.container_statuses[0].state.terminated
         assert term.exit_code == 0 and term.reason == "Completed"
-        assert term.message == f"{name} {name} default seen-before=''"
+        assert term.message == f"{name} {name} default seen='claim:{name}'"
+        assert pod.status.pod_ip == "127.0.0.1"  # written by the harness; kwok's pod IPs are 127.244.x.x
     # the host never sees the pods' files at the mount paths
     assert not Path(f"{TOKEN_DIR}/token").exists()
     assert not Path("/dev/termination-log").exists() or Path("/dev/termination-log").read_text() == ""
