@@ -43,6 +43,7 @@ class Zygote:
         self.report_fds: dict[int, int] = {}  # read fd -> pid
         self.decode_workload = None
         self.stopping = False
+        self.had_conn = False
         if preload:
             self._preload()
 
@@ -94,24 +95,13 @@ class Zygote:
         srv = self._listen()
         self.sel.register(srv, selectors.EVENT_READ, "listen")
         self.sel.register(rfd, selectors.EVENT_READ, "signal")
-        had_conn = False
+        self.had_conn = False
         while not self.stopping:
-            for key, _ in self.sel.select(timeout=1.0):
-                what = key.data
-                if what == "listen":
-                    self._accept(srv)
-                    had_conn = True
-                elif what == "signal":
-                    try:
-                        os.read(rfd, 4096)
-                    except BlockingIOError:
-                        pass
-                elif what == "conn":
-                    self._read_conn()
-                elif what == "report":
-                    self._read_report(key.fd)
-            self._reap()
-            if had_conn and self.conn is None:
+            try:
+                self._step(srv, rfd)
+            except Exception:  # noqa: BLE001 - one bad event must never take the zygote down
+                log.exception("zygote event loop error (continuing)")
+            if self.had_conn and self.conn is None:
                 log.info("executor hung up; zygote exits and leaves %d running agents", len(self.agents))
                 break
         self.sel.close()
@@ -121,6 +111,24 @@ class Zygote:
         except OSError:
             pass
         return 0
+
+    def _step(self, srv: socket.socket, rfd: int) -> None:
+        """One pass of the event loop: wait up to 1 s for events, handle them, reap children."""
+        for key, _ in self.sel.select(timeout=1.0):
+            what = key.data
+            if what == "listen":
+                self._accept(srv)
+                self.had_conn = True
+            elif what == "signal":
+                try:
+                    os.read(rfd, 4096)
+                except BlockingIOError:
+                    pass
+            elif what == "conn":
+                self._read_conn()
+            elif what == "report":
+                self._read_report(key.fd)
+        self._reap()
 
     def _on_term(self, *_: Any) -> None:
         self.stopping = True
@@ -228,11 +236,12 @@ class Zygote:
         start = proc.start_time(pid)
         self._send({"ev": "launched", "launch_id": launch_id, "pid": pid, "start_time": start})
 
-    def _read_report(self, fd: int) -> None:
+    def _read_report(self, fd: int, agent: dict[str, Any] | None = None) -> None:
         pid = self.report_fds.get(fd)
-        if pid is None:
+        if agent is None:
+            agent = self.agents.get(pid) if pid is not None else None
+        if agent is None:
             return
-        agent = self.agents[pid]
         try:
             chunk = os.read(fd, 65536)
         except BlockingIOError:
@@ -272,7 +281,7 @@ class Zygote:
                 continue  # an orphan of a dead agent, reaped
             # drain what the agent said before it died, then kill what is left of its subtree: orphans
             # reparent to us, so every direct child that is not a live agent belongs to a dead attempt.
-            self._read_report(agent["report_fd"])
+            self._read_report(agent["report_fd"], agent)
             self._close_report(agent["report_fd"])
             self._kill_orphans()
             code = os.waitstatus_to_exitcode(status)

@@ -25,6 +25,7 @@ from leoflow_airflow import settings as leoflow_settings
 from leoflow_airflow.airflow_db import load_ti_row, load_ti_row_by_id
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.dispatch.guard import guard
+from leoflow_airflow.errors import ZygoteError
 from leoflow_airflow.ledger.states import AttemptRef, AttemptState, Resolution
 from leoflow_airflow.reconcile import Act, decide, outcome_summary
 from leoflow_airflow.callbacks import log_lost_success_callback, retry_callback_request
@@ -348,8 +349,8 @@ class LeoflowExecutor(BaseExecutor):
         code = self._runtime.exit_code
         lost = [lid for lid in self._runtime.pending if lid in self._launches]
         self.log.error(
-            "the leoflow zygote died (exit code %s); restarting it. %d launches it had not started are re-offered",
-            code, len(lost),
+            "the leoflow zygote died or its connection broke (exit code %s); restarting it. %d launches it had "
+            "not started are re-offered", code, len(lost),
         )
         for launch_id in lost:
             launch = self._launches.pop(launch_id)
@@ -361,7 +362,11 @@ class LeoflowExecutor(BaseExecutor):
             else:
                 self.queued_callbacks[launch.key] = launch.workload
         self._runtime.pending.clear()
-        self._runtime.restart()
+        try:
+            self._runtime.restart()
+        except (ZygoteError, OSError) as exc:
+            self.log.error("could not restart the leoflow zygote (will retry at the next sync): %s", exc)
+            return
         self.log.warning("the leoflow zygote was restarted (restart #%d)", self._runtime.restarts)
 
     def _reconcile(self) -> None:

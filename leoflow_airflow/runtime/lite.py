@@ -139,7 +139,18 @@ class LiteRuntime:
                 time.sleep(0.05)
                 continue
             sock.settimeout(self.settings.zygote_start_timeout)
-            hello = sock.recv(65536)
+            try:
+                hello = sock.recv(65536)
+            except OSError as exc:
+                last_err = exc
+                sock.close()
+                time.sleep(0.05)
+                continue
+            if not hello:
+                last_err = ConnectionError("the zygote closed the connection")
+                sock.close()
+                time.sleep(0.05)
+                continue
             sock.setblocking(False)
             self._sock = sock
             self._buf = protocol.LineBuffer()
