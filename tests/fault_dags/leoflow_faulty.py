@@ -72,3 +72,5 @@ for retries in (0, 1):
             return _body("downstream", ti=ti)
 
         downstream(work())
+        if retries:
+            fails_first()
