@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.leoflow-installed
 
-.PHONY: demo test test-fast bench venv clean
+.PHONY: demo test test-fast test-k8s bench venv clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found (leoflow needs Python 3.11)"; exit 1; }
@@ -26,6 +26,10 @@ test: $(STAMP)
 ## make test-fast: unit tests only, no servers.
 test-fast: $(STAMP)
 	scripts/run-tests fast
+
+## make test-k8s: only the Kubernetes control-plane tier (builds kube-apiserver & co. on first use).
+test-k8s: $(STAMP)
+	scripts/run-tests k8s
 
 ## make bench: LocalExecutor vs LeoflowExecutor on PostgreSQL (minutes; figures, not pass/fail).
 bench: $(STAMP)
