@@ -53,3 +53,27 @@ def load_ti_row(dag_id: str, run_id: str, task_id: str, map_index: int) -> TIRow
             )
         ).one_or_none()
         return _row(ti)
+
+
+def load_ti_liveness(ti_ids: list[str]) -> dict[str, tuple[str | None, object]]:
+    """Return ``{ti_id: (state, last_heartbeat_at)}`` for the live rows among ``ti_ids`` (one query)."""
+    import uuid
+
+    from sqlalchemy import select
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    keys = []
+    for ti_id in ti_ids:
+        try:
+            keys.append(uuid.UUID(ti_id))
+        except ValueError:
+            continue
+    if not keys:
+        return {}
+    with create_session(scoped=False) as session:
+        rows = session.execute(
+            select(TaskInstance.id, TaskInstance.state, TaskInstance.last_heartbeat_at).where(TaskInstance.id.in_(keys))
+        ).all()
+    return {str(r.id): (None if r.state is None else str(r.state), r.last_heartbeat_at) for r in rows}

@@ -27,6 +27,7 @@ from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.dispatch.guard import guard
 from leoflow_airflow.errors import ZygoteError
 from leoflow_airflow.ledger.states import AttemptRef, AttemptState, Resolution
+from leoflow_airflow.reap.gate import SettlingGate
 from leoflow_airflow.reconcile import Act, decide, outcome_summary
 from leoflow_airflow.callbacks import log_lost_success_callback, retry_callback_request
 from leoflow_airflow.settle import replay_state
@@ -81,6 +82,8 @@ class LeoflowExecutor(BaseExecutor):
         self._runtime: LiteRuntime | None = None
         self._launches: dict[str, _Launch] = {}
         self._slot_owner: dict[Any, str] = {}  # key -> launch_id holding its slot
+        self._gate: SettlingGate | None = None
+        self._next_gc = 0.0
 
     # --- lazily built parts ---------------------------------------------------------------------------
     @property
@@ -114,6 +117,8 @@ class LeoflowExecutor(BaseExecutor):
         ladder.enforce(report, self._warn_rung)
         self._runtime = LiteRuntime(settings)
         self._runtime.start()
+        self._gate = SettlingGate(grace=settings.reap_grace)
+        self._gate.reset(time.monotonic())
         self.log.info(
             "leoflow started: runtime=lite, zygote pid=%s, runtime_dir=%s, parallelism=%d",
             self._runtime._proc.pid if self._runtime._proc else None,
@@ -296,6 +301,61 @@ class LeoflowExecutor(BaseExecutor):
         if not self._runtime.alive():
             self._restart_zygote()
         self._reconcile()
+        if self._gate is not None:
+            self._gate.swept()
+            if self._gate.is_open(time.monotonic()):
+                self._reap()
+        if time.monotonic() >= self._next_gc:
+            self._next_gc = time.monotonic() + 60.0
+            self._collect_garbage()
+
+    def _reap(self) -> None:
+        """Run the Lite reapers (pure decisions) on a snapshot of live dispatched attempts and act."""
+        from datetime import datetime, timezone
+
+        from leoflow_airflow.airflow_db import load_ti_liveness
+        from leoflow_airflow.reap.lite import AttemptView, Presence, ReapSettings, decide as decide_reaps
+
+        live = [a for a in self.ledger.open_attempts(runtime="lite") if a.state == _S.DISPATCHED]
+        if not live:
+            return
+        tis = load_ti_liveness([a.ref.ti_id for a in live])
+        snapshot = [
+            AttemptView(
+                ref=a.ref,
+                presence=Presence.DEAD if self._is_dead(a) else Presence.LIVE,
+                ti_state=tis.get(a.ref.ti_id, (None, None))[0],
+                last_heartbeat_at=tis.get(a.ref.ti_id, (None, None))[1],
+                dispatched_at=a.dispatched_at,
+            )
+            for a in live
+        ]
+        settings = ReapSettings(self.settings.agent_lost_threshold, self.settings.dispatch_lost_threshold)
+        by_ref = {a.ref: a for a in live}
+        for action in decide_reaps(snapshot, datetime.now(timezone.utc), settings):
+            attempt = by_ref[action.ref]
+            self.log.warning("leoflow %s reaper: killing attempt %s: %s", action.reaper, action.ref, action.why)
+            self.log_task_event(event=f"leoflow {action.reaper}", extra=action.why, ti_key=self._key_of(attempt))
+            self._kill_attempt(attempt)
+
+    def _collect_garbage(self) -> None:
+        """Remove record files of closed attempts past ``[leoflow] record_retention`` (bounded)."""
+        from leoflow_airflow import gc
+
+        if self._runtime is None:
+            return
+
+        def is_closed(ti_id: str, epoch: int) -> bool:
+            row = self.ledger.get_epoch(ti_id, epoch)
+            return row is None or row.state == _S.CLOSED
+
+        try:
+            removed = gc.collect(self._runtime.paths.root, retention=self.settings.record_retention, is_closed=is_closed)
+        except Exception:  # noqa: BLE001 - GC must never break the scheduler loop
+            self.log.exception("leoflow record GC failed")
+            return
+        if removed:
+            self.log.info("leoflow GC removed %d settled attempts' record directories", removed)
 
     def _on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("ev")
@@ -523,6 +583,8 @@ class LeoflowExecutor(BaseExecutor):
         from airflow.utils import timezone
 
         not_adopted: list[Any] = []
+        if self._gate is not None:
+            self._gate.reset(time.monotonic())  # no reaping from a half-built picture
         for ti in tis:
             attempt = self.ledger.current(str(ti.id))
             if attempt is None or attempt.state == _S.CLOSED or attempt.ref.try_number != ti.try_number:

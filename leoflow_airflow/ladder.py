@@ -37,10 +37,7 @@ class LadderValues:
     agent_lost_threshold: float
     maintenance_interval: float
     settle_timeout: float
-
-    def launch_floor(self) -> float:
-        """Seconds an attempt may legitimately sit QUEUED before its agent calls /run (start + one retry)."""
-        return 2 * self.min_heartbeat_interval + 30.0
+    dispatch_lost_threshold: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -110,11 +107,13 @@ def evaluate(v: LadderValues) -> LadderReport:
              "workers.min_heartbeat_interval": v.min_heartbeat_interval,
              "scheduler.task_instance_heartbeat_timeout": v.task_instance_heartbeat_timeout},
         ))
-    if v.task_queued_timeout <= v.launch_floor():
+    if v.dispatch_lost_threshold >= v.task_queued_timeout:
         warnings.append(Rung(
-            "task_queued_timeout",
-            "Airflow may requeue a queued task before a freshly started agent can reach /run",
-            {"scheduler.task_queued_timeout": v.task_queued_timeout},
+            "dispatch_lost_threshold",
+            "Airflow's stuck-in-queued handling (revoke + requeue) acts before leoflow's dispatch-lost reaper "
+            "can re-dispatch the same ti_id",
+            {"leoflow.dispatch_lost_threshold": v.dispatch_lost_threshold,
+             "scheduler.task_queued_timeout": v.task_queued_timeout},
         ))
     return LadderReport(tuple(violations), tuple(warnings))
 
@@ -136,6 +135,7 @@ def read_values(settings: LeoflowSettings, getfloat: Callable[[str, str, float],
         agent_lost_threshold=settings.agent_lost_threshold,
         maintenance_interval=settings.maintenance_interval,
         settle_timeout=settings.settle_timeout,
+        dispatch_lost_threshold=settings.dispatch_lost_threshold,
     )
 
 

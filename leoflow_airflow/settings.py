@@ -60,6 +60,10 @@ OPTIONS: tuple[Option, ...] = (
            _non_negative),
     Option("agent_env_passthrough", "string", "", "Comma-separated extra environment variable names "
            "handed to the zygote and agents (the rest of the scheduler's environment is not)."),
+    Option("dispatch_lost_threshold", "float", "120", "Seconds a dispatched attempt may stay QUEUED (its agent "
+           "never reached /run) before the dispatch-lost reaper kills it and re-dispatches the ti_id.", _positive),
+    Option("reap_grace", "float", "30", "Seconds after start or adoption before any reaper acts (the settling "
+           "gate; one full reconcile sweep is needed too).", _non_negative),
     Option("infra_retry_budget", "integer", "2", "Infra re-runs (a dead agent that left no outcome) per "
            "logical task instance that do not spend the user's retries; then Airflow's own failure path.",
            _non_negative),
@@ -87,6 +91,8 @@ class LeoflowSettings:
     zygote_start_timeout: float
     record_retention: float
     agent_env_passthrough: tuple[str, ...]
+    dispatch_lost_threshold: float
+    reap_grace: float
     infra_retry_budget: int
     redispatch_limit: int
     test_fault_injection: bool

@@ -69,16 +69,16 @@ def test_window_boundary_lower_equal_upper_is_refused():
 
 
 def test_soft_rungs_warn_and_do_not_refuse():
-    """Heartbeat-failure budget and a too-short queued timeout are warnings handed to ``warn``."""
+    """Heartbeat-failure budget and a queued timeout under the dispatch-lost threshold are warnings."""
     values = replace(DEFAULTS, max_failed_heartbeats=100, task_queued_timeout=40)
     report = ladder.evaluate(values)
     assert report.violations == ()
-    assert {r.rung for r in report.warnings} == {"heartbeat_failure_budget", "task_queued_timeout"}
+    assert {r.rung for r in report.warnings} == {"heartbeat_failure_budget", "dispatch_lost_threshold"}
     seen: list[ladder.Rung] = []
     ladder.enforce(report, seen.append)
     assert seen == list(report.warnings)
-    queued = next(r for r in report.warnings if r.rung == "task_queued_timeout")
-    assert queued.values == {"scheduler.task_queued_timeout": 40}
+    queued = next(r for r in report.warnings if r.rung == "dispatch_lost_threshold")
+    assert queued.values == {"leoflow.dispatch_lost_threshold": 120.0, "scheduler.task_queued_timeout": 40}
 
 
 def test_warnings_are_passed_even_when_refusing():
@@ -87,7 +87,7 @@ def test_warnings_are_passed_even_when_refusing():
     seen: list[ladder.Rung] = []
     with pytest.raises(LadderViolation):
         ladder.enforce(report, seen.append)
-    assert [r.rung for r in seen] == ["task_queued_timeout"]
+    assert [r.rung for r in seen] == ["dispatch_lost_threshold"]
 
 
 def test_read_values_takes_airflow_keys_and_leoflow_settings():
