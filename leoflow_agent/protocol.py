@@ -25,8 +25,10 @@ from typing import Any
 MAX_LINE_BYTES = 16 * 1024 * 1024
 """Largest accepted message line, in bytes; a longer line is a protocol error."""
 
-FAULT_POINTS = frozenset({"before_run", "after_run", "mid_task", "after_record", "after_patch"})
-"""The agent's fault-injection points (DESIGN §3 "Fault injection"), honoured only in test mode."""
+FAULT_POINTS = frozenset({"before_run", "after_run", "mid_task", "after_record", "after_patch", "hang_before_run"})
+"""The agent's fault-injection points (DESIGN §3 "Fault injection"), honoured only in test mode. Each kills the
+agent with SIGKILL at its point, except ``hang_before_run``: the agent blocks before ``/run`` (bounded, then
+kills itself), so a test can make Airflow requeue a stuck-queued task instance (a same-``ti_id`` epoch 2)."""
 
 
 class ProtocolError(ValueError):

@@ -40,6 +40,20 @@ def file_sink(path: str) -> RecordSink:
     return write
 
 
+HANG_SECONDS = 600.0
+"""How long the ``hang_before_run`` fault point blocks before the agent kills itself (bounded, test only)."""
+
+
+def _hang(point: str) -> None:
+    import time
+
+    log.warning("fault injection: the agent hangs at %s (up to %.0f s)", point, HANG_SECONDS)
+    deadline = time.monotonic() + HANG_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+    _suicide(point)
+
+
 def _suicide(point: str) -> None:
     log.warning("fault injection: killing the agent at %s", point)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -137,6 +151,8 @@ class RecordingTransport(httpx.BaseTransport):
         state = None
         if is_run and self._fault == "before_run":
             _suicide("before_run")
+        if is_run and self._fault == "hang_before_run":
+            _hang("hang_before_run")
         if is_state and self.heartbeat_lost:
             log.warning("refusing a terminal report after heartbeat loss; the reconciler decides")
             return httpx.Response(

@@ -84,5 +84,6 @@ def test_send_over_a_real_socket_pair():
 
 def test_fault_points_are_the_design_set():
     """DESIGN §3 "Fault injection" names exactly these points."""
-    assert protocol.FAULT_POINTS == {"before_run", "after_run", "mid_task", "after_record", "after_patch"}
+    assert protocol.FAULT_POINTS == {"before_run", "after_run", "mid_task", "after_record", "after_patch",
+                                     "hang_before_run"}
     json.dumps(sorted(protocol.FAULT_POINTS))
