@@ -612,26 +612,9 @@ class LeoflowExecutor(BaseExecutor):
 
     def _spend_infra_budget(self, session: Any, ti: Any) -> bool:
         """Charge one infra re-run to ``ti``'s logical budget inside Airflow's own transaction."""
-        from sqlalchemy import select
+        from leoflow_airflow.redrive import charge_budget
 
-        from leoflow_airflow.ledger.models import infra_budget_table as budget
-        from leoflow_airflow.ledger.store import _utcnow
-        from leoflow_airflow.redrive import budget_decision
-
-        where = ((budget.c.dag_id == ti.dag_id) & (budget.c.run_id == ti.run_id)
-                 & (budget.c.task_id == ti.task_id) & (budget.c.map_index == ti.map_index))
-        row = session.execute(select(budget.c.spent, budget.c.seen_max_tries).where(where)).first()
-        decision = budget_decision(spent=row.spent if row else None, seen_max_tries=row.seen_max_tries if row else None,
-                                   max_tries=ti.max_tries, limit=self.settings.infra_retry_budget)
-        if not decision.allowed:
-            return False
-        values = {"spent": decision.spent, "seen_max_tries": ti.max_tries + 1, "updated_at": _utcnow()}
-        if row is None:
-            session.execute(budget.insert().values(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
-                                                   map_index=ti.map_index, **values))
-        else:
-            session.execute(budget.update().where(where).values(**values))
-        return True
+        return charge_budget(session, ti, limit=self.settings.infra_retry_budget).allowed
 
     # --- revoke, logs ---------------------------------------------------------------------------------
     def revoke_task(self, *, ti: TaskInstance) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 
 class RedriveResult(enum.StrEnum):
@@ -39,6 +40,35 @@ def budget_decision(*, spent: int | None, seen_max_tries: int | None, max_tries:
     return BudgetDecision(True, used + 1)
 
 
+def charge_budget(session: Any, ti: Any, *, limit: int) -> BudgetDecision:
+    """Charge one infra re-run to ``ti``'s logical budget inside ``session``'s transaction (Airflow's own,
+    so the charge commits or rolls back with the TI change). Returns the decision; nothing is written when
+    ``allowed`` is False. ``seen_max_tries`` becomes ``ti.max_tries + 1``: the value the caller writes."""
+    from sqlalchemy import select
+
+    from leoflow_airflow.ledger.models import infra_budget_table as budget
+    from leoflow_airflow.ledger.store import _utcnow
+
+    where = (
+        (budget.c.dag_id == ti.dag_id) & (budget.c.run_id == ti.run_id)
+        & (budget.c.task_id == ti.task_id) & (budget.c.map_index == ti.map_index)
+    )
+    row = session.execute(select(budget.c.spent, budget.c.seen_max_tries).where(where)).first()
+    decision = budget_decision(
+        spent=row.spent if row else None, seen_max_tries=row.seen_max_tries if row else None,
+        max_tries=ti.max_tries, limit=limit,
+    )
+    if not decision.allowed:
+        return decision
+    values = {"spent": decision.spent, "seen_max_tries": ti.max_tries + 1, "updated_at": _utcnow()}
+    if row is None:
+        session.execute(budget.insert().values(
+            dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=ti.map_index, **values))
+    else:
+        session.execute(budget.update().where(where).values(**values))
+    return decision
+
+
 def infra_redrive(*, ti_id: str, reason: str, limit: int) -> RedriveResult:
     """Reset the RUNNING TI ``ti_id`` for a new try that does not spend a user retry.
 
@@ -53,9 +83,6 @@ def infra_redrive(*, ti_id: str, reason: str, limit: int) -> RedriveResult:
     from airflow.utils.session import create_session
     from airflow.utils.state import TaskInstanceState
 
-    from leoflow_airflow.ledger.models import infra_budget_table as budget
-    from leoflow_airflow.ledger.store import _utcnow
-
     with create_session(scoped=False) as session:
         ti = session.scalars(
             select(TaskInstance)
@@ -64,24 +91,10 @@ def infra_redrive(*, ti_id: str, reason: str, limit: int) -> RedriveResult:
         ).one_or_none()
         if ti is None:
             return RedriveResult.MOVED_ON
-        where = (
-            (budget.c.dag_id == ti.dag_id) & (budget.c.run_id == ti.run_id)
-            & (budget.c.task_id == ti.task_id) & (budget.c.map_index == ti.map_index)
-        )
-        row = session.execute(select(budget.c.spent, budget.c.seen_max_tries).where(where)).first()
-        decision = budget_decision(
-            spent=row.spent if row else None, seen_max_tries=row.seen_max_tries if row else None,
-            max_tries=ti.max_tries, limit=limit,
-        )
+        decision = charge_budget(session, ti, limit=limit)
         if not decision.allowed:
             return RedriveResult.BUDGET_SPENT
         new_max_tries = ti.max_tries + 1
-        values = {"spent": decision.spent, "seen_max_tries": new_max_tries, "updated_at": _utcnow()}
-        if row is None:
-            session.execute(budget.insert().values(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
-                                                   map_index=ti.map_index, **values))
-        else:
-            session.execute(budget.update().where(where).values(**values))
         session.add(Log(event="leoflow infra re-drive", task_instance=ti,
                         extra=f"{reason}; re-run as a new try without spending a retry "
                               f"(infra budget {decision.spent}/{limit}, max_tries {ti.max_tries} -> {new_max_tries})"))
