@@ -1,0 +1,228 @@
+"""Helpers for the Lite fault tests on a real Airflow: a stack with a fault plan and per-component control,
+body-trace parsing (how often a body ran, whether two executions overlapped), DB queries, polling.
+
+Body traces are written by ``tests/fault_dags/leoflow_more.py`` and ``leoflow_chaos.py``:
+``<run_id> <try> <event> <unix time> <pid> [extra]`` per line in ``$AIRFLOW_HOME/traces/<dag>.<task>.body``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from devtools import procs
+from devtools.stack import AirflowStack, StackError
+
+FAULT_DAGS = Path(__file__).resolve().parent.parent / "fault_dags"
+EXECUTOR = "leoflow_airflow.executor.LeoflowExecutor"
+
+
+class FaultStack(AirflowStack):
+    """An :class:`AirflowStack` on ``tests/fault_dags`` with leoflow, fault injection and a fault plan, that
+    can stop and start one component (api-server, scheduler) while the others keep running."""
+
+    def __init__(self, home: Path, *, extra_env: dict[str, str] | None = None, parallelism: int = 8) -> None:
+        self.fault_plan = Path(home).resolve() / "fault-plan.json"
+        env = {
+            "AIRFLOW__LEOFLOW__TEST_FAULT_INJECTION": "True",
+            "AIRFLOW__LEOFLOW__TEST_FAULT_PLAN": str(self.fault_plan),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            **(extra_env or {}),
+        }
+        super().__init__(home, executor=EXECUTOR, parallelism=parallelism, dags_folder=FAULT_DAGS, extra_env=env)
+
+    def up(self, dags: list[str]) -> FaultStack:
+        """Migrate and start, waiting for ``dags``; returns self."""
+        self._prepare_home()
+        self.fault_plan.write_text("{}")
+        self.migrate()
+        self.start(wait_for_dags=dags)
+        return self
+
+    # --- fault plan and runs ---------------------------------------------------------------------------
+    def add_faults(self, entries: dict[str, str]) -> None:
+        """Merge ``{"dag/run/task/try/epoch": point}`` into the plan (written atomically)."""
+        plan = json.loads(self.fault_plan.read_text() or "{}")
+        plan.update(entries)
+        tmp = self.fault_plan.with_suffix(".tmp")
+        tmp.write_text(json.dumps(plan))
+        os.replace(tmp, self.fault_plan)
+
+    def trigger_with(self, dag_id: str, faults: dict[str, str] | None = None, *, prefix: str = "t") -> str:
+        """Trigger ``dag_id`` with a fresh run_id after planning ``{"task/try/epoch": point}``; returns the id."""
+        run_id = f"{prefix}_{dag_id}_{time.monotonic_ns()}"
+        if faults:
+            self.add_faults({f"{dag_id}/{run_id}/{key}": point for key, point in faults.items()})
+        body = {"dag_run_id": run_id, "logical_date": datetime.now(timezone.utc).isoformat(), "conf": {}}
+        self._call("POST", f"/dags/{dag_id}/dagRuns", json=body)
+        return run_id
+
+    def release(self, run_id: str, kind: str = "release") -> None:
+        """Write ``traces/<kind>.<run_id>`` (bodies waiting on it go on)."""
+        (self.traces_dir / f"{kind}.{run_id}").write_text("go\n")
+
+    # --- DB -----------------------------------------------------------------------------------------
+    def db(self, query: str, *args: object) -> list[tuple]:
+        """Run a read query on the stack's SQLite metadata DB."""
+        with sqlite3.connect(self.home / "airflow.db", timeout=60) as conn:
+            return conn.execute(query, args).fetchall()
+
+    def ti_row(self, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
+        """The live TI row: id, state, try_number, max_tries, queued_by_job_id."""
+        rows = self.db("select id, state, try_number, max_tries, queued_by_job_id from task_instance "
+                       "where dag_id=? and run_id=? and task_id=? and map_index=-1", dag_id, run_id, task_id)
+        if not rows:
+            return {}
+        keys = ("id", "state", "try_number", "max_tries", "queued_by_job_id")
+        return dict(zip(keys, rows[0]))
+
+    def attempts(self, dag_id: str, run_id: str, task_id: str) -> list[dict[str, Any]]:
+        """The ledger rows of one logical TI, ordered by id (oldest first)."""
+        cols = ("ti_id", "try_number", "attempt_epoch", "state", "resolution", "pid", "proc_start_time",
+                "record_path", "dispatched_at", "exited_at", "closed_at", "detail")
+        rows = self.db(f"select {', '.join(cols)} from leoflow_attempt where dag_id=? and run_id=? and task_id=? "
+                       "order by id", dag_id, run_id, task_id)
+        return [dict(zip(cols, row)) for row in rows]
+
+    def log_events(self, dag_id: str, run_id: str, task_id: str) -> list[str]:
+        """The TI's event-log ``event`` column values, oldest first."""
+        return [e for (e,) in self.db("select event from log where dag_id=? and run_id=? and task_id=? order by id",
+                                      dag_id, run_id, task_id)]
+
+    # --- components -----------------------------------------------------------------------------------
+    def _index(self, name: str) -> int:
+        for i, (n, popen) in enumerate(zip(self._names, self._popens)):
+            if n == name and popen.poll() is None:
+                return i
+        raise StackError(f"no running {name}")
+
+    def pid_of(self, name: str) -> int:
+        """The pid of the running component ``name`` (``api-server``, ``scheduler``, ``dag-processor``)."""
+        return self._popens[self._index(name)].pid
+
+    def kill_component(self, name: str, sig: int = signal.SIGKILL, *, group: bool = False,
+                       timeout: float = 30.0) -> None:
+        """Send ``sig`` to component ``name`` (its leader, or its whole process group) and wait for the
+        leader to exit (SIGKILL to the group after ``timeout``). Its children in other sessions (the
+        scheduler's agents) are left alone."""
+        i = self._index(name)
+        popen = self._popens[i]
+        members = procs.tree([psutil.Process(popen.pid)])
+        if group:
+            os.killpg(popen.pid, sig)
+        else:
+            os.kill(popen.pid, sig)
+        try:
+            popen.wait(timeout=timeout)
+        except Exception:  # noqa: BLE001 - escalate
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait(timeout=10)
+        if group:  # nothing of that group may linger (a uvicorn worker holding the port)
+            same_group = [p for p in members if _pgid(p) == popen.pid]
+            for p in same_group:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(same_group, timeout=10)
+
+    def start_component(self, name: str) -> None:
+        """Start component ``name`` again (same arguments, log appended); returns at once."""
+        popen = procs.spawn(self._airflow(name), env=self.env(), log_path=self.process_logs / f"{name}.log",
+                            cwd=self.home)
+        self._popens.append(popen)
+        self._names.append(name)
+
+    def wait_api(self, timeout: float = 180.0) -> None:
+        """Wait until the api-server answers again."""
+        wait_until(self._api_up, timeout, "the api-server to answer")
+
+
+def _pgid(p: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(p.pid)
+    except OSError:
+        return None
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.5) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned); ``TimeoutError`` naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(poll)
+
+
+# --- body traces ---------------------------------------------------------------------------------------
+@dataclass
+class Execution:
+    """One execution of a body: its try, pid, first and last trace time, whether it ended, extras."""
+
+    try_number: int
+    pid: int
+    start: float
+    last: float
+    ended: bool = False
+    extra: list[str] = field(default_factory=list)
+
+
+def executions(stack: AirflowStack, dag_id: str, task_id: str, run_id: str) -> list[Execution]:
+    """The body executions of one TI, in start order (one per pid)."""
+    path = stack.traces_dir / f"{dag_id}.{task_id}.body"
+    if not path.exists():
+        return []
+    found: dict[int, Execution] = {}
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) < 5 or parts[0] != run_id:
+            continue
+        try_number, event, when, pid = int(parts[1]), parts[2], float(parts[3]), int(parts[4])
+        ex = found.get(pid)
+        if ex is None:
+            ex = found[pid] = Execution(try_number, pid, when, when)
+        ex.start, ex.last = min(ex.start, when), max(ex.last, when)
+        if event == "end":
+            ex.ended = True
+        if event == "start":
+            ex.extra.extend(parts[5:])
+    return sorted(found.values(), key=lambda e: e.start)
+
+
+def overlaps(execs: list[Execution]) -> list[tuple[Execution, Execution]]:
+    """Pairs of executions whose [start, last] intervals overlap (two bodies running at once)."""
+    pairs = []
+    for i, first in enumerate(execs):
+        for second in execs[i + 1:]:
+            if second.start <= first.last and first.start <= second.last:
+                pairs.append((first, second))
+    return pairs
+
+
+def callbacks(stack: AirflowStack, dag_id: str) -> Counter:
+    """``Counter((task_id, try, kind))`` of the callbacks that ran for ``dag_id``."""
+    path = stack.traces_dir / "callbacks.log"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return Counter(tuple(line.split()[1:]) for line in lines if line.split() and line.split()[0] == dag_id)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

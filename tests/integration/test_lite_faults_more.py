@@ -1,0 +1,235 @@
+"""Issue 3 acceptance, the remaining Lite failure paths, each against a real Airflow (scheduler,
+dag-processor, api-server; SQLite), with leoflow's test-only fault injection:
+
+* infra budget spent → Airflow's own failure path (failure callback), ``max_tries`` +1 per infra re-run;
+* a BashOperator ``bash`` that outlives its SIGKILLed agent is dead before the re-run starts;
+* a user marking a running task success is not re-driven; a user clearing a running task re-runs at once;
+* the api-server down until the supervisor gives up on heartbeats counts as infra, not as a user retry;
+* fencing: Airflow's stuck-in-queued requeue keeps the ``ti_id``; epoch 1's record cannot settle epoch 2,
+  and epoch 2 starts only after epoch 1 is dead.
+
+DAGs: ``tests/fault_dags/leoflow_more.py``. Helpers: ``fault_helpers.py``.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from fault_helpers import FaultStack, callbacks, executions, overlaps, pid_alive, wait_until
+from leoflow_agent import outcome
+
+pytestmark = pytest.mark.airflow
+
+INFRA = "leoflow infra re-drive"
+
+# the supervisor gives up on heartbeats within seconds: 2 failed heartbeats, 2 s apart, each retried 3 times
+# with 0.5-1 s waits (Airflow's defaults: 3 failures, 5 s apart, 5 tries with 1-90 s waits, i.e. minutes)
+FAST_HEARTBEAT_LOSS = {
+    "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "2",
+    "AIRFLOW__WORKERS__MAX_FAILED_HEARTBEATS": "2",
+    "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "3",
+    "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MIN": "0.5",
+    "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MAX": "1",
+}
+
+
+def _wait_run(stack: FaultStack, dag_id: str, run_id: str, timeout: float) -> str:
+    return stack.wait_for_run(dag_id, run_id, timeout=timeout, poll=2.0)
+
+
+def _first_start(stack: FaultStack, dag_id: str, task_id: str, run_id: str, timeout: float = 150.0):
+    return wait_until(lambda: executions(stack, dag_id, task_id, run_id), timeout,
+                      f"the body of {dag_id}.{task_id} in {run_id} to start")[0]
+
+
+@pytest.fixture(scope="class")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    """One stack per class with ``[leoflow] infra_retry_budget = 1`` and fast heartbeat loss; every process is
+    stopped at the end, even on failure."""
+    extra = {"AIRFLOW__LEOFLOW__INFRA_RETRY_BUDGET": "1", **FAST_HEARTBEAT_LOSS}
+    with FaultStack(tmp_path_factory.mktemp("faults-more"), extra_env=extra) as s:
+        s.up(["lf_budget", "lf_bash", "lf_user", "lf_hb"])
+        yield s
+
+
+class TestOneStack:
+    """Scenarios sharing one stack (the api-server outage last: it would disturb every running task)."""
+
+    def test_budget_bash_and_user_actions(self, stack: FaultStack) -> None:
+        """Four scenarios in parallel runs; every problem found is reported together at the end."""
+        t0 = time.monotonic()
+        budget = stack.trigger_with("lf_budget", {"work/1/1": "mid_task", "work/2/1": "mid_task"})
+        bash = stack.trigger_with("lf_bash", {"sh/1/1": "mid_task"})
+        marked = stack.trigger_with("lf_user", prefix="mark")
+        cleared = stack.trigger_with("lf_user", prefix="clear")
+        problems: list[str] = []
+
+        # --- user actions on running tasks: wait until both bodies run, then act
+        _first_start(stack, "lf_user", "long", marked)
+        stack._call("PATCH", f"/dags/lf_user/dagRuns/{marked}/taskInstances/long", json={"new_state": "success"})
+        _first_start(stack, "lf_user", "long", cleared)
+        t_clear = time.time()
+        stack._call("POST", "/dags/lf_user/clearTaskInstances", json={
+            "dry_run": False, "dag_run_id": cleared, "task_ids": ["long"], "only_failed": False,
+            "reset_dag_runs": True,
+        })
+
+        finals = stack.wait_for_runs({"lf_budget": budget, "lf_bash": bash}, timeout=300)
+        clear_final = _wait_run(stack, "lf_user", cleared, 300)
+
+        # 1. infra budget (1) spent: the second kill fails the task through Airflow with its failure callback
+        ti = stack.ti_row("lf_budget", budget, "work")
+        execs = executions(stack, "lf_budget", "work", budget)
+        if finals["lf_budget"] != "failed" or ti["state"] != "failed":
+            problems.append(f"budget: run {finals['lf_budget']}, TI {ti}")
+        if (ti["try_number"], ti["max_tries"]) != (2, 1):
+            problems.append(f"budget: one infra re-run must give try 2 with max_tries 0+1, got {ti}")
+        if [e.try_number for e in execs] != [1, 2]:
+            problems.append(f"budget: bodies {execs}")
+        events = stack.log_events("lf_budget", budget, "work")
+        if events.count(INFRA) != 1:
+            problems.append(f"budget: expected exactly one infra re-drive Log row, got {events}")
+        try:
+            wait_until(lambda: callbacks(stack, "lf_budget")[("work", "2", "failure")], 120,
+                       "the failure callback of lf_budget.work")
+        except TimeoutError as exc:
+            problems.append(f"budget: {exc}; callbacks {callbacks(stack, 'lf_budget')}")
+        time.sleep(3)
+        cb = callbacks(stack, "lf_budget")
+        if cb[("work", "2", "failure")] != 1 or sum(cb.values()) != 1:
+            problems.append(f"budget: exactly one failure callback expected, got {dict(cb)}")
+
+        # 2. the bash that outlived its agent was dead before the re-run's bash started
+        execs = executions(stack, "lf_bash", "sh", bash)
+        if finals["lf_bash"] != "success" or [e.try_number for e in execs] != [1, 2]:
+            problems.append(f"bash: run {finals['lf_bash']}, executions {execs}")
+        elif execs[0].ended or not execs[1].ended:
+            problems.append(f"bash: try 1 must have been killed and try 2 completed: {execs}")
+        if overlaps(execs):
+            problems.append(f"bash: two bashes ran at once: {overlaps(execs)}")
+        if len(execs) == 2 and execs[1].extra != ["alive="]:
+            problems.append(f"bash: earlier bash pids alive when try 2 started: {execs[1].extra}")
+        if execs and pid_alive(execs[0].pid):
+            problems.append(f"bash: the first bash (pid {execs[0].pid}) is still alive")
+
+        # 4a. marked success while running: never re-driven, body ran once, stays success
+        try:
+            wait_until(lambda: [a for a in stack.attempts("lf_user", marked, "long") if a["state"] == "closed"],
+                       120, "the marked attempt to be closed")
+        except TimeoutError as exc:
+            problems.append(f"mark: {exc}: {stack.attempts('lf_user', marked, 'long')}")
+        time.sleep(10)  # room for a wrong re-drive to show
+        ti = stack.ti_row("lf_user", marked, "long")
+        attempts = stack.attempts("lf_user", marked, "long")
+        if ti["state"] != "success" or ti["try_number"] != 1:
+            problems.append(f"mark: TI {ti}")
+        if len(executions(stack, "lf_user", "long", marked)) != 1:
+            problems.append(f"mark: bodies {executions(stack, 'lf_user', 'long', marked)}")
+        if INFRA in stack.log_events("lf_user", marked, "long") or len(attempts) != 1:
+            problems.append(f"mark: re-driven: {stack.log_events('lf_user', marked, 'long')}, {attempts}")
+
+        # 4b. cleared while running: re-runs within seconds (not after the 300 s purge), never two at once
+        execs = executions(stack, "lf_user", "long", cleared)
+        if clear_final != "success" or len(execs) != 2 or not execs[1].ended:
+            problems.append(f"clear: run {clear_final}, bodies {execs}")
+        elif execs[1].start - t_clear >= 60:
+            problems.append(f"clear: the re-run started {execs[1].start - t_clear:.0f}s after the clear")
+        if overlaps(execs):
+            problems.append(f"clear: overlapping bodies {overlaps(execs)}")
+        resolutions = [a["resolution"] for a in stack.attempts("lf_user", cleared, "long")]
+        if resolutions[:1] != ["restarting"]:
+            problems.append(f"clear: ledger resolutions {resolutions}")
+        print(f"budget/bash/mark/clear scenarios took {time.monotonic() - t0:.0f}s")
+        assert not problems, "\n".join(problems)
+
+    def test_api_server_outage_is_infra(self, stack: FaultStack) -> None:
+        """The api-server is stopped while a task (retries=1) runs, until the supervisor gives up on its
+        heartbeats; restarted once the agent recorded ``heartbeat_lost``. The loss is infra: ``max_tries``
+        +1, a re-drive Log row, no retry/failure callback; the next try succeeds."""
+        run = stack.trigger_with("lf_hb")
+        first = _first_start(stack, "lf_hb", "slow", run)
+        (attempt,) = stack.attempts("lf_hb", run, "slow")
+        expect = outcome.AttemptIdentity(attempt["ti_id"], attempt["try_number"], attempt["attempt_epoch"])
+        t_down = time.monotonic()
+        stack.kill_component("api-server", signal.SIGTERM, group=True)
+        try:
+            record = wait_until(lambda: outcome.read_record_file(attempt["record_path"], expect=expect), 120,
+                                "the agent's heartbeat_lost record")
+            lost_after = time.monotonic() - t_down
+        finally:
+            stack.start_component("api-server")
+        stack.wait_api()
+        assert record.reason == outcome.Reason.HEARTBEAT_LOST, record
+        assert _wait_run(stack, "lf_hb", run, 240) == "success"
+
+        ti = stack.ti_row("lf_hb", run, "slow")
+        assert ti["state"] == "success"
+        # retries=1: one infra re-run gives try 2 with max_tries 1+1; the user's retry is still unspent
+        assert (ti["try_number"], ti["max_tries"]) == (2, 2), ti
+        events = stack.log_events("lf_hb", run, "slow")
+        assert events.count(INFRA) == 1, events
+        execs = executions(stack, "lf_hb", "slow", run)
+        assert [e.try_number for e in execs] == [1, 2] and not execs[0].ended and execs[1].ended, execs
+        assert execs[0].pid == first.pid and not overlaps(execs)
+        time.sleep(5)
+        cb = callbacks(stack, "lf_hb")
+        assert cb[("slow", "1", "retry")] == 0 and cb[("slow", "1", "failure")] == 0, dict(cb)
+        resolutions = [a["resolution"] for a in stack.attempts("lf_hb", run, "slow")]
+        assert resolutions[0] == "infra_redrive", resolutions
+        print(f"heartbeat_lost recorded {lost_after:.1f}s after the api-server stopped")
+
+
+def _utc(value: str | None) -> datetime:
+    parsed = datetime.fromisoformat(str(value))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def test_fencing_stuck_queued_requeue(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Epoch 1 hangs before ``/run``; Airflow's stuck-in-queued check (10 s) revokes and requeues the same
+    ``ti_id``; epoch 2 is dispatched only after epoch 1 is dead. A success record of epoch 1 planted in both
+    epochs' record files cannot settle epoch 2: when epoch 2 is killed mid-task the TI is re-driven as infra
+    (a new try), not marked success from epoch 1's record."""
+    from airflow.sdk.api.datamodels._generated import API_VERSION
+
+    extra = {
+        "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "10",
+        "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": "5",
+    }
+    with FaultStack(tmp_path_factory.mktemp("fencing"), extra_env=extra) as stack:
+        stack.up(["lf_fence"])
+        run = stack.trigger_with("lf_fence", {"work/1/1": "hang_before_run", "work/1/2": "mid_task"})
+        rows = wait_until(lambda: (r := stack.attempts("lf_fence", run, "work")) and len(r) >= 2 and r, 180,
+                          "epoch 2 of the stuck-queued task")
+        e1, e2 = rows[0], rows[1]
+        assert (e1["attempt_epoch"], e2["attempt_epoch"]) == (1, 2) and e1["ti_id"] == e2["ti_id"], rows
+        assert e1["try_number"] == e2["try_number"] == 1, rows
+        assert e1["state"] == "closed" and e1["resolution"] == "revoked", e1
+        assert e1["pid"] is not None and not pid_alive(e1["pid"]), e1
+        assert "stuck in queued reschedule" in stack.log_events("lf_fence", run, "work")
+        # plant epoch 1's success record (a late write of a zombie epoch 1) into both record files
+        payload = {"state": "success", "end_date": datetime.now(timezone.utc).isoformat(),
+                   "task_outlets": [], "outlet_events": []}
+        stale = outcome.record_for_state("success", payload, api_version=API_VERSION,
+                                         attempt=outcome.AttemptIdentity(e1["ti_id"], 1, 1))
+        for row in (e1, e2):
+            outcome.write_record_file(row["record_path"], stale)
+        stack.release(run, "go")
+        assert stack.wait_for_run("lf_fence", run, timeout=240) == "success"
+
+        rows = stack.attempts("lf_fence", run, "work")
+        e1, e2 = rows[0], rows[1]
+        end_1 = _utc(e1["exited_at"] or e1["closed_at"])
+        assert end_1 < _utc(e2["dispatched_at"]), ("epoch 2 dispatched before epoch 1 was dead", rows)
+        assert e2["resolution"] == "infra_redrive", rows
+        ti = stack.ti_row("lf_fence", run, "work")
+        assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 2, 1), ti
+        events = stack.log_events("lf_fence", run, "work")
+        assert INFRA in events and "leoflow lost on_success_callback" not in events, events
+        execs = executions(stack, "lf_fence", "work", run)
+        # epoch 1 never reached /run, so the body started once on try 1 (epoch 2) and once on try 2
+        assert [e.try_number for e in execs] == [1, 2], execs
+        assert not execs[0].ended and execs[1].ended and not overlaps(execs), execs
