@@ -59,7 +59,7 @@ def read_proc(pid: int) -> Proc | None:
             environ = fh.read()
     except (OSError, ValueError):
         return None
-    return Proc(pid, int(rest[1]), int(rest[4]), rest[0].decode(), cmdline, environ)
+    return Proc(pid, int(rest[1]), int(rest[3]), rest[0].decode(), cmdline, environ)
 
 
 def all_procs() -> list[Proc]:
@@ -92,8 +92,14 @@ def stack_procs(stack: AirflowStack) -> list[Proc]:
 
 
 def agents(stack: AirflowStack) -> list[Proc]:
-    """Live leoflow agents of this stack (process title ``leoflow agent: ...``)."""
-    return [p for p in stack_procs(stack) if p.cmdline.startswith(AGENT_TITLE)]
+    """Live leoflow agents (process title ``leoflow agent: ...``) under this stack's running zygote.
+
+    Found through the zygote: ``setproctitle`` reuses the agent's environ area for its title, so an agent's
+    ``/proc/<pid>/environ`` no longer shows the stack marker. Agents that outlived their zygote are not
+    listed: track those by the identities taken while the zygote ran.
+    """
+    table = all_procs()
+    return [p for z in zygotes(stack) for p in descendants(z.pid, table) if p.cmdline.startswith(AGENT_TITLE)]
 
 
 def zygotes(stack: AirflowStack) -> list[Proc]:
