@@ -40,6 +40,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--parallelism", type=int, default=DEMO_PARALLELISM, help="[core] parallelism")
     parser.add_argument("--home", type=Path, help="AIRFLOW_HOME to use (default: a fresh temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the AIRFLOW_HOME (logs) afterwards")
+    parser.add_argument(
+        "--no-sqlite-tuning",
+        action="store_true",
+        help="keep SQLite's defaults (rollback journal, 5 s busy timeout): for measuring only",
+    )
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_SECONDS, help="seconds to wait for runs")
     return parser.parse_args(argv)
 
@@ -68,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     print(f"demo: executor {executor}, parallelism {args.parallelism}, SQLite, AIRFLOW_HOME {home}", flush=True)
     stack = AirflowStack(
-        home, executor=executor, parallelism=args.parallelism, example_dags=expected.EXAMPLE_FILES
+        home,
+        executor=executor,
+        parallelism=args.parallelism,
+        example_dags=expected.EXAMPLE_FILES,
+        tune_sqlite=not args.no_sqlite_tuning,
     )
     status = 2
     try:

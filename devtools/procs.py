@@ -39,12 +39,12 @@ def spawn(argv: list[str], *, env: dict[str, str], log_path: Path, cwd: Path) ->
     return proc
 
 
-def marked_processes(stack_id: str) -> list[psutil.Process]:
-    """Every live process whose environment (at exec time) carries ``MARKER_VAR=stack_id``.
+def marked_processes(markers: list[str]) -> list[psutil.Process]:
+    """Every live process whose environment (at exec time) holds one of ``markers`` (``"NAME=value"``).
 
     Unreadable processes are skipped (as root, none are). Never raises for vanished processes.
     """
-    wanted = f"{MARKER_VAR}={stack_id}".encode()
+    wanted = {marker.encode() for marker in markers}
     found: list[psutil.Process] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -53,7 +53,7 @@ def marked_processes(stack_id: str) -> list[psutil.Process]:
             environ = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if wanted in environ.split(b"\0"):
+        if wanted.intersection(environ.split(b"\0")):
             try:
                 found.append(psutil.Process(int(entry.name)))
             except psutil.Error:
@@ -99,9 +99,13 @@ def _signal(procs: list[psutil.Process], sig: int) -> None:
 
 
 def stop_all(
-    popens: list[subprocess.Popen], stack_id: str, *, grace_seconds: float = 20.0
+    popens: list[subprocess.Popen], markers: list[str], *, grace_seconds: float = 20.0
 ) -> list[str]:
-    """Stop the leaders, everything below them and every process marked with ``stack_id``.
+    """Stop the leaders, everything below them and every process whose environment holds a marker.
+
+    ``markers`` are ``"NAME=value"`` entries (e.g. ``MARKER_VAR=<stack id>``, ``AIRFLOW_HOME=<home>``): a
+    process that dropped the stack marker from its environment (leoflow's zygote allow-lists it) and was
+    re-parented away from the tree is still found by its AIRFLOW_HOME.
 
     SIGTERM to the leaders' process groups first, then waits up to ``grace_seconds`` for the whole snapshot
     to exit, then SIGKILLs whatever is left (re-scanning for new descendants and marked strays, twice).
@@ -113,7 +117,7 @@ def stop_all(
             leaders.append(psutil.Process(popen.pid))
         except psutil.Error:
             continue
-    members = tree(leaders) + marked_processes(stack_id)
+    members = tree(leaders) + marked_processes(markers)
     for leader in leaders:
         try:
             if leader.is_running():
@@ -127,7 +131,7 @@ def stop_all(
             break
         time.sleep(0.2)
     for _ in range(2):
-        left = _alive(members + tree(leaders) + marked_processes(stack_id))
+        left = _alive(members + tree(leaders) + marked_processes(markers))
         if not left:
             break
         for leader in leaders:
@@ -143,7 +147,7 @@ def stop_all(
             popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-    left = _alive(members + marked_processes(stack_id))
+    left = _alive(members + marked_processes(markers))
     descriptions = []
     for proc in left:
         try:

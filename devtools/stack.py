@@ -208,7 +208,7 @@ class AirflowStack:
         try:
             code = popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            procs.stop_all([popen], self.stack_id, grace_seconds=5)
+            procs.stop_all([popen], self._markers(), grace_seconds=5)
             raise StackError(f"airflow db migrate took over {timeout}s; see {log_path}") from None
         if code != 0:
             raise StackError(f"airflow db migrate exited {code}; see {log_path}")
@@ -256,6 +256,9 @@ class AirflowStack:
                 )
             time.sleep(1.0)
 
+    def _markers(self) -> list[str]:
+        return [f"{procs.MARKER_VAR}={self.stack_id}", f"AIRFLOW_HOME={self.home}"]
+
     def _check_alive(self) -> None:
         for name, popen in zip(self._names, self._popens):
             if name != "migrate" and popen.poll() is not None:
@@ -275,7 +278,7 @@ class AirflowStack:
         if self._client is not None:
             self._client.close()
             self._client = None
-        left = procs.stop_all(self._popens, self.stack_id, grace_seconds=grace_seconds)
+        left = procs.stop_all(self._popens, self._markers(), grace_seconds=grace_seconds)
         self._popens.clear()
         self._names.clear()
         return left
@@ -352,12 +355,14 @@ class AirflowStack:
         """Wait for several runs (``{dag_id: run_id}``) to end; returns ``{dag_id: final state}``.
 
         A poll that fails (an api-server too busy to answer in 30 s) is retried until the deadline. Raises
-        ``TimeoutError`` naming the unfinished runs and their last states after ``timeout`` seconds.
+        ``TimeoutError`` naming the unfinished runs and their last states after ``timeout`` seconds, and
+        ``StackError`` at once when a stack process (scheduler, dag-processor, api-server) has exited.
         """
         deadline = time.monotonic() + timeout
         final: dict[str, str] = {}
         last: dict[str, str] = {}
         while True:
+            self._check_alive()
             for dag_id, run_id in runs.items():
                 if dag_id in final:
                     continue
