@@ -78,7 +78,9 @@ def run_launch(
     )
     if message.get("fault") == "mid_task":
         _arm_mid_task_fault(message)
-    client = Client(base_url=server, token=workload.token, transport=transport)
+    from leoflow_agent.transport import heartbeat_counting_client
+
+    client = heartbeat_counting_client(Client, transport)(base_url=server, token=workload.token, transport=transport)
     try:
         from setproctitle import setproctitle
 

@@ -16,6 +16,7 @@ import os
 import re
 import signal
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import httpx
 
@@ -25,7 +26,8 @@ log = logging.getLogger(__name__)
 
 _STATE_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/state$")
 _RUN_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/run$")
-_HEARTBEAT_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/heartbeat$")
+_HEARTBEAT_CALL = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/heartbeat$")
+_TERMINATED_STATUSES = frozenset({404, 409, 410})  # the supervisor's "stop, the server says so" answers
 
 RecordSink = Callable[[outcome.OutcomeRecord], None]
 """Writes one outcome record durably; raises :class:`OSError` when it cannot."""
@@ -71,7 +73,8 @@ class RecordingTransport(httpx.BaseTransport):
     :param max_failed_heartbeats: ``[workers] max_failed_heartbeats``: after this many consecutive failed
         heartbeats the supervisor kills the task; the wrapper then writes a ``heartbeat_lost`` record and
         refuses every later terminal PATCH of the attempt locally (DESIGN §2 "Heartbeat loss"), so the
-        reconciler, not a late report, decides.
+        reconciler, not a late report, decides. A heartbeat counts as the supervisor counts it: one SDK
+        call, after the SDK client's own retries (:meth:`heartbeat_result`), never one HTTP request.
     """
 
     def __init__(
@@ -92,6 +95,11 @@ class RecordingTransport(httpx.BaseTransport):
         self._sinks = list(sinks)
         self._on_reported = on_reported
         self._fault = fault
+
+    @property
+    def attempt_ti_id(self) -> str:
+        """The ``ti_id`` of the attempt this transport serves."""
+        return self._attempt.ti_id
 
     def _record(self, request: httpx.Request) -> str | None:
         try:
@@ -121,19 +129,13 @@ class RecordingTransport(httpx.BaseTransport):
             except (OSError, ValueError):
                 log.exception("could not write the heartbeat_lost record")
 
-    def _heartbeat(self, request: httpx.Request) -> httpx.Response:
-        try:
-            response = self._inner.handle_request(request)
-        except httpx.TransportError:
-            self._heartbeat_failed()
-            raise
-        if response.status_code >= 500:
-            self._heartbeat_failed()
-        elif response.status_code < 300:
+    def heartbeat_result(self, ok: bool) -> None:
+        """Count one heartbeat call of the supervisor as it does: ``ok`` resets the streak; a failure (any
+        error but 404/409/410, after the SDK client's retries) adds one, and at ``max_failed_heartbeats`` in a
+        row (when the supervisor kills the task) the attempt is marked ``heartbeat_lost`` for good."""
+        if ok:
             self._failed_heartbeats = 0
-        return response
-
-    def _heartbeat_failed(self) -> None:
+            return
         self._failed_heartbeats += 1
         if self._failed_heartbeats >= self._max_failed_heartbeats and not self.heartbeat_lost:
             self.heartbeat_lost = True
@@ -144,8 +146,6 @@ class RecordingTransport(httpx.BaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request``, recording/reporting terminal states and honouring the fault point."""
         path = request.url.path
-        if request.method == "PUT" and (m := _HEARTBEAT_PATH.search(path)) and m["ti_id"] == self._attempt.ti_id:
-            return self._heartbeat(request)
         is_state = request.method == "PATCH" and (m := _STATE_PATH.search(path)) and m["ti_id"] == self._attempt.ti_id
         is_run = request.method == "PATCH" and (m := _RUN_PATH.search(path)) and m["ti_id"] == self._attempt.ti_id
         state = None
@@ -182,3 +182,32 @@ class RecordingTransport(httpx.BaseTransport):
     def close(self) -> None:
         """Close the wrapped transport."""
         self._inner.close()
+
+
+def heartbeat_counting_client(base: type, transport: RecordingTransport) -> type:
+    """Return a subclass of the SDK ``Client`` class ``base`` that reports every heartbeat call of the
+    attempt to ``transport.heartbeat_result`` once its outcome is final (after the client's own retries).
+
+    The supervisor counts a failed heartbeat per call, not per HTTP request; counting requests in the
+    transport would mark ``heartbeat_lost`` during a short api-server outage the supervisor survives, and
+    then refuse (and re-run) a task that succeeded.
+    """
+
+    class HeartbeatCountingClient(base):  # type: ignore[misc, valid-type]
+        def request(self, method: str, url: Any, *args: Any, **kwargs: Any) -> httpx.Response:
+            match = _HEARTBEAT_CALL.search(str(url).split("?", 1)[0]) if str(method).upper() == "PUT" else None
+            if match is None or match["ti_id"] != transport.attempt_ti_id:
+                return super().request(method, url, *args, **kwargs)
+            try:
+                response = super().request(method, url, *args, **kwargs)
+            except httpx.HTTPStatusError as exc:
+                if exc.response.status_code not in _TERMINATED_STATUSES:
+                    transport.heartbeat_result(False)
+                raise
+            except Exception:
+                transport.heartbeat_result(False)
+                raise
+            transport.heartbeat_result(True)
+            return response
+
+    return HeartbeatCountingClient

@@ -1,0 +1,75 @@
+"""The agent counts failed heartbeats per supervisor call (after the SDK client's retries), never per HTTP
+request, so a short api-server outage the supervisor survives never marks the attempt ``heartbeat_lost``."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from leoflow_agent import outcome
+from leoflow_agent.transport import RecordingTransport, heartbeat_counting_client
+
+TI = "01900000-0000-7000-8000-000000000001"
+ATTEMPT = outcome.AttemptIdentity(TI, 1, 1)
+HB = f"task-instances/{TI}/heartbeat"
+
+
+class RetryingClient(httpx.Client):
+    """Stands in for the SDK client: raises on 4xx/5xx and retries transport errors and 5xx (3 tries)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(base_url="http://api.test/execution/",
+                         event_hooks={"response": [lambda r: r.raise_for_status()]}, **kwargs)
+
+    def request(self, *args, **kwargs):
+        for attempt in range(3):
+            try:
+                return super().request(*args, **kwargs)
+            except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+                if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code < 500 or attempt == 2:
+                    raise
+
+
+def _client(answers: list, max_failed: int = 2):
+    records: list[outcome.OutcomeRecord] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        answer = answers.pop(0)
+        if answer == "down":
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(answer, json={})
+
+    transport = RecordingTransport(httpx.MockTransport(handler), attempt=ATTEMPT, sinks=[records.append],
+                                   on_reported=lambda state: None, max_failed_heartbeats=max_failed)
+    return heartbeat_counting_client(RetryingClient, transport)(transport=transport), transport, records
+
+
+def test_request_failures_inside_one_call_are_one_heartbeat_at_most():
+    client, transport, records = _client(["down", "down", 204, "down", "down", 204])
+    client.put(HB)
+    client.put(HB)
+    assert not transport.heartbeat_lost and not records
+
+
+def test_consecutive_failed_calls_mark_heartbeat_lost_and_refuse_the_terminal_report():
+    client, transport, records = _client(["down"] * 3 + [503] * 3)
+    for _ in range(2):
+        with pytest.raises((httpx.TransportError, httpx.HTTPStatusError)):
+            client.put(HB)
+    assert transport.heartbeat_lost
+    assert [r.reason for r in records] == [outcome.Reason.HEARTBEAT_LOST]
+    refused = transport.handle_request(httpx.Request("PATCH", f"http://api.test/execution/task-instances/{TI}/state",
+                                                     json={"state": "failed"}))
+    assert refused.status_code == 409
+
+
+def test_a_success_in_between_resets_and_server_terminated_answers_do_not_count():
+    client, transport, records = _client(["down"] * 3 + [204] + ["down"] * 3 + [409])
+    with pytest.raises(httpx.TransportError):
+        client.put(HB)
+    client.put(HB)
+    with pytest.raises(httpx.TransportError):
+        client.put(HB)
+    with pytest.raises(httpx.HTTPStatusError):
+        client.put(HB)  # 409: the server ended the task; the supervisor stops it, not a heartbeat failure
+    assert not transport.heartbeat_lost and not records
