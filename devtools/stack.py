@@ -110,7 +110,7 @@ class AirflowStack:
         self.traces_dir = self.home / "traces"
         self.examples_folder = self.home / "example_dags"
         self._password = secrets.token_urlsafe(16)
-        self._jwt_secret = secrets.token_urlsafe(32)
+        self._jwt_secret = secrets.token_urlsafe(64)  # 86 chars: above the 64-byte HS512 minimum
         self._popens: list[subprocess.Popen] = []
         self._names: list[str] = []
         self._client: httpx.Client | None = None
