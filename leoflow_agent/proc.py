@@ -110,6 +110,43 @@ def _wait_stopped(pids: list[int], timeout: float = 1.0) -> None:
             time.sleep(0.002)
 
 
+ATTEMPT_ENV = "LEOFLOW_ATTEMPT"
+"""Set by an agent to its launch id before it runs the task, so every exec'd descendant carries it in
+``/proc/<pid>/environ`` (a forked child shows its exec-time environment only: the session test covers it)."""
+
+
+def attempt_leftovers(agent: ProcessIdentity, launch_id: str) -> list[int]:
+    """Pids of live processes left over from the attempt whose agent ``agent`` is dead, found without any
+    parent link (its orphans reparent to init when no zygote was there to reap them, e.g. while the scheduler
+    was down): members of the agent's session that started after it (the task child) and processes whose
+    environment carries ``ATTEMPT_ENV=launch_id`` (an exec'd descendant in a new session, e.g. ``bash``).
+
+    The session test is skipped while any process holds the agent's pid: Linux never reuses a pid still used
+    as a session id, so a live holder means the old session is empty and the id belongs to someone else.
+    """
+    wanted = f"{ATTEMPT_ENV}={launch_id}".encode()
+    session_free = _read_stat(agent.pid) is None
+    found: list[int] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in (os.getpid(), agent.pid):
+            continue
+        pid = int(name)
+        stat = _read_stat(pid)
+        if stat is None or stat[0] in ("Z", "X") or stat[2] < agent.start_time:
+            continue
+        try:
+            if session_free and os.getsid(pid) == agent.pid:
+                found.append(pid)
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                environ = fh.read()
+        except OSError:
+            continue
+        if wanted in environ.split(b"\0"):
+            found.append(pid)
+    return found
+
+
 def kill_tree(root: ProcessIdentity | int, *, include_root: bool = True, timeout: float = 5.0) -> bool:
     """SIGKILL a whole process subtree, including members that started their own session.
 

@@ -76,6 +76,9 @@ def run_launch(
         fault=message.get("fault"),
         max_failed_heartbeats=_conf_int("workers", "max_failed_heartbeats", 3),
     )
+    from leoflow_agent.proc import ATTEMPT_ENV
+
+    os.environ[ATTEMPT_ENV] = str(message["launch_id"])  # lets a successor find this attempt's orphans
     if message.get("fault") == "mid_task":
         _arm_mid_task_fault(message)
     from leoflow_agent.transport import heartbeat_counting_client

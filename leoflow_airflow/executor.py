@@ -452,12 +452,32 @@ class LeoflowExecutor(BaseExecutor):
             if proc.is_alive(proc.ProcessIdentity(attempt.pid, int(attempt.proc_start_time))):
                 return False
         launch = self._launches.get(_launch_id(attempt.ref))
-        if launch is not None and not launch.adopted and not launch.exited:
-            # ours: wait for the zygote's word, unless the zygote itself is gone
-            return self._runtime is None or not self._runtime.alive()
+        if launch is not None and not launch.adopted:
+            if launch.exited:
+                return True  # the zygote killed what was left of the subtree before it reported ``exited``
+            if self._runtime is not None and self._runtime.alive():
+                return False  # ours: wait for the zygote's word
+        # no zygote of ours saw this agent die (a predecessor's attempt, or our zygote is gone): its orphans
+        # reparented to init, so find and kill what is left of the attempt before calling it dead
+        if attempt.pid is not None and attempt.proc_start_time is not None:
+            return self._kill_leftovers(attempt)
         # a predecessor's CLAIMED attempt whose launch never reported: if an agent did start, its /run is
         # fenced by the ti_id Airflow gives the TI on reset; nothing of ours can be proven alive
         return True
+
+    def _kill_leftovers(self, attempt: Attempt) -> bool:
+        """SIGKILL what is left of a dead agent's attempt (:func:`leoflow_agent.proc.attempt_leftovers`);
+        True once nothing of it is alive."""
+        agent = proc.ProcessIdentity(int(attempt.pid), int(attempt.proc_start_time))  # type: ignore[arg-type]
+        launch_id = _launch_id(attempt.ref)
+        left = proc.attempt_leftovers(agent, launch_id)
+        if not left:
+            return True
+        self.log.warning("attempt %s: its agent is dead but %d of its processes are not (%s); killing them",
+                         attempt.ref, len(left), left)
+        for pid in left:
+            proc.kill_tree(pid)
+        return not proc.attempt_leftovers(agent, launch_id)
 
     def _settle(self, attempt: Attempt) -> None:
         ref = attempt.ref
