@@ -114,8 +114,8 @@ class FaultStack(AirflowStack):
     def kill_component(self, name: str, sig: int = signal.SIGKILL, *, group: bool = False,
                        timeout: float = 30.0) -> None:
         """Send ``sig`` to component ``name`` (its leader, or its whole process group) and wait for the
-        leader to exit (SIGKILL to the group after ``timeout``). Its children in other sessions (the
-        scheduler's agents) are left alone."""
+        leader to exit (SIGKILL to the group after ``timeout``); it is then forgotten (``start_component``
+        starts a new one). Its children in other sessions (the scheduler's agents) are left alone."""
         i = self._index(name)
         popen = self._popens[i]
         members = procs.tree([psutil.Process(popen.pid)])
@@ -136,6 +136,7 @@ class FaultStack(AirflowStack):
                 except psutil.Error:
                     pass
             psutil.wait_procs(same_group, timeout=10)
+        del self._popens[i], self._names[i]  # stopped on purpose: not "a stack process exited"
 
     def start_component(self, name: str) -> None:
         """Start component ``name`` again (same arguments, log appended); returns at once."""

@@ -13,6 +13,7 @@ DAGs: ``tests/fault_dags/leoflow_more.py``. Helpers: ``fault_helpers.py``.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from datetime import datetime, timezone
@@ -145,6 +146,31 @@ class TestOneStack:
             problems.append(f"clear: ledger resolutions {resolutions}")
         print(f"budget/bash/mark/clear scenarios took {time.monotonic() - t0:.0f}s")
         assert not problems, "\n".join(problems)
+
+    def test_api_server_blip_the_supervisor_survives_is_not_a_loss(self, stack: FaultStack) -> None:
+        """The api-server freezes (SIGSTOP) for 16 s: long enough for several heartbeat *requests* to time out
+        (5 s each), too short for the supervisor to give up (2 failed heartbeats of 3 tries each, ~33 s). The
+        task goes on and its success must land: no heartbeat_lost, no re-run of a body that completed."""
+        run = stack.trigger_with("lf_hb", prefix="blip")
+        _first_start(stack, "lf_hb", "slow", run)
+        (attempt,) = stack.attempts("lf_hb", run, "slow")
+        pgid = stack.pid_of("api-server")
+        os.killpg(pgid, signal.SIGSTOP)
+        try:
+            time.sleep(16)
+        finally:
+            os.killpg(pgid, signal.SIGCONT)
+        stack.wait_api()
+        stack.release(run)
+        assert _wait_run(stack, "lf_hb", run, 180) == "success"
+        ti = stack.ti_row("lf_hb", run, "slow")
+        execs = executions(stack, "lf_hb", "slow", run)
+        events = stack.log_events("lf_hb", run, "slow")
+        assert [e.try_number for e in execs] == [1] and execs[0].ended, ("a completed body ran again", execs)
+        assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 1, 1), ti
+        assert INFRA not in events, events
+        record = outcome.read_record_file(attempt["record_path"])
+        assert record is not None and record.state == "success", record
 
     def test_api_server_outage_is_infra(self, stack: FaultStack) -> None:
         """The api-server is stopped while a task (retries=1) runs, until the supervisor gives up on its
