@@ -93,6 +93,9 @@ class Zygote:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         srv = self._listen()
+        # closed in every forked agent: an agent that outlives us must not hold our listening socket (a
+        # successor's executor would connect to it and wait for a hello that never comes) or our signal pipe
+        self._agent_closes = (srv, rfd, wfd)
         self.sel.register(srv, selectors.EVENT_READ, "listen")
         self.sel.register(rfd, selectors.EVENT_READ, "signal")
         self.had_conn = False
@@ -219,6 +222,11 @@ class Zygote:
                     self.conn.close()
                 for fd in list(self.report_fds):
                     os.close(fd)
+                for inherited in getattr(self, "_agent_closes", ()):
+                    try:
+                        inherited.close() if isinstance(inherited, socket.socket) else os.close(inherited)
+                    except OSError:
+                        pass
                 from leoflow_agent.runner import agent_main
 
                 code = agent_main(msg, decode_workload=self.decode_workload, report_fd=wfd)

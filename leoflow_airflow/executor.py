@@ -422,6 +422,9 @@ class LeoflowExecutor(BaseExecutor):
             else:
                 self.queued_callbacks[launch.key] = launch.workload
         self._runtime.pending.clear()
+        for launch in self._launches.values():
+            if launch.ref is not None and not launch.exited:
+                launch.adopted = True  # the dead zygote's agents run on, but no event will come for them
         try:
             self._runtime.restart()
         except (ZygoteError, OSError) as exc:

@@ -84,6 +84,10 @@ class LiteRuntime:
         os.makedirs(self.paths.root, mode=0o700, exist_ok=True)
         os.chmod(self.paths.root, 0o700)
         self._remove_stale()
+        try:  # a dead zygote's socket file: connecting to it must fail until the new zygote listens
+            os.unlink(self.paths.socket)
+        except FileNotFoundError:
+            pass
         env = agent_environment(self._environ, self.settings.agent_env_passthrough)
         logf = open(self.paths.zygote_log, "ab")
         try:
