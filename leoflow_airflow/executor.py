@@ -630,6 +630,11 @@ class LeoflowExecutor(BaseExecutor):
                 ti.max_tries = ti.max_tries + 1
                 self.log.warning("adoption: attempt %s died with no record; Airflow's reset re-runs it as a new "
                                  "try on leoflow's infra budget (max_tries -> %d)", attempt.ref, ti.max_tries)
+                from airflow.models.log import Log
+
+                session.add(Log(event="leoflow infra re-drive", task_instance=ti,
+                                extra=f"the agent died with no outcome record while no scheduler ran; re-run as a "
+                                      f"new try without spending a retry (max_tries -> {ti.max_tries})"))
             not_adopted.append(ti)
         return not_adopted
 

@@ -91,6 +91,9 @@ def test_scheduler_restart_adopts_live_agents_and_redrives_the_dead_one(
                 assert len(execs) == 1 and execs[0].ended, (t, execs)
         spent = stack.db("select spent from leoflow_infra_budget where run_id = ? and task_id = ?", run, VICTIM)
         assert spent == [(1,)], spent
+        for t in TASKS:
+            infra = stack.log_events("lf_adopt", run, t).count("leoflow infra re-drive")
+            assert infra == (1 if t == VICTIM else 0), (t, stack.log_events("lf_adopt", run, t))
         time.sleep(5)
         cb = callbacks(stack, "lf_adopt")
         assert not [k for k in cb if k[2] in ("failure", "retry")], dict(cb)
