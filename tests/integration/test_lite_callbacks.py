@@ -1,0 +1,37 @@
+"""``supports_callbacks = True``: a DAG deadline's SyncCallback reaches LeoflowExecutor as an ``ExecuteCallback``
+workload and really runs (issue 2, item 3), against a real Airflow."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from devtools.stack import REPO_ROOT, AirflowStack
+
+pytestmark = pytest.mark.airflow
+
+CALLBACK_DAGS = Path(__file__).resolve().parent.parent / "callback_dags"
+
+
+def test_deadline_sync_callback_runs_through_leoflow(tmp_path: Path) -> None:
+    extra = {
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(CALLBACK_DAGS)]),
+    }
+    with AirflowStack(tmp_path / "home", executor="leoflow_airflow.executor.LeoflowExecutor",
+                      dags_folder=CALLBACK_DAGS, extra_env=extra) as stack:
+        stack.migrate()
+        stack.start(wait_for_dags=["leoflow_deadline"])
+        run_id = stack.trigger("leoflow_deadline")
+        trace = stack.traces_dir / "deadline.log"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not trace.exists():
+            time.sleep(1)
+        assert trace.exists(), "the deadline callback never ran (see process-logs/scheduler.log)"
+        assert trace.read_text().startswith("missed leoflow pid=")
+        assert stack.wait_for_run("leoflow_deadline", run_id, timeout=120) == "success"
+        time.sleep(3)
+        assert len(trace.read_text().splitlines()) == 1, "the callback ran exactly once"
