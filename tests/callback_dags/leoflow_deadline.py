@@ -25,6 +25,7 @@ with DAG(
 
     @task
     def slow() -> None:
+        print("leoflow-live-log-marker", flush=True)
         time.sleep(20)
 
     slow()

@@ -1,4 +1,4 @@
-"""``supports_callbacks = True``: a DAG deadline's SyncCallback reaches LeoflowExecutor as an ``ExecuteCallback``
+"""Live task logs through ``get_task_log`` and ``supports_callbacks = True``: a DAG deadline's SyncCallback reaches LeoflowExecutor as an ``ExecuteCallback``
 workload and really runs (issue 2, item 3), against a real Airflow."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.airflow
 CALLBACK_DAGS = Path(__file__).resolve().parent.parent / "callback_dags"
 
 
-def test_deadline_sync_callback_runs_through_leoflow(tmp_path: Path) -> None:
+def test_live_log_and_deadline_callback_through_leoflow(tmp_path: Path) -> None:
     extra = {
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(CALLBACK_DAGS)]),
@@ -26,6 +26,18 @@ def test_deadline_sync_callback_runs_through_leoflow(tmp_path: Path) -> None:
         stack.migrate()
         stack.start(wait_for_dags=["leoflow_deadline"])
         run_id = stack.trigger("leoflow_deadline")
+        # get_task_log: the live log of the running attempt is served through the executor
+        live = ""
+        until = time.monotonic() + 60
+        while time.monotonic() < until and "leoflow-live-log-marker" not in live:
+            ti = stack._call("GET", f"/dags/leoflow_deadline/dagRuns/{run_id}/taskInstances/slow")
+            if ti["state"] == "running":
+                body = stack._call("GET", f"/dags/leoflow_deadline/dagRuns/{run_id}/taskInstances/slow/logs/1",
+                                   headers={"accept": "application/json"})
+                live = str(body)
+            time.sleep(1)
+        assert "leoflow-live-log-marker" in live
+        assert "leoflow attempt" in live, "the log source names the leoflow attempt (get_task_log)"
         trace = stack.traces_dir / "deadline.log"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not trace.exists():
