@@ -147,6 +147,25 @@ def attempt_leftovers(agent: ProcessIdentity, launch_id: str) -> list[int]:
     return found
 
 
+def find_by_title(title: str) -> list[int]:
+    """Pids of live processes whose command line (as ``setproctitle`` leaves it) is ``title`` or starts with
+    ``title`` followed by a space. A forked agent sets its title to a marker first thing, so a restarted
+    executor can find an agent whose zygote died before reporting it."""
+    wanted = title.encode()
+    found: list[int] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ").strip()
+        except OSError:
+            continue
+        if (cmdline == wanted or cmdline.startswith(wanted + b" ")) and identity(int(name)) is not None:
+            found.append(int(name))
+    return found
+
+
 def kill_tree(root: ProcessIdentity | int, *, include_root: bool = True, timeout: float = 5.0) -> bool:
     """SIGKILL a whole process subtree, including members that started their own session.
 

@@ -84,12 +84,7 @@ def run_launch(
     from leoflow_agent.transport import heartbeat_counting_client
 
     client = heartbeat_counting_client(Client, transport)(base_url=server, token=workload.token, transport=transport)
-    try:
-        from setproctitle import setproctitle
-
-        setproctitle(f"leoflow agent: {ti.dag_id}.{ti.task_id} {attempt.ti_id} e{attempt.attempt_epoch}")
-    except ImportError:
-        pass
+    _set_title(f"{agent_title_marker(message['launch_id'])} {ti.dag_id}.{ti.task_id}")
     supervise_task(
         ti=ti,
         bundle_info=workload.bundle_info,
@@ -141,6 +136,20 @@ def _conf_int(section: str, key: str, fallback: int) -> int:
         return fallback
 
 
+def agent_title_marker(launch_id: str) -> str:
+    """The text every agent's process title carries, found by :func:`leoflow_agent.proc.find_by_cmdline`."""
+    return f"leoflow agent {launch_id}"
+
+
+def _set_title(title: str) -> None:
+    try:
+        from setproctitle import setproctitle
+
+        setproctitle(title)
+    except ImportError:
+        pass
+
+
 def agent_main(
     message: dict[str, Any],
     *,
@@ -154,6 +163,7 @@ def agent_main(
     """
     from leoflow_agent import proc, protocol
 
+    _set_title(agent_title_marker(str(message.get("launch_id"))))  # first: lets a restarted executor find us
     os.setsid()
     proc.become_subreaper()
 

@@ -20,6 +20,7 @@ from airflow.executors.workloads import ExecuteCallback, ExecuteTask
 
 from leoflow_agent import outcome, proc
 from leoflow_agent.protocol import FAULT_POINTS, launch_id_for
+from leoflow_agent.runner import agent_title_marker
 from leoflow_airflow import ladder
 from leoflow_airflow import settings as leoflow_settings
 from leoflow_airflow.airflow_db import load_ti_row, load_ti_row_by_id
@@ -57,6 +58,7 @@ class _Launch:
     exited: bool = False
     exit_code: int | None = None
     adopted: bool = False  # started by a predecessor's zygote: no events come for it, liveness is polled
+    agent: proc.ProcessIdentity | None = None  # from the ``launched`` event
 
 
 class LeoflowExecutor(BaseExecutor):
@@ -300,6 +302,7 @@ class LeoflowExecutor(BaseExecutor):
             self._on_event(event)
         if not self._runtime.alive():
             self._restart_zygote()
+        self._poll_adopted_callbacks()
         self._reconcile()
         if self._gate is not None:
             self._gate.swept()
@@ -308,6 +311,19 @@ class LeoflowExecutor(BaseExecutor):
         if time.monotonic() >= self._next_gc:
             self._next_gc = time.monotonic() + 60.0
             self._collect_garbage()
+
+    def _poll_adopted_callbacks(self) -> None:
+        """Callbacks whose zygote died: no ``exited`` event will come, so poll their agent (pid + start time)
+        and, once it is gone, report the callback failed (its outcome is unknown) to free the slot."""
+        for launch_id, launch in list(self._launches.items()):
+            if launch.ref is not None or not launch.adopted or launch.exited:
+                continue
+            if launch.agent is not None and proc.is_alive(launch.agent):
+                continue
+            self.log.warning("callback launch %s ran under a zygote that died; its outcome is unknown", launch_id)
+            self._free_slot(launch, launch_id)
+            self.change_state(launch.key, launch.workload.failure_state)
+            del self._launches[launch_id]
 
     def _reap(self) -> None:
         """Run the Lite reapers (pure decisions) on a snapshot of live dispatched attempts and act."""
@@ -364,6 +380,8 @@ class LeoflowExecutor(BaseExecutor):
             self.log.debug("event for an unknown launch: %r", event)
             return
         if kind == "launched":
+            if event.get("pid") and event.get("start_time") is not None:
+                launch.agent = proc.ProcessIdentity(int(event["pid"]), int(event["start_time"]))
             if launch.ref is not None:
                 changed = self.ledger.transition(
                     launch.ref, expected=[_S.CLAIMED], to=_S.DISPATCHED,
@@ -415,6 +433,10 @@ class LeoflowExecutor(BaseExecutor):
         for launch_id in lost:
             launch = self._launches.pop(launch_id)
             self._free_slot(launch, launch_id)
+            # the zygote may have forked the agent without telling us: never let it run beside its re-offer
+            for pid in proc.find_by_title(agent_title_marker(launch_id)):
+                self.log.warning("killing agent pid %d of launch %s that the dead zygote never reported", pid, launch_id)
+                proc.kill_tree(pid)
             if launch.ref is not None:
                 self.ledger.transition(launch.ref, expected=[_S.CLAIMED], to=_S.CLOSED,
                                        resolution=Resolution.LAUNCH_FAILED, detail="the zygote died before forking")
@@ -423,7 +445,7 @@ class LeoflowExecutor(BaseExecutor):
                 self.queued_callbacks[launch.key] = launch.workload
         self._runtime.pending.clear()
         for launch in self._launches.values():
-            if launch.ref is not None and not launch.exited:
+            if not launch.exited:
                 launch.adopted = True  # the dead zygote's agents run on, but no event will come for them
         try:
             self._runtime.restart()

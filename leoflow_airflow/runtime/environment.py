@@ -26,8 +26,13 @@ _SECRET_NAME = re.compile(
 )
 
 
+TASK_SECRET_PREFIXES = ("AIRFLOW_CONN_", "AIRFLOW_VAR_")
+"""Connections and Variables defined as environment variables: task-level configuration the DAG's own tasks
+read through Airflow's ``EnvironmentVariablesBackend`` exactly as under LocalExecutor, so they pass."""
+
+
 def _allowed(name: str, passthrough: frozenset[str]) -> bool:
-    if name in passthrough:
+    if name in passthrough or name.startswith(TASK_SECRET_PREFIXES):
         return True
     if name in PLAIN_ALLOWED or name.startswith("LC_"):
         return True
@@ -42,7 +47,8 @@ def _allowed(name: str, passthrough: frozenset[str]) -> bool:
 def agent_environment(environ: Mapping[str, str], passthrough: Iterable[str] = ()) -> dict[str, str]:
     """Return the subset of ``environ`` the zygote (and so every agent and task) may see.
 
-    Allowed: :data:`PLAIN_ALLOWED`, ``LC_*``, ``AIRFLOW__<section>__<key>`` for the sections in
+    Allowed: :data:`PLAIN_ALLOWED`, ``LC_*``, ``AIRFLOW_CONN_*`` / ``AIRFLOW_VAR_*`` (the tasks' own
+    connections and variables, :data:`TASK_SECRET_PREFIXES`), ``AIRFLOW__<section>__<key>`` for the sections in
     :data:`AIRFLOW_SECTIONS_ALLOWED` unless the key looks secret (connection strings, keys, secrets,
     passwords, tokens, ``*_CMD``), and the names in ``passthrough`` (``[leoflow] agent_env_passthrough``,
     the operator's explicit choice). ``AIRFLOW__API_AUTH__JWT_SECRET`` and

@@ -15,6 +15,8 @@ SCHEDULER_ENV = {
     "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "5",
     "AIRFLOW__LEOFLOW__RUNTIME": "lite",
     "AIRFLOW__SECRETS__BACKEND": "airflow.secrets.local_filesystem.LocalFilesystemBackend",
+    # the tasks' own connections and variables reach them as under LocalExecutor (EnvironmentVariablesBackend)
+    "AIRFLOW_CONN_MYDB": "postgresql://app:pw@apphost/appdb", "AIRFLOW_VAR_COLOUR": "blue",
 }
 SECRETS = {
     "AIRFLOW__API_AUTH__JWT_SECRET": "jwt-secret-value",
@@ -36,7 +38,7 @@ SECRETS = {
     "AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE": "/kube",
     "AIRFLOW__CORE__SOMETHING_TOKEN": "t",
     "AIRFLOW__": "x", "AIRFLOW__CORE": "x",
-    "AWS_SECRET_ACCESS_KEY": "aws", "PGPASSWORD": "pg", "AIRFLOW_CONN_MYDB": "postgresql://u:p@h/db",
+    "AWS_SECRET_ACCESS_KEY": "aws", "PGPASSWORD": "pg",
     "LD_PRELOAD": "/evil.so", "PYTHONSTARTUP": "/evil.py",
 }
 

@@ -215,3 +215,27 @@ def test_die_with_parent():
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=env, timeout=30)
     pid = int(out.stdout.strip())
     wait_for(lambda: stat_state(pid) in (None, "Z"), what="the child to die with its parent")
+
+
+def test_find_by_title_finds_a_process_by_its_setproctitle_marker():
+    """A restarted executor finds an agent its dead zygote never reported by the agent's title marker."""
+    import subprocess
+    import sys
+    import time
+
+    from leoflow_agent import proc as _proc
+
+    code = ("from setproctitle import setproctitle; import time; "
+            "setproctitle('leoflow agent 0190abcd:1:1 dag.task'); time.sleep(30)")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not _proc.find_by_title("leoflow agent 0190abcd:1:1"):
+            time.sleep(0.05)
+        assert _proc.find_by_title("leoflow agent 0190abcd:1:1") == [child.pid]
+        assert _proc.find_by_title("leoflow agent 0190abcd:1:12") == []  # epoch 12 is another attempt
+        assert _proc.find_by_title("leoflow agent 0190abcd:1") == []
+    finally:
+        child.kill()
+        child.wait()
+    assert _proc.find_by_title("leoflow agent 0190abcd:1:1") == []
