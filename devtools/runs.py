@@ -32,15 +32,17 @@ def _seconds(start: str | None, end: str | None) -> float:
 
 
 def run_all(stack: AirflowStack, dag_ids: list[str], *, timeout: float) -> dict[str, RunResult]:
-    """Unpause and trigger every DAG in ``dag_ids`` (all at once), wait for all runs to end.
+    """Trigger every DAG in ``dag_ids`` while paused, then unpause them all (so the triggers do not compete
+    with the first tasks for SQLite's single writer), and wait for all runs to end.
 
     Returns ``{dag_id: RunResult}``. Raises ``TimeoutError`` when some run has not ended after ``timeout``
     seconds, and ``devtools.stack.StackError`` when the API refuses a call.
     """
     runs = {}
     for dag_id in dag_ids:
-        stack.unpause(dag_id)
         runs[dag_id] = stack.trigger(dag_id)
+    for dag_id in dag_ids:
+        stack.unpause(dag_id)
     deadline = time.monotonic() + timeout
     states = stack.wait_for_runs(runs, timeout=max(1.0, deadline - time.monotonic()))
     results = {}

@@ -308,7 +308,7 @@ class AirflowStack:
             self._client = httpx.Client(
                 base_url=f"{self.base_url}/api/v2",
                 headers={"Authorization": f"Bearer {token.json()['access_token']}"},
-                timeout=30,
+                timeout=60,
             )
         return self._client
 
@@ -335,10 +335,32 @@ class AirflowStack:
         """Unpause ``dag_id``. Raises ``StackError`` if the API refuses (e.g. unknown DAG: 404)."""
         self._call("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
 
-    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
-        """Trigger a manual run of ``dag_id`` with logical date now (so ``{{ ds }}`` renders); returns run_id."""
-        body = {"logical_date": datetime.now(timezone.utc).isoformat(), "conf": conf or {}}
-        return self._call("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"]
+    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None, *, attempts: int = 4) -> str:
+        """Trigger a manual run of ``dag_id`` with logical date now (so ``{{ ds }}`` renders); returns run_id.
+
+        The run id is chosen here, so a call that timed out or failed with a 5xx on a busy SQLite can be
+        retried safely: a 409 on a retry means the earlier call did create the run. Raises ``StackError``
+        after ``attempts`` failed calls.
+        """
+        now = datetime.now(timezone.utc)
+        run_id = f"manual__{now.isoformat()}__{uuid.uuid4().hex[:8]}"
+        body = {"dag_run_id": run_id, "logical_date": now.isoformat(), "conf": conf or {}}
+        last: Exception | None = None
+        for attempt in range(attempts):
+            try:
+                response = self._api().post(f"/dags/{dag_id}/dagRuns", json=body)
+            except httpx.HTTPError as exc:
+                last = exc
+            else:
+                if response.status_code < 300 or (response.status_code == 409 and attempt > 0):
+                    return run_id
+                if response.status_code < 500:
+                    raise StackError(f"POST /dags/{dag_id}/dagRuns answered {response.status_code}: "
+                                     f"{response.text[:500]}")
+                last = StackError(f"answered {response.status_code}")
+            time.sleep(2 * (attempt + 1))
+        raise StackError(f"POST /dags/{dag_id}/dagRuns failed {attempts} times ({last!r}); "
+                         f"see {self.process_logs}/api-server.log")
 
     def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         """The DAG run as the API returns it (keys include ``state``, ``start_date``, ``end_date``)."""

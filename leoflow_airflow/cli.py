@@ -13,7 +13,8 @@ from airflow.cli.cli_config import ActionCommand, Arg, GroupCommand
 
 
 def check(args: Any) -> None:
-    """Print the parsed settings and every ladder rung; exit 1 when a hard rung is broken or config is bad."""
+    """Print the parsed settings, the Airflow values the ladder compares, the recovery window and every broken
+    rung; exit 1 when a hard rung is broken or config is bad."""
     from leoflow_airflow import ladder, settings
     from leoflow_airflow.errors import ConfigError
 
@@ -22,9 +23,17 @@ def check(args: Any) -> None:
     except ConfigError as exc:
         print(f"leoflow: {exc}", file=sys.stderr)
         sys.exit(1)
-    report = ladder.evaluate(ladder.read_values(parsed))
+    values = ladder.read_values(parsed)
+    report = ladder.evaluate(values)
     for name, value in sorted(vars(parsed).items()):
-        print(f"[leoflow] {name} = {value}")
+        shown = ",".join(value) if isinstance(value, tuple) else value
+        print(f"[leoflow] {name} = {shown}")
+    for name, (section, key, _) in ladder.AIRFLOW_KEYS.items():
+        print(f"[{section}] {key} = {getattr(values, name):g}")
+    lower, upper = ladder.window(values)
+    state = "ok" if not report.violations else "BROKEN"
+    print(f"recovery window: {lower:g} s < [leoflow] agent_lost_threshold ({values.agent_lost_threshold:g} s) "
+          f"< {upper:g} s: {state}")
     for rung in report.warnings:
         print(f"WARNING {rung.rung}: {rung.message} {rung.values}")
     for rung in report.violations:
@@ -34,10 +43,19 @@ def check(args: Any) -> None:
 
 def attempts(args: Any) -> None:
     """Print one line per attempt: ti_id, try, epoch, state, resolution, dag/task/run."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
     from leoflow_airflow.ledger.store import LedgerStore
 
     store = LedgerStore.from_airflow()
-    for a in store.open_attempts()[: args.limit]:
+    try:
+        rows = store.open_attempts()
+    except (OperationalError, ProgrammingError):
+        print("leoflow: the attempt ledger's tables do not exist; run `airflow db migrate`", file=sys.stderr)
+        sys.exit(1)
+    if not rows:
+        print("no open attempts")
+    for a in rows[: args.limit]:
         print(f"{a.ref.ti_id} try={a.ref.try_number} epoch={a.ref.attempt_epoch} {a.state:<10} "
               f"{a.resolution or '-':<16} {a.dag_id}.{a.task_id}[{a.map_index}] {a.run_id}")
 

@@ -57,6 +57,12 @@ class LadderReport:
     warnings: tuple[Rung, ...]
 
 
+def window(v: LadderValues) -> tuple[float, float]:
+    """The recovery window's bounds in seconds: ``(lower, upper)`` for ``agent_lost_threshold`` (DESIGN §2)."""
+    lower = v.task_success_overtime + v.min_heartbeat_interval + v.socket_cleanup_timeout
+    return lower, v.task_instance_heartbeat_timeout - 2 * v.maintenance_interval - v.settle_timeout
+
+
 def evaluate(v: LadderValues) -> LadderReport:
     """Check the ladder. Hard rung (DESIGN §2): the recovery window
 
@@ -66,8 +72,8 @@ def evaluate(v: LadderValues) -> LadderReport:
     A healthy supervisor stops heartbeating once its terminal state is set, hence the lower bound; Airflow's
     purge (which cannot be switched off) must never act before leoflow has decided, hence the upper bound.
     """
-    lower = v.task_success_overtime + v.min_heartbeat_interval + v.socket_cleanup_timeout
-    upper = v.task_instance_heartbeat_timeout - 2 * v.maintenance_interval - v.settle_timeout
+    lower, upper = window(v)
+    margin = 2 * v.maintenance_interval + v.settle_timeout
     window_values = {
         "core.task_success_overtime": v.task_success_overtime,
         "workers.min_heartbeat_interval": v.min_heartbeat_interval,
@@ -85,7 +91,9 @@ def evaluate(v: LadderValues) -> LadderReport:
             f"leoflow's recovery window: it must exceed [core] task_success_overtime ({v.task_success_overtime:g}) "
             f"+ [workers] min_heartbeat_interval ({v.min_heartbeat_interval:g}) + [workers] socket_cleanup_timeout "
             f"({v.socket_cleanup_timeout:g}) + 2 x [leoflow] maintenance_interval ({v.maintenance_interval:g}) + "
-            f"[leoflow] settle_timeout ({v.settle_timeout:g}) = {lower + 2 * v.maintenance_interval + v.settle_timeout:g} s",
+            f"[leoflow] settle_timeout ({v.settle_timeout:g}) = {lower + 2 * v.maintenance_interval + v.settle_timeout:g} s; "
+            f"with [leoflow] agent_lost_threshold = {v.agent_lost_threshold:g} (which must itself exceed {lower:g} s) "
+            f"set it above {max(lower, v.agent_lost_threshold) + margin:g} s",
             window_values,
         ))
     elif not lower < v.agent_lost_threshold < upper:
@@ -94,7 +102,9 @@ def evaluate(v: LadderValues) -> LadderReport:
             f"[leoflow] agent_lost_threshold = {v.agent_lost_threshold:g} must lie strictly between {lower:g} "
             f"([core] task_success_overtime + [workers] min_heartbeat_interval + [workers] socket_cleanup_timeout) "
             f"and {upper:g} ([scheduler] task_instance_heartbeat_timeout = {v.task_instance_heartbeat_timeout:g} "
-            f"- 2 x [leoflow] maintenance_interval - [leoflow] settle_timeout)",
+            f"- 2 x [leoflow] maintenance_interval - [leoflow] settle_timeout)"
+            + (f"; or raise [scheduler] task_instance_heartbeat_timeout above {v.agent_lost_threshold + margin:g} s"
+               if v.agent_lost_threshold >= upper else ""),
             window_values,
         ))
     warnings: list[Rung] = []

@@ -17,7 +17,7 @@ def get_provider_info() -> dict[str, Any]:
         "package-name": "leoflow",
         "name": "leoflow",
         "description": "An Airflow executor that stops losing work: attempt epochs, durable outcome records, "
-        "warm pools, task-scoped tokens.",
+        "lost reports recovered, infra faults re-run without spending retries.",
         "versions": [__version__],
         "executors": ["leoflow_airflow.executor.LeoflowExecutor"],
         "cli": ["leoflow_airflow.cli.get_cli_commands"],

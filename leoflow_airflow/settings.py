@@ -43,7 +43,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("runtime_dir", "string", "", "Directory for the Lite zygote socket, pidfile and per-attempt "
            "record files. Empty: `$AIRFLOW_HOME/leoflow`."),
     Option("agent_lost_threshold", "float", "120", "Seconds after which an attempt whose heartbeat went "
-           "silent is treated as lost by leoflow. Must sit inside the recovery window (DESIGN §2).", _positive),
+           "silent is treated as lost by leoflow. Must sit inside the recovery window (docs/DESIGN.md §2; `airflow leoflow check` shows it).", _positive),
     Option("maintenance_interval", "float", "5", "Upper bound, in seconds, between two reconcile passes "
            "of the executor's sync().", _positive),
     Option("settle_timeout", "float", "10", "HTTP timeout, in seconds, of one settle call to the "
@@ -70,7 +70,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("redispatch_limit", "integer", "2", "Re-dispatches of the same ti_id as a new epoch when its "
            "agent died before /run; then Airflow's own failure path.", _non_negative),
     Option("test_fault_injection", "boolean", "False", "TEST ONLY: honour the per-attempt fault-injection "
-           "point (DESIGN §3). Never enable in production."),
+           "point (docs/DESIGN.md §3). Never enable in production."),
     Option("test_fault_plan", "string", "", "TEST ONLY (with test_fault_injection): a JSON file mapping "
            "`dag_id/run_id/task_id/try_number/attempt_epoch` to a fault point, read at each dispatch."),
 )
