@@ -100,16 +100,23 @@ class Postgres:
     ``url`` is the SQLAlchemy URL of its default database; :meth:`url_for` names another database.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path | None, url: str = "") -> None:
         self.directory = directory
-        self.url = ""
+        self.url = url
         self._started = False
+
+    @classmethod
+    def existing(cls, url: str) -> "Postgres":
+        """A server someone else runs (e.g. ``scripts/run-tests`` started it); never started or stopped here."""
+        return cls(None, url)
 
     def start(self) -> None:
         """Start (or reuse) the server; sets :attr:`url`. Raises ``CalledProcessError`` on failure.
 
         A server that was already running in the directory is reused and left running by :meth:`stop`.
         """
+        if self.directory is None:
+            return
         status = subprocess.run(
             [str(PG_SCRIPT), "status", "--dir", str(self.directory)], capture_output=True, text=True
         )
@@ -144,11 +151,29 @@ class Postgres:
             engine.dispose()
 
     def postmaster_pid(self) -> int | None:
-        """Pid of the server's postmaster (first line of ``postmaster.pid``), or ``None``."""
-        try:
-            return int((self.directory / "data" / "postmaster.pid").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
+        """Pid of the server's postmaster, or ``None`` when it cannot be found.
+
+        From ``DIR/data/postmaster.pid`` for a server of ours; for an existing one, the local ``postgres``
+        process whose command line has ``-p <port of the URL>`` (how ``scripts/pg`` starts it; its
+        backends retitle themselves, so only the postmaster matches).
+        """
+        if self.directory is not None:
+            try:
+                return int((self.directory / "data" / "postmaster.pid").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                return None
+        import sqlalchemy
+
+        port = sqlalchemy.make_url(self.url).port or 5432
+        table = cpu.snapshot()
+        for stat in table.values():
+            try:
+                argv = Path(f"/proc/{stat.pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if argv[0].endswith("postgres") and ("-p", str(port)) in zip(argv, argv[1:]):
+                return stat.pid
+        return None
 
 
 # ---------------------------------------------------------------------------------------------- measuring
@@ -210,10 +235,15 @@ def stack_roots() -> dict[str, int]:
             argv = Path(f"/proc/{stat.pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        words = [a.decode(errors="replace") for a in argv if a]
-        if "airflow" in words:
-            for name in ("scheduler", "api-server", "dag-processor"):
-                if name in words:
+        # setproctitle rewrites some titles into one string ("airflow api_server -- host:..."): match text.
+        title = " ".join(a.decode(errors="replace") for a in argv if a)
+        if "airflow" in title:
+            for name, needles in (
+                ("scheduler", ("airflow scheduler",)),
+                ("api-server", ("airflow api-server", "airflow api_server")),
+                ("dag-processor", ("airflow dag-processor", "airflow dag_processor")),
+            ):
+                if any(n in title for n in needles):
                     roots[name] = stat.pid
     return roots
 
@@ -395,6 +425,10 @@ def run_stack(
             log(f"  WARNING: processes left after stop: {left}")
         facts["stopped_clean"] = not left
         facts["total_s"] = round(time.monotonic() - t0, 1)
+        try:
+            pg.execute(f"DROP DATABASE IF EXISTS {database}")  # the server may be shared (--pg-url)
+        except Exception as exc:  # noqa: BLE001 - a database left behind is only disk space
+            log(f"  could not drop database {database}: {exc}")
     return figures, facts
 
 
@@ -517,6 +551,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of idle scheduler CPU measured per stack before the runs (default 5)")
     parser.add_argument("--pg-dir", type=Path, default=None,
                         help="scripts/pg directory to use (default: a fresh one under /tmp, removed after)")
+    parser.add_argument("--pg-url", default=None,
+                        help="use this running PostgreSQL server instead (SQLAlchemy URL; its user must be "
+                             "allowed to CREATE DATABASE); overrides --pg-dir")
     parser.add_argument("--keep", action="store_true", help="keep the stacks' AIRFLOW_HOMEs (logs) afterwards")
     parser.add_argument("--out", type=Path, default=None, help="JSON output (default bench/results/<stamp>.json)")
     args = parser.parse_args(argv)
@@ -535,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="leoflow-bench-", dir="/tmp"))
     work.chmod(0o755)  # the postgres OS user must traverse it (scripts/pg)
     pg_dir = args.pg_dir or work / "pg"
-    pg = Postgres(pg_dir)
+    pg = Postgres.existing(args.pg_url) if args.pg_url else Postgres(pg_dir)
     figures: list[RunFigures] = []
     stacks: list[dict[str, Any]] = []
     t_start = time.monotonic()
@@ -561,6 +598,11 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"  stack: start-up {facts.get('startup_s')}s, total {facts.get('total_s')}s, "
                         f"idle scheduler CPU {facts.get('idle_scheduler_cpu_per_s')} CPU-s/s")
     finally:
+        try:
+            if pg.url:
+                pg.execute("DROP DATABASE IF EXISTS bench_template")
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
         pg.stop()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
