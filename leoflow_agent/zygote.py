@@ -56,12 +56,43 @@ class Zygote:
         import airflow.executors.base_executor  # noqa: F401
 
         self.decode_workload = workload_decoder()
+        self._warm_per_process_caches()
         try:
             from airflow.settings import dispose_orm
 
             dispose_orm(do_log=False)  # never carry a DB connection into a fork
         except Exception:  # noqa: BLE001 - nothing to dispose is fine
             pass
+        # Freeze everything imported so far into the permanent generation: a forked agent's (and its task
+        # child's) garbage collections then never walk, and so never copy, the zygote's heap page by page.
+        # LocalExecutor does the same before forking its workers. Measured by bench/: ~0.15 s CPU per task.
+        import gc
+
+        gc.collect()
+        gc.freeze()
+
+    @staticmethod
+    def _warm_per_process_caches() -> None:
+        """Pay once, in the zygote, for what every agent would otherwise build for itself: the Task SDK
+        client's SSL context (an ``lru_cache`` per process, ~0.04 s CPU) and the modules the supervisor
+        imports lazily. Failures only cost speed."""
+        try:
+            from airflow.sdk.api import client as sdk_client
+
+            sdk_client.Client._get_ssl_context_cached(sdk_client.API_SSL_CA_FILE_PATH, sdk_client.API_SSL_CERT_PATH)
+        except Exception:  # noqa: BLE001
+            log.debug("could not pre-build the SDK client's SSL context", exc_info=True)
+        for module in (
+            "airflow.sdk._shared.logging.factory",
+            "airflow.sdk._shared.logging.remote",
+            "airflow.sdk.definitions.connection",
+            "encodings.idna",
+            "leoflow_agent.transport",
+        ):
+            try:
+                __import__(module)
+            except Exception:  # noqa: BLE001
+                log.debug("could not pre-import %s", module, exc_info=True)
 
     def _listen(self) -> socket.socket:
         try:
