@@ -17,6 +17,17 @@ from leoflow_agent import outcome
 log = logging.getLogger(__name__)
 
 
+def sdk_ssl_context() -> Any:
+    """The SSL context the Task SDK's own client would use (``[api] ssl_cert`` / CA settings), cached per
+    process by the SDK and pre-built in the zygote, so every agent inherits it instead of building it."""
+    from airflow.sdk.api import client as sdk_client
+
+    from leoflow_agent.transport import heartbeat_counting_client
+
+    cls = heartbeat_counting_client(sdk_client.Client)
+    return cls._get_ssl_context_cached(sdk_client.API_SSL_CA_FILE_PATH, sdk_client.API_SSL_CERT_PATH)
+
+
 def workload_decoder() -> Callable[[str], Any]:
     """Return a function that parses an Airflow workload JSON string into its pydantic model.
 
@@ -69,7 +80,7 @@ def run_launch(
     from leoflow_agent.transport import RecordingTransport
 
     transport = RecordingTransport(
-        httpx.HTTPTransport(retries=0),
+        httpx.HTTPTransport(retries=0, verify=sdk_ssl_context()),
         attempt=attempt,
         sinks=sinks,
         on_reported=lambda state: report({"ev": "reported", "state": state}),
@@ -83,7 +94,8 @@ def run_launch(
         _arm_mid_task_fault(message)
     from leoflow_agent.transport import heartbeat_counting_client
 
-    client = heartbeat_counting_client(Client, transport)(base_url=server, token=workload.token, transport=transport)
+    client = heartbeat_counting_client(Client)(base_url=server, token=workload.token, transport=transport)
+    client.leoflow_transport = transport
     _set_title(f"{agent_title_marker(message['launch_id'])} {ti.dag_id}.{ti.task_id}")
     supervise_task(
         ti=ti,

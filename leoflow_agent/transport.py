@@ -10,6 +10,7 @@ Keying off the requests the supervisor actually sends covers every sink without 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -184,19 +185,25 @@ class RecordingTransport(httpx.BaseTransport):
         self._inner.close()
 
 
-def heartbeat_counting_client(base: type, transport: RecordingTransport) -> type:
-    """Return a subclass of the SDK ``Client`` class ``base`` that reports every heartbeat call of the
-    attempt to ``transport.heartbeat_result`` once its outcome is final (after the client's own retries).
+@functools.cache
+def heartbeat_counting_client(base: type) -> type:
+    """Return (one per ``base``, cached) a subclass of the SDK ``Client`` class ``base`` that reports every
+    heartbeat call of the attempt to its ``leoflow_transport.heartbeat_result`` once the call's outcome is
+    final (after the client's own retries). Set ``client.leoflow_transport`` right after constructing it.
 
     The supervisor counts a failed heartbeat per call, not per HTTP request; counting requests in the
     transport would mark ``heartbeat_lost`` during a short api-server outage the supervisor survives, and
-    then refuse (and re-run) a task that succeeded.
+    then refuse (and re-run) a task that succeeded. One class per base (not per attempt) lets the zygote
+    pre-build the class's cached SSL context once for every agent it forks.
     """
 
     class HeartbeatCountingClient(base):  # type: ignore[misc, valid-type]
+        leoflow_transport: RecordingTransport | None = None
+
         def request(self, method: str, url: Any, *args: Any, **kwargs: Any) -> httpx.Response:
+            transport = self.leoflow_transport
             match = _HEARTBEAT_CALL.search(str(url).split("?", 1)[0]) if str(method).upper() == "PUT" else None
-            if match is None or match["ti_id"] != transport.attempt_ti_id:
+            if transport is None or match is None or match["ti_id"] != transport.attempt_ti_id:
                 return super().request(method, url, *args, **kwargs)
             try:
                 response = super().request(method, url, *args, **kwargs)

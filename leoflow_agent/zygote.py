@@ -77,9 +77,9 @@ class Zygote:
         client's SSL context (an ``lru_cache`` per process, ~0.04 s CPU) and the modules the supervisor
         imports lazily. Failures only cost speed."""
         try:
-            from airflow.sdk.api import client as sdk_client
+            from leoflow_agent.runner import sdk_ssl_context
 
-            sdk_client.Client._get_ssl_context_cached(sdk_client.API_SSL_CA_FILE_PATH, sdk_client.API_SSL_CERT_PATH)
+            sdk_ssl_context()
         except Exception:  # noqa: BLE001
             log.debug("could not pre-build the SDK client's SSL context", exc_info=True)
         for module in (

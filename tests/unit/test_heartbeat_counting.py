@@ -41,7 +41,9 @@ def _client(answers: list, max_failed: int = 2):
 
     transport = RecordingTransport(httpx.MockTransport(handler), attempt=ATTEMPT, sinks=[records.append],
                                    on_reported=lambda state: None, max_failed_heartbeats=max_failed)
-    return heartbeat_counting_client(RetryingClient, transport)(transport=transport), transport, records
+    client = heartbeat_counting_client(RetryingClient)(transport=transport)
+    client.leoflow_transport = transport
+    return client, transport, records
 
 
 def test_request_failures_inside_one_call_are_one_heartbeat_at_most():
