@@ -154,6 +154,33 @@ class LeoflowExecutor(BaseExecutor):
             self._runtime.kill()
             self._runtime = None
 
+    # --- slots ----------------------------------------------------------------------------------------
+    def _queue_ahead(self) -> int:
+        if self._settings is None and self._runtime is None:
+            return 0  # not started (the api-server's log reader): plain BaseExecutor accounting
+        ahead = self.settings.queue_ahead
+        return self.parallelism if ahead < 0 else ahead
+
+    @property
+    def slots_available(self) -> int:
+        """Workloads the scheduler may still hand over: free attempt slots plus the queue-ahead room
+        (``[leoflow] queue_ahead``). Workloads held ahead launch in ``sync()`` the moment a slot frees, so a
+        finished attempt's slot never waits for the scheduler's next loop (LocalExecutor queues ahead too)."""
+        return super().slots_available + self._queue_ahead()
+
+    @property
+    def slots_occupied(self) -> int:
+        """What the scheduler counts against ``[core] parallelism``: live attempts plus held workloads, less
+        the queue-ahead room, so the scheduler keeps up to ``[leoflow] queue_ahead`` workloads queued here
+        while every slot is busy (the bound on the whole is ``parallelism + queue_ahead``)."""
+        return max(0, super().slots_occupied - self._queue_ahead())
+
+    def _launch_held(self) -> None:
+        """Launch workloads held ahead into the slots freed since the last heartbeat."""
+        free = self.parallelism - len(self.running)
+        if free > 0 and (self.queued_tasks or self.queued_callbacks):
+            self.trigger_tasks(free)
+
     # --- dispatch -------------------------------------------------------------------------------------
     def _process_workloads(self, workloads: Any) -> None:
         """Dispatch each workload and act on its :class:`Disposition` (DESIGN §3 "Dispatch")."""
@@ -302,6 +329,7 @@ class LeoflowExecutor(BaseExecutor):
             self._on_event(event)
         if not self._runtime.alive():
             self._restart_zygote()
+        self._launch_held()
         self._poll_adopted_callbacks()
         self._reconcile()
         if self._gate is not None:

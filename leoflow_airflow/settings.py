@@ -52,6 +52,10 @@ OPTIONS: tuple[Option, ...] = (
            "never stalls.", _positive),
     Option("launch_queue_size", "integer", "64", "Attempts handed to the zygote but not yet forked, at "
            "most; beyond it a dispatch is `deferred` and re-offered.", _positive),
+    Option("queue_ahead", "integer", "-1", "Task workloads the executor accepts from the scheduler beyond its "
+           "free slots and holds, launching each the moment a slot frees (LocalExecutor queues ahead the same "
+           "way). -1: as many as [core] parallelism; 0: none.",
+           lambda v: None if v >= -1 else "must be -1, 0 or more"),
     Option("end_drain_timeout", "float", "0", "Seconds end() waits for running agents to finish. 0: "
            "leave them running for the next scheduler to adopt.", _non_negative),
     Option("zygote_start_timeout", "float", "60", "Seconds to wait for the zygote to import the Task SDK "
@@ -87,6 +91,7 @@ class LeoflowSettings:
     settle_timeout: float
     settle_budget: int
     launch_queue_size: int
+    queue_ahead: int
     end_drain_timeout: float
     zygote_start_timeout: float
     record_retention: float
