@@ -96,7 +96,7 @@ def run_launch(
 
     client = heartbeat_counting_client(Client)(base_url=server, token=workload.token, transport=transport)
     client.leoflow_transport = transport
-    _set_title(f"{agent_title_marker(message['launch_id'])} {ti.dag_id}.{ti.task_id}")
+    _set_title(f"{agent_title_marker(message['launch_id'])} {ti.dag_id}.{ti.task_id} map_index={ti.map_index}")
     supervise_task(
         ti=ti,
         bundle_info=workload.bundle_info,

@@ -14,7 +14,7 @@ from devtools.stack import REPO_ROOT, AirflowStack
 
 TEST_DAGS = REPO_ROOT / "tests" / "dags"
 EXECUTOR = "leoflow_airflow.executor.LeoflowExecutor"
-AGENT_TITLE = b"leoflow agent:"
+AGENT_TITLE = b"leoflow agent "
 ZYGOTE_ARGV = b"leoflow_agent\0serve"
 
 
@@ -92,7 +92,7 @@ def stack_procs(stack: AirflowStack) -> list[Proc]:
 
 
 def agents(stack: AirflowStack) -> list[Proc]:
-    """Live leoflow agents (process title ``leoflow agent: ...``) under this stack's running zygote.
+    """Live leoflow agents (process title ``leoflow agent <launch id> ...``) under this stack's running zygote.
 
     Found through the zygote: ``setproctitle`` reuses the agent's environ area for its title, so an agent's
     ``/proc/<pid>/environ`` no longer shows the stack marker. Agents that outlived their zygote are not
