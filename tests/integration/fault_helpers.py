@@ -158,15 +158,14 @@ def _pgid(p: psutil.Process) -> int | None:
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.5) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned); ``TimeoutError`` naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(poll)
+    """Poll ``predicate`` until it returns something truthy (returned); ``TimeoutError`` naming ``what``
+    (:func:`lite_procs.wait_for`, with the exception these tests catch)."""
+    from lite_procs import wait_for
+
+    try:
+        return wait_for(predicate, timeout, what, poll)
+    except AssertionError as exc:
+        raise TimeoutError(str(exc)) from None
 
 
 # --- body traces ---------------------------------------------------------------------------------------
