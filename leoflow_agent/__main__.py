@@ -15,11 +15,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the Lite zygote on a Unix socket")
     serve.add_argument("--socket", required=True, help="path of the 0600 Unix socket to listen on")
+    serve.add_argument("--preload", default="", help="comma-separated extra modules to import before serving")
     args = parser.parse_args(argv)
     if args.command == "serve":
         from leoflow_agent.zygote import serve_main
 
-        return serve_main(args.socket)
+        extra = tuple(n.strip() for n in args.preload.split(",") if n.strip())
+        return serve_main(args.socket, extra)
     return 2
 
 

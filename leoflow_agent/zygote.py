@@ -26,16 +26,45 @@ from leoflow_agent import proc, protocol
 log = logging.getLogger("leoflow.zygote")
 
 
+PRELOAD_MODULES: tuple[str, ...] = (
+    # what the supervisor imports lazily for every attempt
+    "airflow.sdk._shared.logging.factory",
+    "airflow.sdk._shared.logging.remote",
+    "airflow.sdk.definitions.connection",
+    "encodings.idna",
+    "leoflow_agent.transport",
+    # what the task process imports to parse its DAG file (task_runner.parse -> BundleDagBag: the ORM
+    # models and the serializers, ~0.05 s of CPU per attempt on the bench machine when not preloaded)
+    "airflow.dag_processing.dagbag",
+    "airflow.sdk.definitions.decorators",
+    "airflow.sdk.bases.decorator",
+    # the standard provider's operators, sensors and decorators nearly every DAG file imports
+    "airflow.providers.standard.operators.python",
+    "airflow.providers.standard.operators.bash",
+    "airflow.providers.standard.operators.empty",
+    "airflow.providers.standard.decorators.python",
+    "airflow.providers.standard.decorators.bash",
+    "airflow.providers.standard.sensors.time_delta",
+)
+"""Modules the zygote imports before it forks any agent, so no attempt pays for them (DESIGN §3: "imports
+the Task SDK up front"). Module code only, never a DAG file: those change between attempts and are parsed
+by each task process. Measured with ``bench/probe.py`` and py-spy: before ``airflow.dag_processing.dagbag``
+was here, importing it was ~40% of an agent's and its task process's CPU."""
+
+
 class Zygote:
     """The zygote's state and event loop.
 
     :param socket_path: the Unix socket to listen on (created 0600; an existing file is replaced).
-    :param preload: import the Task SDK and build the workload decoder before serving (False only in
-        narrow unit tests of the protocol).
+    :param preload: import the Task SDK, :data:`PRELOAD_MODULES` and ``extra_modules`` and build the
+        workload decoder before serving (False only in narrow unit tests of the protocol).
+    :param extra_modules: more module names to import before serving (``[leoflow] zygote_preload``); one
+        that fails to import is logged and skipped.
     """
 
-    def __init__(self, socket_path: str, *, preload: bool = True) -> None:
+    def __init__(self, socket_path: str, *, preload: bool = True, extra_modules: tuple[str, ...] = ()) -> None:
         self.socket_path = socket_path
+        self.extra_modules = tuple(extra_modules)
         self.sel = selectors.DefaultSelector()
         self.conn: socket.socket | None = None
         self.conn_buf = protocol.LineBuffer()
@@ -57,6 +86,7 @@ class Zygote:
 
         self.decode_workload = workload_decoder()
         self._warm_per_process_caches()
+        self._import_extra_modules()
         try:
             from airflow.settings import dispose_orm
 
@@ -82,17 +112,19 @@ class Zygote:
             sdk_ssl_context()
         except Exception:  # noqa: BLE001
             log.debug("could not pre-build the SDK client's SSL context", exc_info=True)
-        for module in (
-            "airflow.sdk._shared.logging.factory",
-            "airflow.sdk._shared.logging.remote",
-            "airflow.sdk.definitions.connection",
-            "encodings.idna",
-            "leoflow_agent.transport",
-        ):
+        for module in PRELOAD_MODULES:
             try:
                 __import__(module)
             except Exception:  # noqa: BLE001
                 log.debug("could not pre-import %s", module, exc_info=True)
+
+    def _import_extra_modules(self) -> None:
+        for module in self.extra_modules:
+            try:
+                __import__(module)
+            except BaseException as exc:  # noqa: BLE001 - a user's module may even sys.exit()
+                log.warning("[leoflow] zygote_preload: could not import %s (%s); agents will import it "
+                            "themselves", module, exc)
 
     def _listen(self) -> socket.socket:
         try:
@@ -344,7 +376,8 @@ class Zygote:
             time.sleep(0.01)
 
 
-def serve_main(socket_path: str) -> int:
-    """Configure logging, build the zygote and serve; returns the process exit code."""
+def serve_main(socket_path: str, extra_modules: tuple[str, ...] = ()) -> int:
+    """Configure logging, build the zygote (importing ``extra_modules`` too) and serve; returns the
+    process exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return Zygote(socket_path).serve()
+    return Zygote(socket_path, extra_modules=extra_modules).serve()

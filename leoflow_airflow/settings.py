@@ -9,6 +9,7 @@ key and the value, before anything is started.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -34,6 +35,18 @@ def _positive(v: float) -> str | None:
 
 def _non_negative(v: float) -> str | None:
     return None if v >= 0 else "must be 0 or more"
+
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _module_list(v: str) -> str | None:
+    bad = [n for n in _split_names(v) if not _MODULE_NAME.fullmatch(n)]
+    return f"{bad[0]!r} is not a dotted module name" if bad else None
+
+
+def _split_names(v: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in v.split(",") if n.strip())
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -64,6 +77,11 @@ OPTIONS: tuple[Option, ...] = (
            _non_negative),
     Option("agent_env_passthrough", "string", "", "Comma-separated extra environment variable names "
            "handed to the zygote and agents (the rest of the scheduler's environment is not)."),
+    Option("zygote_preload", "string", "", "Comma-separated extra modules the Lite zygote imports before it "
+           "forks any agent (for example `pandas`), so no attempt pays for importing them; on top of the Task "
+           "SDK, DAG parsing and the standard provider's operators, which it always imports. Module names "
+           "only: DAG files are parsed fresh by every attempt. A module that fails to import is logged in the "
+           "zygote's log and skipped.", _module_list),
     Option("dispatch_lost_threshold", "float", "120", "Seconds a dispatched attempt may stay QUEUED (its agent "
            "never reached /run) before the dispatch-lost reaper kills it and re-dispatches the ti_id.", _positive),
     Option("reap_grace", "float", "30", "Seconds after start or adoption before any reaper acts (the settling "
@@ -96,6 +114,7 @@ class LeoflowSettings:
     zygote_start_timeout: float
     record_retention: float
     agent_env_passthrough: tuple[str, ...]
+    zygote_preload: tuple[str, ...]
     dispatch_lost_threshold: float
     reap_grace: float
     infra_retry_budget: int
@@ -145,9 +164,8 @@ def load(get: Callable[[str, str, str], str] | None = None) -> LeoflowSettings:
     if not values["runtime_dir"]:
         home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
         values["runtime_dir"] = os.path.join(home, "leoflow")
-    values["agent_env_passthrough"] = tuple(
-        n.strip() for n in values["agent_env_passthrough"].split(",") if n.strip()
-    )
+    values["agent_env_passthrough"] = _split_names(values["agent_env_passthrough"])
+    values["zygote_preload"] = _split_names(values["zygote_preload"])
     if values["runtime"] == "kubernetes":
         raise ConfigError(f"{SECTION}.runtime", "kubernetes", "the Kubernetes runtime is not in this release; use `lite`")
     return LeoflowSettings(**values)

@@ -92,7 +92,8 @@ class LiteRuntime:
         logf = open(self.paths.zygote_log, "ab")
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "leoflow_agent", "serve", "--socket", self.paths.socket],
+                [sys.executable, "-m", "leoflow_agent", "serve", "--socket", self.paths.socket,
+                 "--preload", ",".join(self.settings.zygote_preload)],
                 env=env,
                 cwd=self.paths.root,
                 stdin=subprocess.DEVNULL,

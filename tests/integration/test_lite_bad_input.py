@@ -36,6 +36,8 @@ HOLD = "leoflow_test_hold"
 BAD_CONFIG = [
     ("AIRFLOW__LEOFLOW__SETTLE_TIMEOUT", "abc", ConfigError, ["[leoflow] settle_timeout = 'abc'", "not a valid float"]),
     ("AIRFLOW__LEOFLOW__RUNTIME", "docker", ConfigError, ["[leoflow] runtime = 'docker'", "`lite` or `kubernetes`"]),
+    ("AIRFLOW__LEOFLOW__ZYGOTE_PRELOAD", "pandas, dags/etl.py", ConfigError,
+     ["[leoflow] zygote_preload = 'pandas, dags/etl.py'", "'dags/etl.py' is not a dotted module name"]),
     ("AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT", "60", LadderViolation,
      ["leoflow refuses to start", "[scheduler] task_instance_heartbeat_timeout = 60",
       "[core] task_success_overtime (20)", "[workers] socket_cleanup_timeout (60)"]),

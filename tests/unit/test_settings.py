@@ -36,6 +36,7 @@ def test_defaults_parse(monkeypatch, tmp_path):
     assert s.launch_queue_size == 64
     assert s.end_drain_timeout == 0.0
     assert s.agent_env_passthrough == ()
+    assert s.zygote_preload == ()
     assert s.test_fault_injection is False
 
 
@@ -51,11 +52,12 @@ def test_values_are_parsed_and_stripped():
     """Whitespace is ignored, booleans accept the usual spellings, the passthrough list drops empties."""
     s = settings.load(getter(
         runtime=" lite ", runtime_dir="/x/y", settle_timeout=" 2.5", settle_budget="7",
-        test_fault_injection="On", agent_env_passthrough=" A, B,,C ,",
+        test_fault_injection="On", agent_env_passthrough=" A, B,,C ,", zygote_preload="pandas , my_pkg.sub,",
     ))
     assert (s.runtime, s.runtime_dir, s.settle_timeout, s.settle_budget) == ("lite", "/x/y", 2.5, 7)
     assert s.test_fault_injection is True
     assert s.agent_env_passthrough == ("A", "B", "C")
+    assert s.zygote_preload == ("pandas", "my_pkg.sub")
     assert settings.load(getter(test_fault_injection="no")).test_fault_injection is False
 
 
@@ -77,6 +79,9 @@ def test_values_are_parsed_and_stripped():
         ("test_fault_injection", "maybe", "not a valid boolean"),
         ("runtime", "docker", "`lite` or `kubernetes`"),
         ("runtime", "kubernetes", "not in this release"),
+        ("zygote_preload", "pandas, dags/etl.py", "'dags/etl.py' is not a dotted module name"),
+        ("zygote_preload", "os; rm -rf /", "'os; rm -rf /' is not a dotted module name"),
+        ("zygote_preload", "pkg..mod", "'pkg..mod' is not a dotted module name"),
     ],
 )
 def test_malformed_value_names_key_and_value(key, value, why):
