@@ -184,6 +184,10 @@ class LeoflowExecutor(BaseExecutor):
     # --- dispatch -------------------------------------------------------------------------------------
     def _process_workloads(self, workloads: Any) -> None:
         """Dispatch each workload and act on its :class:`Disposition` (DESIGN §3 "Dispatch")."""
+        with self.ledger.pinned():
+            self._dispatch_all(workloads)
+
+    def _dispatch_all(self, workloads: Any) -> None:
         for workload in workloads:
             if isinstance(workload, ExecuteTask):
                 result = self._dispatch_task(workload)
@@ -232,12 +236,12 @@ class LeoflowExecutor(BaseExecutor):
             runtime="lite",
             workload_json=workload.model_dump_json(exclude={"token"}),
             scheduler_job_id=self.job_id,
+            record_path_for=lambda epoch: runtime.paths.record_path(ti_id, epoch),
         )
         ref = attempt.ref
-        assert self._runtime is not None
-        record_path = self._runtime.paths.record_path(ti_id, ref.attempt_epoch)
+        record_path = attempt.record_path
+        assert record_path is not None
         os.makedirs(os.path.dirname(record_path), mode=0o700, exist_ok=True)
-        self.ledger.record_facts(ref, expected=[_S.CLAIMED], record_path=record_path)
         # the token is minted now, at launch, never one that waited in a queue (DESIGN §3)
         token = ExecuteTask.generate_token(ti_id, self.jwt_generator)
         launch_id = launch_id_for(ti_id, ti.try_number, ref.attempt_epoch)
@@ -325,6 +329,11 @@ class LeoflowExecutor(BaseExecutor):
         """Read zygote events, restart a dead zygote, then reconcile finished attempts (DESIGN §3)."""
         if self._runtime is None:
             return
+        with self.ledger.pinned():
+            self._sync()
+
+    def _sync(self) -> None:
+        assert self._runtime is not None
         for event in self._runtime.events():
             self._on_event(event)
         if not self._runtime.alive():

@@ -230,3 +230,38 @@ def test_timestamps_round_trip_as_utc_from_other_zones(store, clock):
     a = claim(store)
     assert a.created_at == datetime(2025, 11, 29, 12, 0, tzinfo=timezone.utc)
     assert a.created_at.utcoffset() == timedelta(0)
+
+
+def test_record_path_is_stored_with_the_claim(store):
+    """``record_path_for(epoch)`` names the claimed epoch's record file in the same insert."""
+    ti_id = str(uuid.uuid4())
+    first = claim(store, ti_id, record_path_for=lambda epoch: f"/rt/{ti_id}/{epoch}.json")
+    second = claim(store, ti_id, record_path_for=lambda epoch: f"/rt/{ti_id}/{epoch}.json")
+    assert (first.record_path, second.record_path) == (f"/rt/{ti_id}/1.json", f"/rt/{ti_id}/2.json")
+    assert store.get(second.ref).record_path == f"/rt/{ti_id}/2.json"
+    assert claim(store).record_path is None
+
+
+def test_pinned_calls_commit_each_and_survive_a_failed_one(store, tmp_path):
+    """Inside ``pinned()`` every write is committed when its call returns (another connection sees it at
+    once), one connection serves every call, and a call that failed (a real constraint violation) leaves
+    the next call working."""
+    other = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+    seen_connections = set()
+    sa.event.listen(store.engine, "checkout", lambda dbapi, rec, proxy: seen_connections.add(id(rec)))
+    try:
+        with store.pinned():
+            attempt = claim(store)
+            with other.connect() as conn:
+                assert conn.execute(sa.text("select state from leoflow_attempt")).scalar_one() == "claimed"
+            with pytest.raises(IntegrityError):
+                claim(store, try_number=None)
+            assert store.transition(attempt.ref, expected=[S.CLAIMED], to=S.DISPATCHED, pid=1, proc_start_time=2)
+            with store.pinned():  # nested: the same connection
+                assert store.get(attempt.ref).state == S.DISPATCHED
+            with other.connect() as conn:
+                assert conn.execute(sa.text("select state from leoflow_attempt")).scalar_one() == "dispatched"
+        assert len(seen_connections) == 1
+        assert store.get(attempt.ref).state == S.DISPATCHED  # and unpinned again afterwards
+    finally:
+        other.dispose()
