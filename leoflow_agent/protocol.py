@@ -6,11 +6,16 @@ only inside these messages, never on a command line or in an environment variabl
 
 Executor -> zygote ("op"):
   ``launch``  {"op","launch_id","workload","server","record_path","fault"}
-  ``kill``    {"op","launch_id"}
+  ``kill``    {"op","launch_id"}                             kill its agent's subtree, or drop it if held
+  ``limit``   {"op","max_agents"}                            busy agents at most (int, or null: no limit);
+              launches beyond it are held and forked in-band, first in first out, as busy agents report
+              or exit (:mod:`leoflow_agent.handoff`)
+  ``retoken`` {"op","launch_id","workload"}                  a held launch's workload with a fresh token
 Zygote -> executor ("ev"):
   ``hello``   {"ev","pid","start_time"}                      once per connection
   ``launched``{"ev","launch_id","pid","start_time"}          an agent was forked
-  ``launch_failed`` {"ev","launch_id","error"}               the fork or the message was refused
+  ``launch_failed`` {"ev","launch_id","error"}               the fork or the message was refused, or a
+                                                             held launch was killed before its fork
   ``reported``{"ev","launch_id","state"}                     the agent's terminal PATCH returned 2xx
   ``exited``  {"ev","launch_id","pid","exit_code"}           the agent was reaped, its subtree killed
 """

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from leoflow_agent import proc, protocol
+from leoflow_agent.handoff import Handoff
 
 log = logging.getLogger("leoflow.zygote")
 
@@ -71,6 +72,7 @@ class Zygote:
         self.agents: dict[int, dict[str, Any]] = {}  # pid -> {"launch_id", "report_fd", "buf"}
         self.report_fds: dict[int, int] = {}  # read fd -> pid
         self.decode_workload = None
+        self.handoff = Handoff()  # held launches and busy agents (``limit`` op from the executor)
         self.stopping = False
         self.had_conn = False
         if preload:
@@ -248,23 +250,54 @@ class Zygote:
     def _handle(self, msg: dict[str, Any]) -> None:
         op = msg.get("op")
         if op == "launch":
-            self._launch(msg)
+            if self._valid_launch(msg):
+                self._fork_all(self.handoff.offer(msg))
         elif op == "kill":
+            launch_id = msg.get("launch_id")
+            if isinstance(launch_id, str) and self.handoff.drop(launch_id):
+                self._send({"ev": "launch_failed", "launch_id": launch_id, "error": "killed before it was forked"})
             for pid, agent in list(self.agents.items()):
-                if agent["launch_id"] == msg.get("launch_id"):
+                if agent["launch_id"] == launch_id:
                     proc.kill_tree(pid)
+        elif op == "limit":
+            limit = msg.get("max_agents")
+            if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
+                log.error("bad limit message: %r", msg)
+                return
+            self._fork_all(self.handoff.set_limit(limit))
+        elif op == "retoken":
+            if isinstance(msg.get("launch_id"), str) and isinstance(msg.get("workload"), str):
+                self.handoff.retoken(msg["launch_id"], msg["workload"])
         else:
             log.error("unknown op %r", op)
 
     # --- agents ---------------------------------------------------------------------------------------
-    def _launch(self, msg: dict[str, Any]) -> None:
+    def _valid_launch(self, msg: dict[str, Any]) -> bool:
         launch_id = msg.get("launch_id")
         if not isinstance(launch_id, str) or not isinstance(msg.get("workload"), str) or not msg.get("server"):
             self._send({"ev": "launch_failed", "launch_id": launch_id, "error": "malformed launch message"})
-            return
+            return False
         if msg.get("fault") is not None and msg["fault"] not in protocol.FAULT_POINTS:
             self._send({"ev": "launch_failed", "launch_id": launch_id, "error": f"unknown fault {msg['fault']!r}"})
+            return False
+        return True
+
+    def _fork_all(self, messages: list[dict[str, Any]]) -> None:
+        """Fork each launch the hand-off released; one that cannot be forked frees its place for the next."""
+        work = list(messages)
+        if self.stopping:  # SIGTERM: nothing new starts; the executor re-offers what it never saw launched
             return
+        while work:
+            msg = work.pop(0)
+            if not self._launch(msg):
+                work.extend(self.handoff.not_forked(msg["launch_id"]))
+
+    def _freed(self, launch_id: str) -> None:
+        self._fork_all(self.handoff.freed(launch_id))
+
+    def _launch(self, msg: dict[str, Any]) -> bool:
+        """Fork the agent of one (validated) launch; False (and ``launch_failed`` sent) when the fork failed."""
+        launch_id = msg["launch_id"]
         rfd, wfd = os.pipe2(os.O_CLOEXEC)
         try:
             pid = os.fork()
@@ -272,11 +305,13 @@ class Zygote:
             os.close(rfd)
             os.close(wfd)
             self._send({"ev": "launch_failed", "launch_id": launch_id, "error": f"fork failed: {exc.strerror}"})
-            return
+            return False
         if pid == 0:  # the agent
             code = 1
             try:
                 os.close(rfd)
+                self.handoff = Handoff()  # other launches' workloads (and tokens) are not this agent's
+                self.conn_buf = protocol.LineBuffer()
                 signal.set_wakeup_fd(-1)
                 for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
@@ -306,6 +341,7 @@ class Zygote:
         self.sel.register(rfd, selectors.EVENT_READ, "report")
         start = proc.start_time(pid)
         self._send({"ev": "launched", "launch_id": launch_id, "pid": pid, "start_time": start})
+        return True
 
     def _read_report(self, fd: int, agent: dict[str, Any] | None = None) -> None:
         pid = self.report_fds.get(fd)
@@ -325,6 +361,7 @@ class Zygote:
         for event in agent["buf"].feed(chunk):
             if event.get("ev") == "reported":
                 self._send({"ev": "reported", "launch_id": agent["launch_id"], "state": event.get("state")})
+                self._freed(agent["launch_id"])  # the slot is freed at the terminal report: next held one
 
     def _close_report(self, fd: int) -> None:
         if self.report_fds.pop(fd, None) is None:
@@ -357,6 +394,7 @@ class Zygote:
             self._kill_orphans()
             code = os.waitstatus_to_exitcode(status)
             self._send({"ev": "exited", "launch_id": agent["launch_id"], "pid": pid, "exit_code": code})
+            self._freed(agent["launch_id"])
 
     def _kill_orphans(self) -> None:
         for child in proc.children(os.getpid()):

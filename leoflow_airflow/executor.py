@@ -44,6 +44,18 @@ _S = AttemptState
 LIVE_STATES = (_S.DISPATCHED, _S.REPORTED)
 
 
+def _token_lifetime() -> float:
+    """Seconds a workload token is valid: ``[scheduler] task_queued_timeout`` (Airflow 3.3
+    ``BaseWorkloadSchema.generate_token``), 600 when unset or malformed."""
+    from airflow.configuration import conf
+
+    try:
+        value = conf.getfloat("scheduler", "task_queued_timeout", fallback=600.0)
+    except (ValueError, TypeError):
+        return 600.0
+    return value if value > 0 else 600.0
+
+
 def _launch_id(ref: AttemptRef) -> str:
     return launch_id_for(ref.ti_id, ref.try_number, ref.attempt_epoch)
 
@@ -59,6 +71,7 @@ class _Launch:
     exit_code: int | None = None
     adopted: bool = False  # started by a predecessor's zygote: no events come for it, liveness is polled
     agent: proc.ProcessIdentity | None = None  # from the ``launched`` event
+    handed_at: float = 0.0  # time.monotonic() when its launch (or its last retoken) was sent
 
 
 class LeoflowExecutor(BaseExecutor):
@@ -86,6 +99,8 @@ class LeoflowExecutor(BaseExecutor):
         self._slot_owner: dict[Any, str] = {}  # key -> launch_id holding its slot
         self._gate: SettlingGate | None = None
         self._next_gc = 0.0
+        self._zygote_limit: int | None = None  # the busy-agent limit last sent to the zygote
+        self._retoken_after = 60.0  # seconds a held launch's token may age before it is replaced
 
     # --- lazily built parts ---------------------------------------------------------------------------
     @property
@@ -119,6 +134,7 @@ class LeoflowExecutor(BaseExecutor):
         ladder.enforce(report, self._warn_rung)
         self._runtime = LiteRuntime(settings)
         self._runtime.start()
+        self._retoken_after = min(60.0, _token_lifetime() / 4)
         self._gate = SettlingGate(grace=settings.reap_grace)
         self._gate.reset(time.monotonic())
         self.log.info(
@@ -176,10 +192,39 @@ class LeoflowExecutor(BaseExecutor):
         return max(0, super().slots_occupied - self._queue_ahead())
 
     def _launch_held(self) -> None:
-        """Launch workloads held ahead into the slots freed since the last heartbeat."""
-        free = self.parallelism - len(self.running)
+        """Hand the zygote every workload held here, up to ``parallelism + queue_ahead`` in all: it forks
+        at most ``parallelism`` busy agents and starts each held one in-band the moment a busy agent
+        reports (:mod:`leoflow_agent.handoff`), without waiting for the scheduler's next loop."""
+        free = self.parallelism + self._queue_ahead() - len(self.running)
         if free > 0 and (self.queued_tasks or self.queued_callbacks):
             self.trigger_tasks(free)
+
+    def _update_zygote_limit(self) -> None:
+        """Keep the zygote's busy-agent limit at ``parallelism`` less the slots of a predecessor zygote's
+        agents still running (adopted: the current zygote does not count them)."""
+        assert self._runtime is not None
+        adopted = sum(
+            1 for lid, launch in self._launches.items()
+            if launch.adopted and not launch.exited and self._slot_owner.get(launch.key) == lid
+        )
+        limit = max(0, self.parallelism - adopted) if self.parallelism else None
+        if limit != self._zygote_limit and self._runtime.set_limit(limit):
+            self._zygote_limit = limit
+
+    def _retoken_held(self) -> None:
+        """Replace the token of every task launch the zygote still holds once it is ``_retoken_after``
+        seconds old, so no workload token waits long enough to expire (it is valid for ``[scheduler]
+        task_queued_timeout``; DESIGN §3 wants a token fresh at launch)."""
+        assert self._runtime is not None
+        now = time.monotonic()
+        for launch_id, launch in self._launches.items():
+            if launch.ref is None or launch.agent is not None or launch.exited or launch.adopted:
+                continue
+            if now - launch.handed_at < self._retoken_after:
+                continue
+            token = ExecuteTask.generate_token(launch.ref.ti_id, self.jwt_generator)
+            if self._runtime.retoken(launch_id, launch.workload.model_copy(update={"token": token}).model_dump_json()):
+                launch.handed_at = now
 
     # --- dispatch -------------------------------------------------------------------------------------
     def _process_workloads(self, workloads: Any) -> None:
@@ -257,7 +302,7 @@ class LeoflowExecutor(BaseExecutor):
             self.ledger.transition(ref, expected=[_S.CLAIMED], to=_S.CLOSED, resolution=Resolution.LAUNCH_FAILED,
                                    detail="the zygote connection broke")
             return DispatchResult(Disposition.DEFERRED, "the zygote connection broke")
-        self._launches[launch_id] = _Launch(workload.key, workload, ref)
+        self._launches[launch_id] = _Launch(workload.key, workload, ref, handed_at=time.monotonic())
         self._slot_owner[workload.key] = launch_id
         return DispatchResult(Disposition.DISPATCHED)
 
@@ -338,7 +383,11 @@ class LeoflowExecutor(BaseExecutor):
             self._on_event(event)
         if not self._runtime.alive():
             self._restart_zygote()
+        if self._runtime.alive():
+            self._update_zygote_limit()
         self._launch_held()
+        if self._runtime.alive():
+            self._retoken_held()
         self._poll_adopted_callbacks()
         self._reconcile()
         if self._gate is not None:
@@ -484,6 +533,7 @@ class LeoflowExecutor(BaseExecutor):
         for launch in self._launches.values():
             if not launch.exited:
                 launch.adopted = True  # the dead zygote's agents run on, but no event will come for them
+        self._zygote_limit = None  # a new zygote starts without one
         try:
             self._runtime.restart()
         except (ZygoteError, OSError) as exc:

@@ -216,8 +216,20 @@ class LiteRuntime:
         return self._send(dict(message, op="launch"), message["launch_id"])
 
     def kill_launch(self, launch_id: str) -> bool:
-        """Ask the zygote to kill one agent's subtree; False when the zygote is gone."""
+        """Ask the zygote to kill one agent's subtree, or to drop the launch if it still holds it (it then
+        answers ``launch_failed``); False when the zygote is gone."""
         return self._send({"op": "kill", "launch_id": launch_id}, None)
+
+    def set_limit(self, max_agents: int | None) -> bool:
+        """Tell the zygote how many busy agents (forked, not yet reported or exited) it may have at once;
+        it holds later launches and forks each the moment a busy agent reports or exits
+        (:mod:`leoflow_agent.handoff`). ``None``: no limit. False when the zygote is gone."""
+        return self._send({"op": "limit", "max_agents": max_agents}, None)
+
+    def retoken(self, launch_id: str, workload: str) -> bool:
+        """Replace a held launch's workload JSON (same workload, fresh token); a launch already forked
+        ignores it. False when the zygote is gone."""
+        return self._send({"op": "retoken", "launch_id": launch_id, "workload": workload}, None)
 
     def _send(self, message: dict[str, Any], launch_id: str | None) -> bool:
         if self._sock is None:
