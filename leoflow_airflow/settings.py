@@ -63,11 +63,12 @@ OPTIONS: tuple[Option, ...] = (
            "Execution API.", _positive),
     Option("settle_budget", "integer", "20", "Settle calls at most per sync(), so the scheduler loop "
            "never stalls.", _positive),
-    Option("launch_queue_size", "integer", "64", "Attempts handed to the zygote but not yet forked, at "
-           "most; beyond it a dispatch is `deferred` and re-offered.", _positive),
+    Option("launch_queue_size", "integer", "64", "Attempts handed to the zygote but not yet forked (held "
+           "ones included), at most; beyond it a dispatch is `deferred` and re-offered.", _positive),
     Option("queue_ahead", "integer", "-1", "Task workloads the executor accepts from the scheduler beyond its "
-           "free slots and holds, launching each the moment a slot frees (LocalExecutor queues ahead the same "
-           "way). -1: as many as [core] parallelism; 0: none.",
+           "free slots. They are handed to the zygote, which holds them and forks each the moment a busy agent "
+           "reports, without waiting for the scheduler's next loop (LocalExecutor's workers also pull from a "
+           "queue ahead of them). -1: as many as [core] parallelism; 0: none.",
            lambda v: None if v >= -1 else "must be -1, 0 or more"),
     Option("end_drain_timeout", "float", "0", "Seconds end() waits for running agents to finish. 0: "
            "leave them running for the next scheduler to adopt.", _non_negative),
