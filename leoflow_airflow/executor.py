@@ -287,7 +287,8 @@ class LeoflowExecutor(BaseExecutor):
         record_path = attempt.record_path
         assert record_path is not None
         os.makedirs(os.path.dirname(record_path), mode=0o700, exist_ok=True)
-        # the token is minted now, at launch, never one that waited in a queue (DESIGN §3)
+        # the token is minted now, at hand-off to the zygote, never one that waited in the scheduler's queue
+        # (DESIGN §3); if the zygote holds the launch for a slot, _retoken_held replaces it while it waits
         token = ExecuteTask.generate_token(ti_id, self.jwt_generator)
         launch_id = launch_id_for(ti_id, ti.try_number, ref.attempt_epoch)
         message = {
