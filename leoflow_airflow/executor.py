@@ -24,6 +24,7 @@ from leoflow_agent.runner import agent_title_marker
 from leoflow_airflow import ladder
 from leoflow_airflow import settings as leoflow_settings
 from leoflow_airflow.airflow_db import load_ti_row, load_ti_row_by_id
+from leoflow_airflow.dispatch.ahead import QueueAhead, retoken_due
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.dispatch.guard import guard
 from leoflow_airflow.errors import ZygoteError
@@ -72,6 +73,7 @@ class _Launch:
     adopted: bool = False  # started by a predecessor's zygote: no events come for it, liveness is polled
     agent: proc.ProcessIdentity | None = None  # from the ``launched`` event
     handed_at: float = 0.0  # time.monotonic() when its launch (or its last retoken) was sent
+    launched_at: float | None = None  # time.monotonic() of its ``launched`` event (the agent was forked)
 
 
 class LeoflowExecutor(BaseExecutor):
@@ -100,6 +102,7 @@ class LeoflowExecutor(BaseExecutor):
         self._gate: SettlingGate | None = None
         self._next_gc = 0.0
         self._zygote_limit: int | None = None  # the busy-agent limit last sent to the zygote
+        self._ahead: QueueAhead | None = None  # the adaptive queue-ahead depth, built in start()
         self._retoken_after = 60.0  # seconds a held launch's token may age before it is replaced
 
     # --- lazily built parts ---------------------------------------------------------------------------
@@ -135,6 +138,8 @@ class LeoflowExecutor(BaseExecutor):
         self._runtime = LiteRuntime(settings)
         self._runtime.start()
         self._retoken_after = min(60.0, _token_lifetime() / 4)
+        cap = settings.queue_ahead if settings.queue_ahead >= 0 else 4 * self.parallelism
+        self._ahead = QueueAhead(cap, horizon=min(60.0, _token_lifetime() / 10))
         self._gate = SettlingGate(grace=settings.reap_grace)
         self._gate.reset(time.monotonic())
         self.log.info(
@@ -172,10 +177,17 @@ class LeoflowExecutor(BaseExecutor):
 
     # --- slots ----------------------------------------------------------------------------------------
     def _queue_ahead(self) -> int:
-        if self._settings is None and self._runtime is None:
-            return 0  # not started (the api-server's log reader): plain BaseExecutor accounting
-        ahead = self.settings.queue_ahead
-        return self.parallelism if ahead < 0 else ahead
+        """Workloads accepted beyond free slots right now (:class:`~leoflow_airflow.dispatch.ahead.QueueAhead`:
+        as many as the recent rate of freed slots starts within its horizon, at most ``[leoflow]
+        queue_ahead``); 0 before ``start()`` (the api-server's log reader: plain BaseExecutor accounting)."""
+        if self._ahead is None:
+            return 0
+        now = time.monotonic()
+        ages = [
+            now - launch.launched_at for lid, launch in self._launches.items()
+            if launch.launched_at is not None and self._slot_owner.get(launch.key) == lid
+        ]
+        return self._ahead.depth(self.parallelism, ages)
 
     @property
     def slots_available(self) -> int:
@@ -217,11 +229,13 @@ class LeoflowExecutor(BaseExecutor):
         task_queued_timeout``; DESIGN §3 wants a token fresh at launch)."""
         assert self._runtime is not None
         now = time.monotonic()
-        for launch_id, launch in self._launches.items():
-            if launch.ref is None or launch.agent is not None or launch.exited or launch.adopted:
-                continue
-            if now - launch.handed_at < self._retoken_after:
-                continue
+        held = [
+            (launch_id, launch.handed_at) for launch_id, launch in self._launches.items()
+            if launch.ref is not None and launch.agent is None and not launch.exited and not launch.adopted
+        ]
+        for launch_id in retoken_due(held, now, self._retoken_after):
+            launch = self._launches[launch_id]
+            assert launch.ref is not None
             token = ExecuteTask.generate_token(launch.ref.ti_id, self.jwt_generator)
             if self._runtime.retoken(launch_id, launch.workload.model_copy(update={"token": token}).model_dump_json()):
                 launch.handed_at = now
@@ -467,6 +481,7 @@ class LeoflowExecutor(BaseExecutor):
             self.log.debug("event for an unknown launch: %r", event)
             return
         if kind == "launched":
+            launch.launched_at = time.monotonic()
             if event.get("pid") and event.get("start_time") is not None:
                 launch.agent = proc.ProcessIdentity(int(event["pid"]), int(event["start_time"]))
             if launch.ref is not None:
@@ -506,6 +521,8 @@ class LeoflowExecutor(BaseExecutor):
         if self._slot_owner.get(launch.key) == launch_id:
             del self._slot_owner[launch.key]
             self.running.discard(launch.key)
+            if self._ahead is not None and launch.launched_at is not None:
+                self._ahead.finished(time.monotonic() - launch.launched_at)
         if launch.ref is not None:
             self.running.discard(launch.ref)
 
