@@ -8,7 +8,9 @@ attempts take: a held workload should expect to start within ``horizon`` seconds
 and attempts of ``d`` seconds, a slot frees every ``d / parallelism`` seconds, so the depth is
 ``min(cap, floor(horizon * parallelism / d))``. ``d`` is the larger of two figures: the recent attempt
 duration (an exponential moving average of finished attempts) and the mean age of the attempts running now,
-so a run of long tasks after short ones empties the queue-ahead at once. Short tasks get a deep queue and start
+so a run of long tasks after short ones empties the queue-ahead at once. Before the first attempt
+finishes, the depth is one slot's worth (``min(cap, parallelism)``), lowered as the first attempts age. At
+scheduler start, then, up to ``parallelism`` workloads can be held QUEUED for one attempt's length. Short tasks get a deep queue and start
 in-band the moment a slot frees. Long tasks get none, so they wait in SCHEDULED, where no timeout applies.
 Pure: the caller passes durations and ages in seconds.
 """
@@ -50,16 +52,22 @@ class QueueAhead:
             self.duration += self.smoothing * (duration - self.duration)
 
     def depth(self, parallelism: int, running_ages: Iterable[float] = ()) -> int:
-        """Workloads that may be held ahead: ``min(cap, floor(horizon * parallelism / d))``; 0 until an
-        attempt has finished, for ``cap`` 0, or for ``parallelism`` below 1.
+        """Workloads that may be held ahead: ``min(cap, floor(horizon * parallelism / d))``; 0 for ``cap`` 0
+        or ``parallelism`` below 1. Before any attempt has finished (cold start) it is ``min(cap,
+        parallelism)``, lowered by the age of the attempts running: a burst of short tasks at scheduler
+        start is held ahead at once, and if the first attempts turn out to be long, nothing more is.
 
         :param parallelism: the executor's slots.
         :param running_ages: seconds each attempt running now has held its slot.
         """
-        if self.cap == 0 or self.duration is None or parallelism < 1:
+        if self.cap == 0 or parallelism < 1:
             return 0
         ages = list(running_ages)
-        d = max(self.duration, sum(ages) / len(ages) if ages else 0.0, 1e-3)
+        mean_age = sum(ages) / len(ages) if ages else 0.0
+        if self.duration is None:  # cold start: one slot's worth, less as the first attempts age
+            cold = min(self.cap, parallelism)
+            return cold if mean_age <= 0 else min(cold, math.floor(self.horizon * parallelism / mean_age))
+        d = max(self.duration, mean_age, 1e-3)
         return min(self.cap, math.floor(self.horizon * parallelism / d))
 
 

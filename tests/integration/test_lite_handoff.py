@@ -32,10 +32,10 @@ def stuck_in_queued_events(stack) -> list[str]:
 @pytest.mark.airflow
 @pytest.mark.timeout(400)
 def test_long_tasks_are_not_held_queued_into_stuck_in_queued(tmp_path):
-    """One slot and three 25 s tasks, with ``task_queued_timeout`` 20 s checked every 5 s. A fixed queue-ahead
-    would hold the next task QUEUED for 25 s, and Airflow would revoke and re-schedule it as stuck. The
-    adaptive depth holds nothing ahead for tasks this long, so the queued tasks wait in SCHEDULED: all three
-    succeed on their first epoch with no stuck-in-queued event."""
+    """One slot and 25 s tasks, with ``task_queued_timeout`` 20 s checked every 5 s. After one such task has
+    finished, two more are triggered at once. A fixed queue-ahead would hold the second of them QUEUED for
+    25 s, and Airflow would revoke and re-schedule it as stuck. The adaptive depth holds nothing ahead for
+    tasks this long, so it waits in SCHEDULED: all succeed on their first epoch with no stuck-in-queued event."""
     env = {
         "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "20",
         "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": "5",
@@ -46,9 +46,13 @@ def test_long_tasks_are_not_held_queued_into_stuck_in_queued(tmp_path):
         stack.migrate()
         stack.start(wait_for_dags=[HOLD])
         stack.unpause(HOLD)
-        runs = [stack.trigger(HOLD, conf={"seconds": 25}) for _ in range(3)]
-        states = [stack.wait_for_run(HOLD, run, timeout=240) for run in runs]
-        assert states == ["success"] * 3, states
+        # one attempt first, so the executor has seen how long these take (before that, at scheduler start,
+        # it holds one slot's worth ahead: parallelism, see QueueAhead.depth)
+        runs = [stack.trigger(HOLD, conf={"seconds": 25})]
+        assert stack.wait_for_run(HOLD, runs[0], timeout=120) == "success"
+        runs += [stack.trigger(HOLD, conf={"seconds": 25}) for _ in range(2)]
+        states = [stack.wait_for_run(HOLD, run, timeout=240) for run in runs[1:]]
+        assert states == ["success"] * 2, states
         assert stuck_in_queued_events(stack) == []
         for run in runs:
             assert [(t, e) for t, e, _, _ in ledger_rows(stack, HOLD, run)] == [("hold", 1)]

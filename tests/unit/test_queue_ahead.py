@@ -8,9 +8,15 @@ import pytest
 from leoflow_airflow.dispatch.ahead import QueueAhead
 
 
-def test_no_history_holds_nothing_ahead():
-    """Before any attempt finished nothing is known about durations: nothing is held beyond the free slots."""
-    assert QueueAhead(cap=16, horizon=60).depth(parallelism=4) == 0
+def test_cold_start_holds_one_slots_worth_and_less_as_the_first_attempts_age():
+    """Before any attempt finished: ``min(cap, parallelism)`` ahead (a burst at scheduler start starts
+    in-band), falling to 0 once the first attempts have run longer than the horizon allows."""
+    ahead = QueueAhead(cap=16, horizon=60)
+    assert ahead.depth(parallelism=4) == 4
+    assert QueueAhead(cap=2, horizon=60).depth(parallelism=4) == 2
+    assert ahead.depth(parallelism=4, running_ages=[1.0, 2.0]) == 4
+    assert ahead.depth(parallelism=4, running_ages=[120.0, 120.0]) == 2
+    assert ahead.depth(parallelism=4, running_ages=[600.0, 600.0]) == 0
 
 
 def test_short_tasks_fill_up_to_the_cap():
