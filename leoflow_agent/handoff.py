@@ -44,15 +44,10 @@ class Handoff:
         return self._ready()
 
     def freed(self, launch_id: str) -> list[dict[str, Any]]:
-        """``launch_id``'s agent reported its terminal state or exited (either, or both, in any order; a
-        launch that was never busy is ignored): return what may be forked now."""
+        """``launch_id``'s agent reported its terminal state or exited (either, or both, in any order), or
+        its fork failed; a launch that was never busy is ignored. Return what may be forked now."""
         self.busy.discard(launch_id)
         return self._ready()
-
-    def not_forked(self, launch_id: str) -> list[dict[str, Any]]:
-        """A launch returned by this object could not be forked after all (a refused message, a failed
-        fork): it frees its place; return what may be forked now."""
-        return self.freed(launch_id)
 
     def set_limit(self, limit: int | None) -> list[dict[str, Any]]:
         """Change the limit (``None``: none; below 0 is taken as 0); return what may be forked now. A lower

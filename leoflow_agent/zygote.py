@@ -285,13 +285,13 @@ class Zygote:
 
     def _fork_all(self, messages: list[dict[str, Any]]) -> None:
         """Fork each launch the hand-off released; one that cannot be forked frees its place for the next."""
-        work = list(messages)
         if self.stopping:  # SIGTERM: nothing new starts; the executor re-offers what it never saw launched
             return
+        work = list(messages)
         while work:
             msg = work.pop(0)
             if not self._launch(msg):
-                work.extend(self.handoff.not_forked(msg["launch_id"]))
+                work.extend(self.handoff.freed(msg["launch_id"]))
 
     def _freed(self, launch_id: str) -> None:
         self._fork_all(self.handoff.freed(launch_id))

@@ -137,9 +137,10 @@ class LeoflowExecutor(BaseExecutor):
         ladder.enforce(report, self._warn_rung)
         self._runtime = LiteRuntime(settings)
         self._runtime.start()
-        self._retoken_after = min(60.0, _token_lifetime() / 4)
+        token_lifetime = _token_lifetime()
+        self._retoken_after = min(60.0, token_lifetime / 4)
         cap = settings.queue_ahead if settings.queue_ahead >= 0 else 4 * self.parallelism
-        self._ahead = QueueAhead(cap, horizon=min(60.0, _token_lifetime() / 10))
+        self._ahead = QueueAhead(cap, horizon=min(60.0, token_lifetime / 10))
         self._gate = SettlingGate(grace=settings.reap_grace)
         self._gate.reset(time.monotonic())
         self.log.info(
@@ -178,16 +179,23 @@ class LeoflowExecutor(BaseExecutor):
     # --- slots ----------------------------------------------------------------------------------------
     def _queue_ahead(self) -> int:
         """Workloads accepted beyond free slots right now (:class:`~leoflow_airflow.dispatch.ahead.QueueAhead`:
-        as many as the recent rate of freed slots starts within its horizon, at most ``[leoflow]
+        as many as recent attempt durations let start within its horizon, at most ``[leoflow]
         queue_ahead``); 0 before ``start()`` (the api-server's log reader: plain BaseExecutor accounting)."""
         if self._ahead is None:
             return 0
         now = time.monotonic()
-        ages = [
-            now - launch.launched_at for lid, launch in self._launches.items()
-            if launch.launched_at is not None and self._slot_owner.get(launch.key) == lid
-        ]
+        ages = [now - launch.launched_at for launch in self._slot_holders() if launch.launched_at is not None]
         return self._ahead.depth(self.parallelism, ages)
+
+    def _slot_holders(self) -> list[_Launch]:
+        """The launches that own their key's slot right now (held, running, or adopted and not reported)."""
+        return [launch for lid, launch in self._launches.items() if self._slot_owner.get(launch.key) == lid]
+
+    def _workload_json(self, workload: ExecuteTask, ti_id: str) -> str:
+        """``workload`` as JSON with a workload token minted now for ``ti_id`` (DESIGN §3: never a token
+        that waited in a queue)."""
+        token = ExecuteTask.generate_token(ti_id, self.jwt_generator)
+        return workload.model_copy(update={"token": token}).model_dump_json()
 
     @property
     def slots_available(self) -> int:
@@ -215,10 +223,7 @@ class LeoflowExecutor(BaseExecutor):
         """Keep the zygote's busy-agent limit at ``parallelism`` less the slots of a predecessor zygote's
         agents still running (adopted: the current zygote does not count them)."""
         assert self._runtime is not None
-        adopted = sum(
-            1 for lid, launch in self._launches.items()
-            if launch.adopted and not launch.exited and self._slot_owner.get(launch.key) == lid
-        )
+        adopted = sum(1 for launch in self._slot_holders() if launch.adopted and not launch.exited)
         limit = max(0, self.parallelism - adopted) if self.parallelism else None
         if limit != self._zygote_limit and self._runtime.set_limit(limit):
             self._zygote_limit = limit
@@ -236,8 +241,7 @@ class LeoflowExecutor(BaseExecutor):
         for launch_id in retoken_due(held, now, self._retoken_after):
             launch = self._launches[launch_id]
             assert launch.ref is not None
-            token = ExecuteTask.generate_token(launch.ref.ti_id, self.jwt_generator)
-            if self._runtime.retoken(launch_id, launch.workload.model_copy(update={"token": token}).model_dump_json()):
+            if self._runtime.retoken(launch_id, self._workload_json(launch.workload, launch.ref.ti_id)):
                 launch.handed_at = now
 
     # --- dispatch -------------------------------------------------------------------------------------
@@ -303,12 +307,11 @@ class LeoflowExecutor(BaseExecutor):
         os.makedirs(os.path.dirname(record_path), mode=0o700, exist_ok=True)
         # the token is minted now, at hand-off to the zygote, never one that waited in the scheduler's queue
         # (DESIGN §3); if the zygote holds the launch for a slot, _retoken_held replaces it while it waits
-        token = ExecuteTask.generate_token(ti_id, self.jwt_generator)
         launch_id = launch_id_for(ti_id, ti.try_number, ref.attempt_epoch)
         message = {
             "launch_id": launch_id,
             "attempt_epoch": ref.attempt_epoch,
-            "workload": workload.model_copy(update={"token": token}).model_dump_json(),
+            "workload": self._workload_json(workload, ti_id),
             "server": get_execution_api_server_url(),
             "record_path": record_path,
             "fault": self._fault_for(workload, ref.attempt_epoch),

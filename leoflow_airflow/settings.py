@@ -68,8 +68,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("queue_ahead", "integer", "-1", "The most task workloads the executor accepts from the scheduler "
            "beyond its free slots. They are handed to the zygote, which holds them and forks each the moment a "
            "busy agent reports, without waiting for the scheduler's next loop (LocalExecutor's workers also pull "
-           "from a queue ahead of them). The depth used adapts below this cap to what the recent rate of freed "
-           "slots starts within min(60 s, [scheduler] task_queued_timeout / 10), so long tasks are never held "
+           "from a queue ahead of them). The depth used adapts below this cap to what recent attempt durations "
+           "let start within min(60 s, [scheduler] task_queued_timeout / 10), so long tasks are never held "
            "QUEUED into Airflow's stuck-in-queued handling. -1: 4 x [core] parallelism; 0: none.",
            lambda v: None if v >= -1 else "must be -1, 0 or more"),
     Option("end_drain_timeout", "float", "0", "Seconds end() waits for running agents to finish. 0: "

@@ -10,8 +10,8 @@ and attempts of ``d`` seconds, a slot frees every ``d / parallelism`` seconds, s
 duration (an exponential moving average of finished attempts) and the mean age of the attempts running now,
 so a run of long tasks after short ones empties the queue-ahead at once. Before the first attempt
 finishes, the depth is one slot's worth (``min(cap, parallelism)``), lowered as the first attempts age. At
-scheduler start, then, up to ``parallelism`` workloads can be held QUEUED for one attempt's length. Short tasks get a deep queue and start
-in-band the moment a slot frees. Long tasks get none, so they wait in SCHEDULED, where no timeout applies.
+scheduler start, then, up to ``parallelism`` workloads can be held QUEUED for one attempt's length. Short
+tasks get a deep queue and start in-band the moment a slot frees. Long tasks get none, so they wait in SCHEDULED, where no timeout applies.
 Pure: the caller passes durations and ages in seconds.
 """
 

@@ -40,7 +40,7 @@ def test_a_launch_that_could_not_be_forked_gives_its_place_to_the_next():
     h = Handoff(limit=1)
     h.offer(launch(1))
     h.offer(launch(2))
-    assert ids(h.not_forked("l1")) == ["l2"]
+    assert ids(h.freed("l1")) == ["l2"]  # l1's fork failed
 
 
 def test_revoked_held_launch_is_dropped_and_never_forked():
