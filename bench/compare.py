@@ -59,16 +59,8 @@ PG_SCRIPT = REPO_ROOT / "scripts" / "pg"
 EXECUTORS = {
     "local": "LocalExecutor",
     "leoflow": "leoflow_airflow.executor.LeoflowExecutor",
-    "leoflow-gcfreeze": "leoflow_airflow.executor.LeoflowExecutor",
 }
-"""Name -> ``[core] executor``. ``leoflow-gcfreeze`` is an experiment (not run by default): the same
-executor with :mod:`bench/experiments/gcfreeze/sitecustomize.py` on ``PYTHONPATH``."""
-VARIANT_ENV = {
-    "leoflow-gcfreeze": {
-        "PYTHONPATH": f"{Path(__file__).resolve().parent / 'experiments' / 'gcfreeze'}:{REPO_ROOT}",
-    },
-}
-"""Extra environment of an executor variant (applied after :data:`PINNED`)."""
+"""Name -> ``[core] executor``."""
 DAGS = {"bench_fanout": 50, "bench_chain": 20, "bench_sleep": 50}
 """DAG id -> number of task instances it has."""
 
@@ -380,7 +372,7 @@ def run_stack(
         parallelism=parallelism,
         dags_folder=BENCH_DAGS,
         sql_alchemy_conn=pg.url_for(database),
-        extra_env={**PINNED, **VARIANT_ENV.get(executor, {})},
+        extra_env=dict(PINNED),
     )
     figures: list[RunFigures] = []
     facts: dict[str, Any] = {"executor": executor, "parallelism": parallelism, "round": rnd, "home": str(home)}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bench import cpu
 from bench.compare import (
-    BENCH_DAGS, DAGS, EXECUTORS, PINNED, VARIANT_ENV, Postgres, migrate_template, stack_roots,
+    BENCH_DAGS, DAGS, EXECUTORS, PINNED, Postgres, migrate_template, stack_roots,
 )
 from devtools.stack import AirflowStack
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         stack = AirflowStack(
             work / "stack", executor=EXECUTORS[args.executor], parallelism=args.parallelism,
             dags_folder=BENCH_DAGS, sql_alchemy_conn=pg.url_for("probe_run"),
-            extra_env={**PINNED, **VARIANT_ENV.get(args.executor, {})},
+            extra_env=dict(PINNED),
         )
         try:
             stack.start(wait_for_dags=[args.dag], timeout=240)
