@@ -149,7 +149,7 @@ def _conf_int(section: str, key: str, fallback: int) -> int:
 
 
 def agent_title_marker(launch_id: str) -> str:
-    """The text every agent's process title carries, found by :func:`leoflow_agent.proc.find_by_cmdline`."""
+    """The text every agent's process title carries, found by :func:`leoflow_agent.proc.find_by_title`."""
     return f"leoflow agent {launch_id}"
 
 
