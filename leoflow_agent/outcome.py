@@ -50,6 +50,7 @@ __all__ = [
     "OutcomeRecord",
     "Reason",
     "RecordTooLarge",
+    "WrittenRecord",
     "decode",
     "encode",
     "format_rfc3339",
@@ -419,6 +420,12 @@ def encode(record: OutcomeRecord, *, budget: int | None = None) -> str:
     a state inconsistent with the outcome, a payload that is not JSON, ...): both are programming
     errors, never an outcome (seed 003 ``Encode``).
     """
+    return _encode_bytes(record, budget=budget)[0].decode("utf-8")
+
+
+def _encode_bytes(record: OutcomeRecord, *, budget: int | None) -> tuple[bytes, bool]:
+    """:func:`encode`'s work: the UTF-8 bytes, and whether what they carry is flagged ``assets_dropped``
+    (asset events dropped to fit ``budget`` bytes). Raises as :func:`encode` does."""
     limit = MAX_RECORD_BYTES if budget is None else min(budget, MAX_RECORD_BYTES)
     fields = _fields(record)
     if isinstance(fields.get("reason"), str):  # a non-string reason is refused just below
@@ -426,7 +433,7 @@ def encode(record: OutcomeRecord, *, budget: int | None = None) -> str:
     data = _render(fields)
     _check_decodable(data)
     if len(data) <= limit:
-        return data.decode("utf-8")
+        return data, bool(fields.get("assets_dropped"))
 
     payload = fields.get("payload")
     if isinstance(payload, dict) and any(payload.get(k) for k in _ASSET_KEYS):
@@ -438,7 +445,7 @@ def encode(record: OutcomeRecord, *, budget: int | None = None) -> str:
         fields["assets_dropped"] = True
         data = _render(fields)
         if len(data) <= limit:
-            return data.decode("utf-8")
+            return data, True
 
     reason = fields.get("reason")
     if reason:
@@ -459,7 +466,7 @@ def encode(record: OutcomeRecord, *, budget: int | None = None) -> str:
             else:
                 hi = mid - 1
         if best is not None:
-            return best.decode("utf-8")
+            return best, bool(fields.get("assets_dropped"))
         fields.pop("reason")
         data = _render(fields)
     raise RecordTooLarge(len(data), limit)
@@ -601,8 +608,19 @@ def _decode_fields(text: str | bytes | None, *, ceiling: int | None) -> OutcomeR
 # the Lite record file
 
 
-def write_record_file(path: str | os.PathLike, record: OutcomeRecord) -> None:
-    """Atomically replace the file at ``path`` with ``encode(record)`` (the whole body, UTF-8).
+@dataclass(frozen=True)
+class WrittenRecord:
+    """What :func:`write_record_file` wrote: ``size`` in bytes, and ``assets_dropped`` when the record had
+    to leave out the body's asset events to stay within :data:`MAX_RECORD_BYTES` (a replay of it would
+    register none, so the agent says so in the TI's log; DESIGN §4)."""
+
+    size: int
+    assets_dropped: bool
+
+
+def write_record_file(path: str | os.PathLike, record: OutcomeRecord) -> WrittenRecord:
+    """Atomically replace the file at ``path`` with ``encode(record)`` (the whole body, UTF-8); returns
+    what was written (:class:`WrittenRecord`).
 
     A temporary file is created in the same directory with mode 0600, written, fsynced, renamed over
     ``path`` with ``os.replace``, and the directory is fsynced, so a reader sees either the old file
@@ -610,7 +628,7 @@ def write_record_file(path: str | os.PathLike, record: OutcomeRecord) -> None:
     terminal PATCH leaves). Raises ``OSError`` on any I/O failure (the temporary file is removed), and
     :class:`RecordTooLarge`/``ValueError`` from :func:`encode` for a record that cannot be written.
     """
-    data = encode(record).encode("utf-8")
+    data, assets_dropped = _encode_bytes(record, budget=None)
     target = os.fspath(path)
     directory = os.path.dirname(target) or "."
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(target) + ".", suffix=".tmp")
@@ -635,6 +653,7 @@ def write_record_file(path: str | os.PathLike, record: OutcomeRecord) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    return WrittenRecord(size=len(data), assets_dropped=assets_dropped)
 
 
 def read_record_file(path: str | os.PathLike, *, expect: AttemptIdentity | None = None) -> OutcomeRecord | None:

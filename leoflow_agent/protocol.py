@@ -16,7 +16,9 @@ Zygote -> executor ("ev"):
   ``launched``{"ev","launch_id","pid","start_time"}          an agent was forked
   ``launch_failed`` {"ev","launch_id","error"}               the fork or the message was refused, or a
                                                              held launch was killed before its fork
-  ``reported``{"ev","launch_id","state"}                     the agent's terminal PATCH returned 2xx
+  ``reported``{"ev","launch_id","state","recorded"}          the agent's terminal PATCH returned 2xx;
+                                                             ``recorded`` false: its outcome record could not
+                                                             be written (absent from older zygotes: true)
   ``exited``  {"ev","launch_id","pid","exit_code"}           the agent was reaped, its subtree killed
 """
 

@@ -52,7 +52,7 @@ def run_launch(
 
     :param message: the zygote's ``launch`` message (see :mod:`leoflow_agent.protocol`).
     :param decode_workload: from :func:`workload_decoder`.
-    :param report: sends an event to the zygote (``{"ev": "reported", "state": ...}``).
+    :param report: sends an event to the zygote (:func:`reported_event`).
     :returns: 0 when the supervisor returned (whatever the task's outcome: exit codes are never the outcome,
         DESIGN §3); 1 when the workload could not be started.
     """
@@ -83,9 +83,10 @@ def run_launch(
         httpx.HTTPTransport(retries=0, verify=sdk_ssl_context()),
         attempt=attempt,
         sinks=sinks,
-        on_reported=lambda state: report({"ev": "reported", "state": state}),
+        on_reported=lambda state, recorded: report(reported_event(state, recorded)),
         fault=message.get("fault"),
         max_failed_heartbeats=_conf_int("workers", "max_failed_heartbeats", 3),
+        task_log=task_log_writer(workload.log_path),
     )
     from leoflow_agent.proc import ATTEMPT_ENV
 
@@ -108,6 +109,39 @@ def run_launch(
         sentry_integration=getattr(workload, "sentry_integration", ""),
     )
     return 0
+
+
+def reported_event(state: str, recorded: bool) -> dict[str, Any]:
+    """The agent's ``reported`` event to its zygote: ``{"ev": "reported", "state": <Airflow state sent>,
+    "recorded": <bool>}``. ``recorded`` is False when the attempt's outcome record could not be written
+    (issue 8 hole 12): the report landed, but a later record-based decision about this attempt has no record
+    to go on. Additive: a reader treats an absent ``recorded`` as True (agents before it always recorded)."""
+    return {"ev": "reported", "state": state, "recorded": bool(recorded)}
+
+
+def task_log_writer(log_path: str | None) -> Callable[[str, str], None]:
+    """Return a :data:`leoflow_agent.transport.TaskLog` that appends one structured (JSON) line per call to
+    the TI's log file, the same file and format the Task SDK supervisor writes (``log_path`` relative to
+    ``[logging] base_log_folder``, as ``airflow.sdk.log.init_log_file`` resolves it), so the operator reads it
+    in the UI next to the task's own lines. ``log_path`` ``None`` (no file): writes nothing. Each call opens
+    the file in append mode and writes one line in one ``write``; an ``OSError`` propagates (the transport
+    catches it and keeps it in the agent's log).
+    """
+
+    def write(level: str, message: str) -> None:
+        if not log_path:
+            return
+        import structlog
+
+        from airflow.sdk.log import init_log_file, logging_processors
+
+        path = init_log_file(log_path)
+        with open(path, "ab") as fh:
+            logger = structlog.wrap_logger(structlog.BytesLogger(fh), processors=logging_processors(json_output=True),
+                                           logger_name="leoflow.agent")
+            getattr(logger, level)(message)
+
+    return write
 
 
 MID_TASK_MARKER_ENV = "LEOFLOW_FAULT_MARKER"

@@ -3,8 +3,13 @@
 Keying off the requests the supervisor actually sends covers every sink without enumerating call sites:
 
 * immediately before a terminal ``PATCH /task-instances/{id}/state`` leaves, the outcome record of that exact
-  body is written to every configured sink (Lite: the attempt's record file);
-* when that PATCH returns 2xx the agent tells its zygote (``reported``), which frees the attempt's slot;
+  body is written to every configured sink (Lite: the attempt's record file). A record that cannot be written
+  never holds the PATCH back (the record only spares re-runs, DESIGN §2 Invariant 3): the TI's log says so and
+  the attempt is reported unrecorded;
+* when that PATCH returns 2xx the agent tells its zygote (``reported``, with ``recorded``), which frees the
+  attempt's slot;
+* once a terminal record is written it is never replaced: heartbeat loss after it refuses later reports but
+  keeps the record, so the reconciler replays it (issue 8 hole 5);
 * the named fault-injection points SIGKILL the agent, only when the launch message asked for one (test mode).
 """
 
@@ -30,17 +35,27 @@ _RUN_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/run$")
 _HEARTBEAT_CALL = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/heartbeat$")
 _TERMINATED_STATUSES = frozenset({404, 409, 410})  # the supervisor's "stop, the server says so" answers
 
-RecordSink = Callable[[outcome.OutcomeRecord], None]
-"""Writes one outcome record durably; raises :class:`OSError` when it cannot."""
+RecordSink = Callable[[outcome.OutcomeRecord], "outcome.WrittenRecord | None"]
+"""Writes one outcome record durably and returns what it wrote (``None``: nothing to say); raises
+:class:`OSError` when it cannot, ``ValueError`` (:class:`~leoflow_agent.outcome.RecordTooLarge`) for a record
+it refuses."""
+
+TaskLog = Callable[[str, str], None]
+"""Writes one line into the task instance's own log, the one the operator reads: ``(level, message)`` with
+``level`` a structlog method name (``"warning"``, ``"error"``). Must not raise."""
 
 
 def file_sink(path: str) -> RecordSink:
     """Return a sink that writes the whole record body atomically to ``path`` (the Lite record file)."""
 
-    def write(record: outcome.OutcomeRecord) -> None:
-        outcome.write_record_file(path, record)
+    def write(record: outcome.OutcomeRecord) -> outcome.WrittenRecord:
+        return outcome.write_record_file(path, record)
 
     return write
+
+
+def _no_task_log(level: str, message: str) -> None:
+    """The default :data:`TaskLog`: the agent's own log only."""
 
 
 HANG_SECONDS = 600.0
@@ -67,15 +82,21 @@ class RecordingTransport(httpx.BaseTransport):
 
     :param inner: the transport that really sends (an ``httpx.HTTPTransport``).
     :param attempt: the attempt this agent runs; requests for any other ``ti_id`` pass through untouched.
-    :param sinks: where outcome records go, each written before the PATCH leaves. A sink that fails makes
-        the PATCH fail too (``httpx.TransportError``), so no report ever leaves without its record.
-    :param on_reported: called with the Airflow state once a terminal PATCH returned 2xx.
+    :param sinks: where outcome records go, each written before the PATCH leaves. A sink that fails does not
+        stop the PATCH (issue 8 hole 12): the failure goes to ``task_log`` and the attempt is reported with
+        ``recorded=False``; if that report is lost too, the attempt is an infra loss (DESIGN §2, no record).
+    :param on_reported: ``on_reported(state, recorded)`` once a terminal PATCH returned 2xx: the Airflow state
+        sent, and whether every sink holds its record.
+    :param task_log: writes a line into the TI's log (:data:`TaskLog`): a record not written, a record that
+        dropped asset events, heartbeat loss.
     :param fault: one of :data:`leoflow_agent.protocol.FAULT_POINTS` or ``None``.
     :param max_failed_heartbeats: ``[workers] max_failed_heartbeats``: after this many consecutive failed
         heartbeats the supervisor kills the task; the wrapper then writes a ``heartbeat_lost`` record and
         refuses every later terminal PATCH of the attempt locally (DESIGN §2 "Heartbeat loss"), so the
-        reconciler, not a late report, decides. A heartbeat counts as the supervisor counts it: one SDK
-        call, after the SDK client's own retries (:meth:`heartbeat_result`), never one HTTP request.
+        reconciler, not a late report, decides. A terminal record already written is kept, never replaced
+        by ``heartbeat_lost`` (the supervisor heartbeats on while its success PATCH fails; the reconciler then
+        replays that success). A heartbeat counts as the supervisor counts it: one SDK call, after the SDK
+        client's own retries (:meth:`heartbeat_result`), never one HTTP request.
     """
 
     def __init__(
@@ -84,9 +105,10 @@ class RecordingTransport(httpx.BaseTransport):
         *,
         attempt: outcome.AttemptIdentity,
         sinks: Sequence[RecordSink],
-        on_reported: Callable[[str], None],
+        on_reported: Callable[[str, bool], None],
         fault: str | None = None,
         max_failed_heartbeats: int = 3,
+        task_log: TaskLog = _no_task_log,
     ) -> None:
         self._inner = inner
         self._max_failed_heartbeats = max(1, int(max_failed_heartbeats))
@@ -96,13 +118,18 @@ class RecordingTransport(httpx.BaseTransport):
         self._sinks = list(sinks)
         self._on_reported = on_reported
         self._fault = fault
+        self._task_log = task_log
+        self.terminal_recorded: str | None = None
+        """The state of the terminal record every sink holds, once one was written (then never replaced)."""
 
     @property
     def attempt_ti_id(self) -> str:
         """The ``ti_id`` of the attempt this transport serves."""
         return self._attempt.ti_id
 
-    def _record(self, request: httpx.Request) -> str | None:
+    def _record(self, request: httpx.Request) -> tuple[str, bool] | None:
+        """Write the record of a terminal ``PATCH …/state`` to every sink; ``(state, recorded)``, or ``None``
+        when the body is not a terminal or handing-off state (nothing to record). Never raises."""
         try:
             body = json.loads(request.content or b"{}")
         except (ValueError, UnicodeDecodeError):
@@ -116,19 +143,49 @@ class RecordingTransport(httpx.BaseTransport):
             )
         except ValueError:
             return None  # not a terminal / hand-off state: nothing to record
+        failures = []
+        dropped = False
         for sink in self._sinks:
             try:
-                sink(record)
+                written = sink(record)
             except (OSError, ValueError) as exc:  # ValueError: RecordTooLarge, a record the reader would refuse
-                raise httpx.TransportError(f"could not write the outcome record: {exc}") from exc
-        return state
+                failures.append(exc)
+                continue
+            dropped = dropped or bool(written is not None and written.assets_dropped)
+        if failures:
+            self._tell(
+                "error",
+                f"leoflow could not write the outcome record of this attempt ({_reasons(failures)}); the "
+                f"{state} report is sent anyway. If that report is lost too, leoflow cannot replay it and runs "
+                "the task again as an infra loss.",
+            )
+        else:
+            self.terminal_recorded = state
+        if dropped:
+            events, outlets = (len(body.get(key) or ()) for key in ("outlet_events", "task_outlets"))
+            self._tell(
+                "warning",
+                f"leoflow's outcome record of this attempt left out its {events} asset events and {outlets} task "
+                f"outlets to fit {outcome.MAX_RECORD_BYTES} bytes. The {state} report sent now carries them all; "
+                "only if that report is lost does leoflow replay the record, and then no asset event is registered.",
+            )
+        return state, not failures
 
     def _write_all(self, record: outcome.OutcomeRecord) -> None:
         for sink in self._sinks:
             try:
                 sink(record)
-            except (OSError, ValueError):
+            except (OSError, ValueError) as exc:
                 log.exception("could not write the heartbeat_lost record")
+                self._tell("error", f"leoflow could not write the heartbeat_lost record ({_reasons([exc])}).")
+
+    def _tell(self, level: str, message: str) -> None:
+        """Log ``message`` in the agent's log and in the TI's log (which the operator reads)."""
+        getattr(log, level)("%s", message)
+        try:
+            self._task_log(level, message)
+        except Exception:  # noqa: BLE001 - the TI's log is help for the operator, never a reason to stop
+            log.exception("could not write to the task instance's log")
 
     def heartbeat_result(self, ok: bool) -> None:
         """Count one heartbeat call of the supervisor as it does: ``ok`` resets the streak; a failure (any
@@ -138,18 +195,25 @@ class RecordingTransport(httpx.BaseTransport):
             self._failed_heartbeats = 0
             return
         self._failed_heartbeats += 1
-        if self._failed_heartbeats >= self._max_failed_heartbeats and not self.heartbeat_lost:
-            self.heartbeat_lost = True
-            log.error("heartbeat lost %d times in a row: recording heartbeat_lost; later terminal reports of "
-                      "this attempt are refused locally", self._failed_heartbeats)
-            self._write_all(outcome.heartbeat_lost(self._attempt))
+        if self._failed_heartbeats < self._max_failed_heartbeats or self.heartbeat_lost:
+            return
+        self.heartbeat_lost = True
+        if self.terminal_recorded is not None:
+            self._tell("error", f"leoflow: {self._failed_heartbeats} heartbeats in a row failed after this "
+                                f"attempt recorded {self.terminal_recorded}; that record is kept and later reports "
+                                "are refused here, so the scheduler replays it once the API server answers.")
+            return
+        self._tell("error", f"leoflow: {self._failed_heartbeats} heartbeats in a row failed; this attempt is "
+                            "recorded as heartbeat_lost and later reports are refused here, so the scheduler runs "
+                            "it again as an infra loss, without spending a retry.")
+        self._write_all(outcome.heartbeat_lost(self._attempt))
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request``, recording/reporting terminal states and honouring the fault point."""
         path = request.url.path
         is_state = request.method == "PATCH" and (m := _STATE_PATH.search(path)) and m["ti_id"] == self._attempt.ti_id
         is_run = request.method == "PATCH" and (m := _RUN_PATH.search(path)) and m["ti_id"] == self._attempt.ti_id
-        state = None
+        recorded: tuple[str, bool] | None = None
         if is_run and self._fault == "before_run":
             _suicide("before_run")
         if is_run and self._fault == "hang_before_run":
@@ -163,16 +227,16 @@ class RecordingTransport(httpx.BaseTransport):
             )
         if is_state:
             request.read()
-            state = self._record(request)
-            if state is not None and self._fault == "after_record":
+            recorded = self._record(request)
+            if recorded is not None and self._fault == "after_record":
                 _suicide("after_record")
         response = self._inner.handle_request(request)
         if is_run and self._fault == "after_run" and response.status_code < 300:
             response.read()
             _suicide("after_run")
-        if state is not None and 200 <= response.status_code < 300:
+        if recorded is not None and 200 <= response.status_code < 300:
             try:
-                self._on_reported(state)
+                self._on_reported(*recorded)
             except OSError:
                 log.warning("could not tell the zygote about the report; the reconciler will see it")
             if self._fault == "after_patch":
@@ -183,6 +247,17 @@ class RecordingTransport(httpx.BaseTransport):
     def close(self) -> None:
         """Close the wrapped transport."""
         self._inner.close()
+
+
+def _reasons(errors: Sequence[BaseException]) -> str:
+    """One short text for the sink errors: ``strerror`` and the file for an ``OSError``, else the message."""
+    texts = []
+    for exc in errors:
+        if isinstance(exc, OSError) and exc.strerror:
+            texts.append(f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror)
+        else:
+            texts.append(str(exc) or type(exc).__name__)
+    return "; ".join(texts)
 
 
 @functools.cache

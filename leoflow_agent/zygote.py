@@ -361,7 +361,8 @@ class Zygote:
             return
         for event in agent["buf"].feed(chunk):
             if event.get("ev") == "reported":
-                self._send({"ev": "reported", "launch_id": agent["launch_id"], "state": event.get("state")})
+                self._send({"ev": "reported", "launch_id": agent["launch_id"], "state": event.get("state"),
+                            "recorded": event.get("recorded") is not False})
                 self._freed(agent["launch_id"])  # the slot is freed at the terminal report: next held one
 
     def _close_report(self, fd: int) -> None:

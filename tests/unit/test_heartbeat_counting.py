@@ -40,7 +40,7 @@ def _client(answers: list, max_failed: int = 2):
         return httpx.Response(answer, json={})
 
     transport = RecordingTransport(httpx.MockTransport(handler), attempt=ATTEMPT, sinks=[records.append],
-                                   on_reported=lambda state: None, max_failed_heartbeats=max_failed)
+                                   on_reported=lambda state, recorded: None, max_failed_heartbeats=max_failed)
     client = heartbeat_counting_client(RetryingClient)(transport=transport)
     client.leoflow_transport = transport
     return client, transport, records
