@@ -187,6 +187,14 @@ class RecordingTransport(httpx.BaseTransport):
         except Exception:  # noqa: BLE001 - the TI's log is help for the operator, never a reason to stop
             log.exception("could not write to the task instance's log")
 
+    def heartbeat_started(self) -> None:
+        """Note that the supervisor starts a heartbeat call. After a failed one it says so in the agent's log
+        (``heartbeat of <ti_id>: trying again after N failed in a row (gives up at M)``): during an outage
+        that line shows how close the attempt is to heartbeat loss."""
+        if self._failed_heartbeats and not self.heartbeat_lost:
+            log.warning("heartbeat of %s: trying again after %d failed in a row (gives up at %d)",
+                        self._attempt.ti_id, self._failed_heartbeats, self._max_failed_heartbeats)
+
     def heartbeat_result(self, ok: bool) -> None:
         """Count one heartbeat call of the supervisor as it does: ``ok`` resets the streak; a failure (any
         error but 404/409/410, after the SDK client's retries) adds one, and at ``max_failed_heartbeats`` in a
@@ -280,6 +288,7 @@ def heartbeat_counting_client(base: type) -> type:
             match = _HEARTBEAT_CALL.search(str(url).split("?", 1)[0]) if str(method).upper() == "PUT" else None
             if transport is None or match is None or match["ti_id"] != transport.attempt_ti_id:
                 return super().request(method, url, *args, **kwargs)
+            transport.heartbeat_started()
             try:
                 response = super().request(method, url, *args, **kwargs)
             except httpx.HTTPStatusError as exc:
