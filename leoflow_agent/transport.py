@@ -120,7 +120,8 @@ class RecordingTransport(httpx.BaseTransport):
         self._fault = fault
         self._task_log = task_log
         self.terminal_recorded: str | None = None
-        """The state of the terminal record every sink holds, once one was written (then never replaced)."""
+        """The state of the last terminal record written to at least one sink. Once set, heartbeat loss writes
+        no ``heartbeat_lost`` to any sink: a record that contradicts a kept terminal one would be re-driven."""
 
     @property
     def attempt_ti_id(self) -> str:
@@ -151,6 +152,7 @@ class RecordingTransport(httpx.BaseTransport):
             except (OSError, ValueError) as exc:  # ValueError: RecordTooLarge, a record the reader would refuse
                 failures.append(exc)
                 continue
+            self.terminal_recorded = state
             dropped = dropped or bool(written is not None and written.assets_dropped)
         if failures:
             self._tell(
@@ -159,8 +161,6 @@ class RecordingTransport(httpx.BaseTransport):
                 f"{state} report is sent anyway. If that report is lost too, leoflow cannot replay it and runs "
                 "the task again as an infra loss.",
             )
-        else:
-            self.terminal_recorded = state
         if dropped:
             events, outlets = (len(body.get(key) or ()) for key in ("outlet_events", "task_outlets"))
             self._tell(
@@ -171,12 +171,12 @@ class RecordingTransport(httpx.BaseTransport):
             )
         return state, not failures
 
-    def _write_all(self, record: outcome.OutcomeRecord) -> None:
+    def _write_heartbeat_lost(self) -> None:
+        """Write the ``heartbeat_lost`` record to every sink (only ever called before any terminal record)."""
         for sink in self._sinks:
             try:
-                sink(record)
+                sink(outcome.heartbeat_lost(self._attempt))
             except (OSError, ValueError) as exc:
-                log.exception("could not write the heartbeat_lost record")
                 self._tell("error", f"leoflow could not write the heartbeat_lost record ({_reasons([exc])}).")
 
     def _tell(self, level: str, message: str) -> None:
@@ -214,7 +214,7 @@ class RecordingTransport(httpx.BaseTransport):
         self._tell("error", f"leoflow: {self._failed_heartbeats} heartbeats in a row failed; this attempt is "
                             "recorded as heartbeat_lost and later reports are refused here, so the scheduler runs "
                             "it again as an infra loss, without spending a retry.")
-        self._write_all(outcome.heartbeat_lost(self._attempt))
+        self._write_heartbeat_lost()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request``, recording/reporting terminal states and honouring the fault point."""

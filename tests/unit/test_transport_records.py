@@ -41,7 +41,8 @@ class SdkLikeClient(httpx.Client):
 class Harness:
     """A transport around a switchable api-server, the real record file, and what the agent told whom."""
 
-    def __init__(self, record_path: str, *, max_failed: int = 3) -> None:
+    def __init__(self, record_path: str, *, max_failed: int = 3, also: tuple[str, ...] = ()) -> None:
+        """``record_path``: the record file this harness reads back; ``also``: record files written first."""
         self.up = True
         self.sent: list[httpx.Request] = []  # requests that reached the api-server
         self.reported: list[tuple[str, bool]] = []
@@ -55,7 +56,8 @@ class Harness:
             return httpx.Response(204 if request.url.path.endswith("/heartbeat") else 200, json={})
 
         self.transport = RecordingTransport(
-            httpx.MockTransport(api_server), attempt=ATTEMPT, sinks=[file_sink(record_path)],
+            httpx.MockTransport(api_server), attempt=ATTEMPT,
+            sinks=[*(file_sink(path) for path in also), file_sink(record_path)],
             on_reported=lambda state, recorded: self.reported.append((state, recorded)),
             task_log=lambda level, message: self.ti_log.append((level, message)),
             max_failed_heartbeats=max_failed,
@@ -186,3 +188,24 @@ def test_reported_event_carries_recorded():
 
     assert reported_event("success", False) == {"ev": "reported", "state": "success", "recorded": False}
     assert reported_event("deferred", True)["recorded"] is True
+
+
+def test_one_sink_failing_still_keeps_the_others_terminal_record_through_heartbeat_loss(tmp_path):
+    """Two sinks (a Kubernetes agent writes the termination message and posts to a warm worker): one fails.
+    The report is unrecorded (``recorded`` false), and heartbeat loss afterwards writes ``heartbeat_lost`` to
+    neither: the sink that holds the success keeps it, and no sink contradicts it."""
+    kept = str(tmp_path / "kept.json")
+    h = Harness(str(tmp_path / "gone" / "record.json"), also=(kept,))
+    h.up = False
+    h.heartbeat()
+    h.heartbeat()
+    with pytest.raises(httpx.TransportError):
+        h.report(SUCCESS)
+    h.heartbeat()
+    assert h.transport.heartbeat_lost
+    assert outcome.read_record_file(kept, expect=ATTEMPT).state == "success"
+    assert not os.path.exists(tmp_path / "gone")
+    h.up = True
+    with pytest.raises(httpx.HTTPStatusError):
+        h.report(SUCCESS)
+    assert outcome.read_record_file(kept, expect=ATTEMPT).state == "success"
