@@ -165,7 +165,6 @@ def test_heartbeat_loss_after_the_success_was_recorded_replays_it(stack: FaultSt
         stack.kill_component("api-server", signal.SIGKILL, group=True)  # SIGKILL ends a stopped process too
         stack.start_component("api-server")
     stack.wait_api()
-    assert record is not None and record.state == "success" and record.reason is None, record
     final = stack.wait_for_run("lf_rec", run, timeout=240, poll=2.0)
     ti = stack.ti_row("lf_rec", run, "work")
     execs = executions(stack, "lf_rec", "work", run)
@@ -174,6 +173,7 @@ def test_heartbeat_loss_after_the_success_was_recorded_replays_it(stack: FaultSt
     assert final == "success" and (ti["state"], ti["try_number"]) == ("success", 1), (final, ti, rows)
     ours = [r for r in rows if r["attempt_epoch"] == attempt["attempt_epoch"]]
     assert [r["resolution"] for r in ours] == ["replayed"] and rows[-1] == ours[0], rows
+    assert record is not None and record.state == "success" and record.reason is None, record
     assert INFRA not in stack.log_events("lf_rec", run, "work")
     said = [e for e in _events(_ti_log(stack, "lf_rec", run, "work")) if "heartbeats in a row failed" in e]
     assert said and "recorded success" in said[0] and "kept" in said[0], said
