@@ -321,7 +321,9 @@ def kill_cgroup(path: str, timeout: float = 5.0) -> bool:
     while True:
         members = cgroup_members(path)
         if not members:
-            remove_cgroup(path)
+            # the kernel may call the cgroup busy for a moment after its last member exited
+            while not remove_cgroup(path) and time.monotonic() < deadline:
+                time.sleep(0.02)
             return True
         if time.monotonic() >= deadline:
             return False

@@ -299,7 +299,7 @@ class Zygote:
         """
         launch_id = msg.get("launch_id")
         grace = msg.get("grace", self.kill_grace)
-        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0:
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < float("inf"):
             log.error("bad grace in kill message %r; using %.0f s", msg, self.kill_grace)
             grace = self.kill_grace
         if isinstance(launch_id, str) and self.handoff.drop(launch_id):
