@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import uuid
 from pathlib import Path
 
@@ -23,8 +22,9 @@ import pytest
 
 from devtools import procs
 from fault_helpers import FaultStack, pid_alive, wait_until
-from leoflow_agent import proc, protocol
+from leoflow_agent import proc
 from lite_procs import AGENT_TITLE, agents, all_procs, scheduler, zygotes
+from zygote_client import ZygoteClient
 
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(600)]
 
@@ -59,30 +59,6 @@ def zygote_socket(stack: FaultStack) -> str:
     (zygote,) = zygotes(stack)
     argv = zygote.cmdline.split(b"\0")
     return argv[argv.index(b"--socket") + 1].decode()
-
-
-class ZygoteClient:
-    """Takes over the zygote's connection (the newest connection wins) while the scheduler is stopped."""
-
-    def __init__(self, path: str) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
-        self.sock.settimeout(120)
-        self.buf = protocol.LineBuffer()
-        self.pending: list[dict] = []
-
-    def send(self, message: dict) -> None:
-        protocol.send(self.sock, message)
-
-    def next(self) -> dict:
-        while not self.pending:
-            chunk = self.sock.recv(65536)
-            assert chunk, "the zygote hung up"
-            self.pending.extend(self.buf.feed(chunk))
-        return self.pending.pop(0)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def test_the_zygote_kill_op_runs_on_kill_then_kills_the_subtree_after_the_grace(tmp_path_factory):

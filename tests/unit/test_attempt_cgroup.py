@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from leoflow_agent import proc
+from test_proc import wait_for
 
 HIERARCHIES = proc.cgroup_hierarchies()
 
@@ -46,16 +47,14 @@ AGENT = textwrap.dedent("""
 """)
 
 
-def _wait(predicate, what: str, timeout: float = 20.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what}")
+def start_attempt(tmp_path, hierarchy: proc.CgroupHierarchy, launch_id: str) -> tuple[subprocess.Popen, list[int]]:
+    """Start the AGENT script for ``launch_id`` on ``hierarchy``; return it and ``[agent, task, bash]``."""
+    pidfile = tmp_path / "pids"
+    agent_proc = subprocess.Popen([sys.executable, "-c", AGENT, str(hierarchy.version), hierarchy.root, launch_id,
+                                   str(pidfile)])
+    wait_for(lambda: pidfile.exists() or agent_proc.poll() is not None, what="the agent's process tree")
+    assert agent_proc.poll() is None, "the agent could not build its tree"
+    return agent_proc, list(map(int, pidfile.read_text().split()))
 
 
 @pytest.mark.skipif(not HIERARCHIES, reason="no cgroup2 or v1 pids hierarchy mounted here")
@@ -64,13 +63,8 @@ def test_a_grandchild_in_a_new_session_with_a_clean_environment_is_found_only_by
     if not os.access(os.path.dirname(hierarchy.root), os.W_OK):
         pytest.skip(f"{hierarchy.root} is not writable here")
     launch_id = f"{uuid.uuid4()}:1:1"
-    pidfile = tmp_path / "pids"
-    agent_proc = subprocess.Popen([sys.executable, "-c", AGENT, str(hierarchy.version), hierarchy.root, launch_id,
-                                   str(pidfile)])
+    agent_proc, (agent_pid, task, bash) = start_attempt(tmp_path, hierarchy, launch_id)
     try:
-        _wait(lambda: pidfile.exists() or agent_proc.poll() is not None, "the agent's process tree")
-        assert agent_proc.poll() is None, "the agent could not build its tree"
-        agent_pid, task, bash = map(int, pidfile.read_text().split())
         agent = proc.identity(agent_pid)
         assert agent is not None
         cgroup = os.path.join(hierarchy.root, launch_id)
@@ -86,7 +80,7 @@ def test_a_grandchild_in_a_new_session_with_a_clean_environment_is_found_only_by
 
         for pid in proc.attempt_leftovers(agent, launch_id):
             assert proc.kill_tree(pid)
-        _wait(lambda: not proc.cgroup_members(cgroup), "the attempt's cgroup to empty")
+        wait_for(lambda: not proc.cgroup_members(cgroup), what="the attempt's cgroup to empty")
         assert proc.attempt_leftovers(agent, launch_id) == []  # dead, and the empty cgroup is removed
         assert not os.path.exists(cgroup)
     finally:
@@ -103,17 +97,13 @@ def test_kill_cgroup_kills_every_member_and_removes_it(tmp_path):
     if hierarchy is None:
         pytest.skip("no usable cgroup hierarchy here")
     launch_id = f"{uuid.uuid4()}:1:1"
-    pidfile = tmp_path / "pids"
-    agent_proc = subprocess.Popen([sys.executable, "-c", AGENT, str(hierarchy.version), hierarchy.root, launch_id,
-                                   str(pidfile)])
+    agent_proc, pids = start_attempt(tmp_path, hierarchy, launch_id)
     try:
-        _wait(lambda: pidfile.exists() or agent_proc.poll() is not None, "the agent's process tree")
-        pids = list(map(int, pidfile.read_text().split()))
         (cgroup,) = proc.attempt_cgroups(launch_id)
         assert proc.kill_cgroup(cgroup)
         agent_proc.wait(timeout=10)
         assert not os.path.exists(cgroup)
-        _wait(lambda: all(proc.identity(p) is None for p in pids), "every member to be gone")
+        wait_for(lambda: all(proc.identity(p) is None for p in pids), what="every member to be gone")
     finally:
         for path in proc.attempt_cgroups(launch_id):
             proc.kill_cgroup(path)

@@ -6,7 +6,6 @@ the launches behind it stay held (not drained into more failed forks) until fork
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,7 +14,7 @@ import uuid
 
 import pytest
 
-from leoflow_agent import protocol
+from zygote_client import ZygoteClient
 
 PIDS_ROOT = "/sys/fs/cgroup/pids"
 
@@ -34,18 +33,11 @@ ZYGOTE = textwrap.dedent("""
 """)
 
 
-def start_zygote(tmp_path, cgroup: str, backoff: float = 0.0) -> tuple[subprocess.Popen, "Conn"]:
+def start_zygote(tmp_path, cgroup: str, backoff: float = 0.0) -> tuple[subprocess.Popen, ZygoteClient]:
     """A zygote in ``cgroup``, its hello read, every fork failing from now on (``pids.max`` = its count)."""
     sock_path = str(tmp_path / "zygote.sock")
     zygote = subprocess.Popen([sys.executable, "-c", ZYGOTE, cgroup, sock_path, str(backoff)])
-    deadline = time.monotonic() + 60
-    while True:  # the socket file exists from bind() on, but accepts only from listen() on
-        assert zygote.poll() is None and time.monotonic() < deadline, "the zygote did not start"
-        try:
-            conn = Conn(sock_path)
-            break
-        except (FileNotFoundError, ConnectionRefusedError):
-            time.sleep(0.02)
+    conn = ZygoteClient(sock_path)
     assert conn.next()["ev"] == "hello"
     current = open(os.path.join(cgroup, "pids.current")).read().strip()
     _write(os.path.join(cgroup, "pids.max"), current)
@@ -54,41 +46,6 @@ def start_zygote(tmp_path, cgroup: str, backoff: float = 0.0) -> tuple[subproces
 
 def launch(n: int) -> dict:
     return {"op": "launch", "launch_id": f"l{n}", "workload": "{}", "server": "http://127.0.0.1:9"}
-
-
-def until(conn: "Conn", launch_id: str, kinds: tuple[str, ...]) -> tuple[dict, list[dict]]:
-    """Read events until one of ``kinds`` for ``launch_id``; return it and every event read on the way."""
-    seen = []
-    while True:
-        event = conn.next()
-        seen.append(event)
-        if event.get("launch_id") == launch_id and event["ev"] in kinds:
-            return event, seen
-
-
-class Conn:
-    """The executor's end of the zygote's socket: send ops, read events in order."""
-
-    def __init__(self, path: str) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self.sock.connect(path)
-        except OSError:
-            self.sock.close()
-            raise
-        self.sock.settimeout(60)
-        self.buf = protocol.LineBuffer()
-        self.pending: list[dict] = []
-
-    def send(self, message: dict) -> None:
-        protocol.send(self.sock, message)
-
-    def next(self) -> dict:
-        while not self.pending:
-            chunk = self.sock.recv(65536)
-            assert chunk, "the zygote hung up"
-            self.pending.extend(self.buf.feed(chunk))
-        return self.pending.pop(0)
 
 
 def _write(path: str, value: str) -> None:
@@ -135,7 +92,7 @@ def test_a_failed_fork_is_retryable_and_the_launches_behind_it_stay_held(tmp_pat
         assert first["retryable"] is True and "fork failed" in first["error"], first
         for n in (2, 3):
             conn.send({"op": "kill", "launch_id": f"l{n}"})
-            event, _ = until(conn, f"l{n}", ("launch_failed", "launched"))
+            event, _ = conn.until(f"l{n}", ("launch_failed", "launched"))
             assert event["ev"] == "launch_failed" and event["error"] == "killed before it was forked", event
             assert event["retryable"] is False
     finally:
@@ -152,10 +109,10 @@ def test_held_launches_are_forked_once_forks_work_again(tmp_path, pids_cgroup):
         for n in (1, 2, 3):
             conn.send(launch(n))
         conn.send({"op": "limit", "max_agents": 3})
-        _, seen = until(conn, "l1", ("launch_failed",))
+        _, seen = conn.until("l1", ("launch_failed",))
         _write(os.path.join(pids_cgroup, "pids.max"), "max")  # the limit is lifted
         conn.send(launch(4))  # arrives during (or after) the pause: held, then forked at the retry
-        _, more = until(conn, "l4", ("launched",))
+        _, more = conn.until("l4", ("launched",))
         failed = [e for e in seen + more if e["ev"] == "launch_failed"]
         assert failed and all(e["retryable"] is True and "fork failed" in e["error"] for e in failed), failed
         launched = {e["launch_id"] for e in more if e["ev"] == "launched"}
