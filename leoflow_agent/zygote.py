@@ -7,6 +7,18 @@ child subreapers, so a task's subprocesses that start new sessions (BashOperator
 attempt's tree; when an agent dies, the zygote kills whatever of its subtree is left (orphans reparent to
 the zygote) and only then reports ``exited``. The zygote dies with the scheduler (parent-death signal and
 executor hang-up); agents do not, so a restarted scheduler can adopt them.
+
+Issue 8: where the host allows it (probed at start: a cgroup2 subtree, else the v1 ``pids`` hierarchy), each
+agent first moves into its own attempt cgroup (``<hierarchy>/<our cgroup>/leoflow/<launch id>``), so proof
+of death sees every process of the attempt whatever it did with sessions and environments
+(:func:`leoflow_agent.proc.attempt_leftovers`). A failed fork is infra: that launch goes back as a retryable
+``launch_failed`` and the other held launches wait out a bounded back-off (:mod:`leoflow_agent.handoff`). A
+``kill`` is graceful and never blocks the loop: SIGTERM (the Task SDK supervisor forwards it to the task, so
+``on_kill`` runs), SIGKILL of the subtree after ``[core] killed_task_cleanup_time``.
+
+Messages beyond :mod:`leoflow_agent.protocol`'s list: ``kill`` takes an optional ``"grace"`` (seconds; 0:
+SIGKILL at once), and every ``launch_failed`` carries ``"retryable"`` (true only for a fork or pipe failure:
+the executor should re-offer the workload rather than fail the task).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import pytest
 from devtools import procs
 from fault_helpers import FaultStack, pid_alive, wait_until
 from leoflow_agent import proc
-from lite_procs import AGENT_TITLE, agents, all_procs, scheduler, zygotes
+from lite_procs import AGENT_TITLE, agents, all_procs, descendants, scheduler, zygotes
 from zygote_client import ZygoteClient
 
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(600)]
@@ -113,10 +113,12 @@ def test_a_restarted_scheduler_kills_a_bash_with_its_own_env_left_by_a_dead_agen
         run = stack.trigger("leoflow_test_bash_env", {})
 
         def bash_tree():
+            """This stack's task ``bash`` (below its zygote, with the DAG's env) and its ``sleep``."""
             table = all_procs()
-            bashes = [p for p in table if p.alive and b"LEOFLOW_TEST_ONLY=this" in p.environ.split(b"\0")
-                      and p.cmdline.startswith(b"bash")]
-            sleeps = [p for p in table if p.alive and bashes and p.ppid == bashes[0].pid]
+            ours = [p for z in zygotes(stack) for p in descendants(z.pid, table)]
+            bashes = [p for p in ours if b"LEOFLOW_TEST_ONLY=this" in p.environ.split(b"\0")
+                      and os.path.basename(p.cmdline.split(b"\0")[0]) == b"bash"]
+            sleeps = [p for p in ours if bashes and p.ppid == bashes[0].pid]
             return (bashes[0], sleeps[0]) if bashes and sleeps else None
 
         bash, sleep = wait_until(bash_tree, 240, "the task's bash and sleep")
