@@ -100,10 +100,10 @@ def test_the_zygote_kill_op_runs_on_kill_then_kills_the_subtree_after_the_grace(
 
 def test_a_restarted_scheduler_kills_a_bash_with_its_own_env_left_by_a_dead_agent(tmp_path_factory):
     """Hole 13. ``BashOperator(env=...)`` runs ``bash`` in a session of its own with a replaced environment.
-    The scheduler is SIGKILLed (its zygote goes with it, the agent does not), then the agent is SIGKILLed
-    too (an OOM kill). The next scheduler's proof of death must find and kill that ``bash`` and its
-    ``sleep`` (before the fix the ``/proc`` scan found only the task process, and the old ``bash`` ran on
-    beside the re-driven try)."""
+    The scheduler is SIGKILLed (its zygote goes with it, the agent does not), then the agent and its task
+    process are SIGKILLed too (an OOM kill). The next scheduler's proof of death must find and kill that
+    orphaned ``bash`` and its ``sleep`` (before the fix the ``/proc`` scan found nothing of the attempt, and
+    the old ``bash`` ran on beside the re-driven try)."""
     extra = {
         "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "10",
         "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15",
@@ -125,9 +125,13 @@ def test_a_restarted_scheduler_kills_a_bash_with_its_own_env_left_by_a_dead_agen
         assert os.getsid(bash.pid) == bash.pid  # a session of its own
         bash_ident, sleep_ident = proc.identity(bash.pid), proc.identity(sleep.pid)
         (attempt,) = stack.attempts("leoflow_test_bash_env", run, "bash_env")
+        task_pid = bash.ppid  # the Task SDK's task process: bash's parent
         stack.kill_component("scheduler", signal.SIGKILL)
-        os.kill(attempt["pid"], signal.SIGKILL)
-        wait_until(lambda: not pid_alive(attempt["pid"]), 30, "the agent to die")
+        # the OOM killer takes the agent and its task process (the two big Python processes); bash, in a
+        # session of its own, is orphaned: no parent link, no session, no marker leads back to the attempt
+        for pid in (attempt["pid"], task_pid):
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not pid_alive(attempt["pid"]) and not pid_alive(task_pid), 30, "agent and task to die")
         assert proc.is_alive(bash_ident) and proc.is_alive(sleep_ident)
         stack.start_component("scheduler")
         wait_until(lambda: not proc.is_alive(bash_ident) and not proc.is_alive(sleep_ident), 300,

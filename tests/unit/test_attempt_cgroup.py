@@ -5,6 +5,7 @@ hierarchies: a grandchild that starts its own session *and* replaces its environ
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -69,14 +70,16 @@ def test_a_grandchild_in_a_new_session_with_a_clean_environment_is_found_only_by
         assert agent is not None
         cgroup = os.path.join(hierarchy.root, launch_id)
         assert sorted(proc.cgroup_members(cgroup)) == sorted([agent_pid, task, bash])
-        agent_proc.kill()  # the agent dies (OOM kill); nobody of ours reaps its orphans
+        # the agent's process group is SIGKILLed (an OOM kill of the agent and its task process, or a kill of
+        # the group by hand); the grandchild, in a session and group of its own, lives on as an orphan of init
+        os.killpg(agent_pid, signal.SIGKILL)
         agent_proc.wait(timeout=10)
+        wait_for(lambda: proc.identity(task) is None, what="the task process to die")
 
-        # today's /proc scan: the task child (session member) is found, its new-session clean-env child is not
-        scanned = proc.attempt_leftovers(agent, launch_id, use_cgroup=False)
-        assert task in scanned and bash not in scanned, (scanned, task, bash)
-        # the attempt's cgroup has both
-        assert sorted(proc.attempt_leftovers(agent, launch_id)) == sorted([task, bash])
+        # today's /proc scan: no session link, no marker, no parent link: the grandchild is not found
+        assert bash not in proc.attempt_leftovers(agent, launch_id, use_cgroup=False)
+        # the attempt's cgroup still has it
+        assert proc.attempt_leftovers(agent, launch_id) == [bash]
 
         for pid in proc.attempt_leftovers(agent, launch_id):
             assert proc.kill_tree(pid)
