@@ -268,10 +268,14 @@ def join_cgroup(path: str) -> bool:
     Its children forked afterwards start there too, whatever they do with sessions and environments."""
     try:
         os.makedirs(path, exist_ok=True)
+    except OSError:
+        return False
+    try:
         with open(os.path.join(path, "cgroup.procs"), "w") as fh:
             fh.write(str(os.getpid()))
         return True
     except OSError:
+        remove_cgroup(path)  # an empty attempt cgroup would read as "nothing left": never leave one behind
         return False
 
 
