@@ -115,15 +115,35 @@ ATTEMPT_ENV = "LEOFLOW_ATTEMPT"
 ``/proc/<pid>/environ`` (a forked child shows its exec-time environment only: the session test covers it)."""
 
 
-def attempt_leftovers(agent: ProcessIdentity, launch_id: str) -> list[int]:
+def attempt_leftovers(agent: ProcessIdentity, launch_id: str, *, use_cgroup: bool = True) -> list[int]:
     """Pids of live processes left over from the attempt whose agent ``agent`` is dead, found without any
     parent link (its orphans reparent to init when no zygote was there to reap them, e.g. while the scheduler
-    was down): members of the agent's session that started after it (the task child) and processes whose
-    environment carries ``ATTEMPT_ENV=launch_id`` (an exec'd descendant in a new session, e.g. ``bash``).
+    was down).
+
+    When the attempt has a cgroup (:func:`join_attempt_cgroup`, issue 8 hole 13) its member list is the
+    answer: no process leaves a cgroup by changing its session or environment. An empty attempt cgroup is
+    removed here (the attempt is over). Otherwise, or with ``use_cgroup=False``, the scan of ``/proc`` finds
+    members of the agent's session that started after it (the task child) and processes whose environment
+    carries ``ATTEMPT_ENV=launch_id`` (an exec'd descendant in a new session, e.g. ``bash``); it misses a
+    descendant that started its own session *and* replaced its environment (``BashOperator(env=...)``).
 
     The session test is skipped while any process holds the agent's pid: Linux never reuses a pid still used
     as a session id, so a live holder means the old session is empty and the id belongs to someone else.
     """
+    if use_cgroup:
+        groups = attempt_cgroups(launch_id)
+        if groups:
+            members = sorted({p for path in groups for p in cgroup_members(path)} - {os.getpid()})
+            members = [p for p in members if not (p == agent.pid and is_alive(agent))]
+            if not members:
+                for path in groups:
+                    remove_cgroup(path)
+            return members
+    return _scan_leftovers(agent, launch_id)
+
+
+def _scan_leftovers(agent: ProcessIdentity, launch_id: str) -> list[int]:
+    """The ``/proc`` scan of :func:`attempt_leftovers` (session members and marker carriers)."""
     wanted = f"{ATTEMPT_ENV}={launch_id}".encode()
     session_free = _read_stat(agent.pid) is None
     found: list[int] = []
@@ -147,6 +167,179 @@ def attempt_leftovers(agent: ProcessIdentity, launch_id: str) -> list[int]:
     return found
 
 
+# --- per-attempt cgroups (issue 8, hole 13) ---------------------------------------------------------------
+CGROUP_DIR = "leoflow"
+"""Name of the directory, in the cgroup of the process that computes it (the scheduler and its zygote share
+one), that holds one cgroup per attempt, named by launch id: ``<hierarchy>/<own cgroup>/leoflow/<launch id>``."""
+
+
+@dataclass(frozen=True)
+class CgroupHierarchy:
+    """Where attempt cgroups live on one cgroup hierarchy.
+
+    :param version: 2 (the unified hierarchy) or 1 (the v1 ``pids`` controller's hierarchy).
+    :param root: the directory holding attempt cgroups (``.../leoflow``), absolute.
+    """
+
+    version: int
+    root: str
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def cgroup_hierarchies() -> list[CgroupHierarchy]:
+    """The places attempt cgroups may live for this process, best first: the cgroup2 (unified) hierarchy,
+    then the cgroup v1 ``pids`` hierarchy, each at ``<mount point>/<this process's cgroup>/leoflow``. Read from
+    ``/proc/self/mountinfo`` and ``/proc/self/cgroup`` (``proc(5)``, ``cgroups(7)``); nothing is created.
+    Empty when neither is mounted or this process's cgroup there lies outside the mount (another namespace).
+    """
+    own: dict[str, str] = {}  # "v2" or a v1 controller -> this process's cgroup path
+    for line in (_read_text("/proc/self/cgroup") or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            own["v2"] = parts[2]
+        for controller in parts[1].split(","):
+            if controller:
+                own.setdefault(controller, parts[2])
+    found: dict[str, CgroupHierarchy] = {}
+    for line in (_read_text("/proc/self/mountinfo") or "").splitlines():
+        pre, sep, post = line.partition(" - ")
+        fields, tail = pre.split(), post.split()
+        if not sep or len(fields) < 5 or len(tail) < 3:
+            continue
+        mount_root, mount_point = fields[3], fields[4].replace("\\040", " ")
+        if tail[0] == "cgroup2":
+            key, version = "v2", 2
+        elif tail[0] == "cgroup" and "pids" in tail[2].split(","):
+            key, version = "pids", 1
+        else:
+            continue
+        path = own.get(key)
+        if key in found or path is None:
+            continue
+        if mount_root != "/" and not (path == mount_root or path.startswith(mount_root.rstrip("/") + "/")):
+            continue
+        rel = path[len(mount_root):] if mount_root != "/" else path
+        found[key] = CgroupHierarchy(version, os.path.join(mount_point, rel.lstrip("/"), CGROUP_DIR))
+    return [found[k] for k in ("v2", "pids") if k in found]
+
+
+def _cgroup_name(launch_id: str) -> str:
+    if not launch_id or "/" in launch_id or launch_id in (".", "..") or "\0" in launch_id:
+        raise ValueError(f"a launch id cannot name a cgroup: {launch_id!r}")
+    return launch_id
+
+
+def probe_cgroup() -> CgroupHierarchy | None:
+    """Pick the hierarchy attempt cgroups go to (called once at zygote start): the first of
+    :func:`cgroup_hierarchies` where a freshly forked process can create an attempt cgroup and move itself
+    into it, else ``None`` (proof of death then falls back to the ``/proc`` scan). Leaves nothing behind."""
+    for hierarchy in cgroup_hierarchies():
+        probe = os.path.join(hierarchy.root, f"probe-{os.getpid()}")
+        try:
+            os.makedirs(probe, exist_ok=True)
+        except OSError:
+            continue
+        try:
+            pid = os.fork()
+            if pid == 0:
+                ok = join_cgroup(probe)
+                os._exit(0 if ok else 1)
+            _, status = os.waitpid(pid, 0)
+            joined = os.waitstatus_to_exitcode(status) == 0
+        except OSError:
+            joined = False
+        remove_cgroup(probe)
+        if joined:
+            return hierarchy
+    return None
+
+
+def join_cgroup(path: str) -> bool:
+    """Move the calling process into the cgroup directory ``path`` (creating it); True when it worked.
+    Its children forked afterwards start there too, whatever they do with sessions and environments."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return False
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "w") as fh:
+            fh.write(str(os.getpid()))
+        return True
+    except OSError:
+        remove_cgroup(path)  # an empty attempt cgroup would read as "nothing left": never leave one behind
+        return False
+
+
+def join_attempt_cgroup(hierarchy: CgroupHierarchy, launch_id: str) -> str | None:
+    """Move the calling process (an agent, before it forks its task) into ``launch_id``'s attempt cgroup on
+    ``hierarchy``; return the cgroup's path, or ``None`` when the kernel refused (the ``/proc`` scan remains).
+
+    :raises ValueError: when ``launch_id`` cannot name a directory.
+    """
+    path = os.path.join(hierarchy.root, _cgroup_name(launch_id))
+    return path if join_cgroup(path) else None
+
+
+def attempt_cgroups(launch_id: str) -> list[str]:
+    """The existing attempt cgroups of ``launch_id`` (at most one per hierarchy of :func:`cgroup_hierarchies`).
+    A launch id that cannot name a directory has none."""
+    try:
+        name = _cgroup_name(launch_id)
+    except ValueError:
+        return []
+    return [p for h in cgroup_hierarchies() if os.path.isdir(p := os.path.join(h.root, name))]
+
+
+def cgroup_members(path: str) -> list[int]:
+    """Pids of the live (not zombie) processes in the cgroup directory ``path``; empty when it is gone."""
+    text = _read_text(os.path.join(path, "cgroup.procs")) or ""
+    return [int(p) for p in text.split() if p.isdigit() and identity(int(p)) is not None]
+
+
+def remove_cgroup(path: str) -> bool:
+    """Remove the cgroup directory ``path`` if it has no member; True when it is gone (or never existed)."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def kill_cgroup(path: str, timeout: float = 5.0) -> bool:
+    """SIGKILL every process in the cgroup directory ``path`` and remove it once empty; True when nothing of
+    it is left alive. Uses cgroup2's ``cgroup.kill`` (atomic: nothing forks past it) where the kernel has it,
+    else SIGKILL of the member list until it stays empty (a v1 pids cgroup)."""
+    kill_file = os.path.join(path, "cgroup.kill")
+    deadline = time.monotonic() + timeout
+    while True:
+        members = cgroup_members(path)
+        if not members:
+            # the kernel may call the cgroup busy for a moment after its last member exited
+            while not remove_cgroup(path) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        try:
+            with open(kill_file, "w") as fh:
+                fh.write("1")
+        except OSError:
+            for pid in members:
+                _signal(pid, signal.SIGKILL)
+        time.sleep(0.02)
+
+
 def find_by_title(title: str) -> list[int]:
     """Pids of live processes whose command line (as ``setproctitle`` leaves it) is ``title`` or starts with
     ``title`` followed by a space. A forked agent sets its title to a marker first thing, so a restarted
@@ -166,7 +359,8 @@ def find_by_title(title: str) -> list[int]:
     return found
 
 
-def kill_tree(root: ProcessIdentity | int, *, include_root: bool = True, timeout: float = 5.0) -> bool:
+def kill_tree(root: ProcessIdentity | int, *, include_root: bool = True, timeout: float = 5.0,
+              grace: float = 0.0) -> bool:
     """SIGKILL a whole process subtree, including members that started their own session.
 
     The tree is frozen first (SIGSTOP on every member, repeated until no new member appears) so nothing can
@@ -175,11 +369,23 @@ def kill_tree(root: ProcessIdentity | int, *, include_root: bool = True, timeout
 
     :param include_root: also kill ``root`` itself (False: only its descendants, e.g. a zygote's orphans).
     :param timeout: seconds to wait for the members to disappear.
+    :param grace: seconds (0: none, the default) to give ``root`` after a SIGTERM before the SIGKILL, as
+        Airflow's supervisor gives a task ``[core] killed_task_cleanup_time`` so its ``on_kill`` runs (an
+        agent forwards SIGTERM to its task process). Blocks the caller up to ``grace`` seconds; members of the
+        subtree that outlive ``root`` (reparented elsewhere once it exited) are still killed.
     :returns: True when no member is left alive (zombies awaiting their parent's wait count as gone).
     """
     ident = identity(root) if isinstance(root, int) else root
     if ident is None or not is_alive(ident):
         return True
+    if grace > 0 and include_root:
+        before = [m for p in descendants(ident.pid) if (m := identity(p)) is not None]
+        _signal(ident.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while is_alive(ident) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        root_gone = kill_tree(ident, timeout=timeout)  # first: a live root would fork past the sweep below
+        return all([kill_tree(m, timeout=timeout) for m in before if is_alive(m)]) and root_gone
     members: list[int] = [ident.pid] if include_root else []
     if include_root:
         _signal(ident.pid, signal.SIGSTOP)  # first: a running root would fork past every scan

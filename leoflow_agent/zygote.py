@@ -7,6 +7,18 @@ child subreapers, so a task's subprocesses that start new sessions (BashOperator
 attempt's tree; when an agent dies, the zygote kills whatever of its subtree is left (orphans reparent to
 the zygote) and only then reports ``exited``. The zygote dies with the scheduler (parent-death signal and
 executor hang-up); agents do not, so a restarted scheduler can adopt them.
+
+Issue 8: where the host allows it (probed at start: a cgroup2 subtree, else the v1 ``pids`` hierarchy), each
+agent first moves into its own attempt cgroup (``<hierarchy>/<our cgroup>/leoflow/<launch id>``), so proof
+of death sees every process of the attempt whatever it did with sessions and environments
+(:func:`leoflow_agent.proc.attempt_leftovers`). A failed fork is infra: that launch goes back as a retryable
+``launch_failed`` and the other held launches wait out a bounded back-off (:mod:`leoflow_agent.handoff`). A
+``kill`` is graceful and never blocks the loop: SIGTERM (the Task SDK supervisor forwards it to the task, so
+``on_kill`` runs), SIGKILL of the subtree after ``[core] killed_task_cleanup_time``.
+
+Messages beyond :mod:`leoflow_agent.protocol`'s list: ``kill`` takes an optional ``"grace"`` (seconds; 0:
+SIGKILL at once), and every ``launch_failed`` carries ``"retryable"`` (true only for a fork or pipe failure:
+the executor should re-offer the workload rather than fail the task).
 """
 
 from __future__ import annotations
@@ -76,6 +88,9 @@ class Zygote:
         self.handoff = Handoff()  # held launches and busy agents (``limit`` op from the executor)
         self.stopping = False
         self.had_conn = False
+        self.cgroup: proc.CgroupHierarchy | None = None  # where agents put their attempt's cgroup (serve())
+        self.kill_grace = 60.0  # [core] killed_task_cleanup_time, read in _preload
+        self.kills: dict[int, tuple[proc.ProcessIdentity, float]] = {}  # agent pid -> (identity, SIGKILL at)
         if preload:
             self._preload()
 
@@ -88,6 +103,7 @@ class Zygote:
         import airflow.executors.base_executor  # noqa: F401
 
         self.decode_workload = workload_decoder()
+        self.kill_grace = _killed_task_cleanup_time()
         self._warm_per_process_caches()
         self._import_extra_modules()
         try:
@@ -158,6 +174,12 @@ class Zygote:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.cgroup = proc.probe_cgroup()
+        if self.cgroup is None:
+            log.info("no usable cgroup hierarchy (cgroup2 subtree or v1 pids): proof of death scans /proc for "
+                     "each attempt's session and environment marker")
+        else:
+            log.info("attempt cgroups: cgroup v%d under %s", self.cgroup.version, self.cgroup.root)
         srv = self._listen()
         # closed in every forked agent: an agent that outlives us must not hold our listening socket (a
         # successor's executor would connect to it and wait for a hello that never comes) or our signal pipe
@@ -182,8 +204,14 @@ class Zygote:
         return 0
 
     def _step(self, srv: socket.socket, rfd: int) -> None:
-        """One pass of the event loop: wait up to 1 s for events, handle them, reap children."""
-        for key, _ in self.sel.select(timeout=1.0):
+        """One pass of the event loop: wait up to 1 s (less when a held launch's fork retry or a kill's grace
+        ends sooner) for events, handle them, reap children, retry held launches after a failed fork, and
+        escalate kills whose grace is over."""
+        timeout = 1.0
+        for wait in (self.handoff.wait_for(time.monotonic()), self._next_kill_due(time.monotonic())):
+            if wait is not None:
+                timeout = min(timeout, wait)
+        for key, _ in self.sel.select(timeout=timeout):
             what = key.data
             if what == "listen":
                 self._accept(srv)
@@ -198,6 +226,9 @@ class Zygote:
             elif what == "report":
                 self._read_report(key.fd)
         self._reap()
+        self._escalate_kills(time.monotonic())
+        if self.handoff.retry_at is not None:
+            self._fork_all(self.handoff.due(time.monotonic()))
 
     def _on_term(self, *_: Any) -> None:
         self.stopping = True
@@ -254,12 +285,7 @@ class Zygote:
             if self._valid_launch(msg):
                 self._fork_all(self.handoff.offer(msg))
         elif op == "kill":
-            launch_id = msg.get("launch_id")
-            if isinstance(launch_id, str) and self.handoff.drop(launch_id):
-                self._send({"ev": "launch_failed", "launch_id": launch_id, "error": "killed before it was forked"})
-            for pid, agent in list(self.agents.items()):
-                if agent["launch_id"] == launch_id:
-                    proc.kill_tree(pid)
+            self._kill(msg)
         elif op == "limit":
             limit = msg.get("max_agents")
             if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
@@ -272,26 +298,90 @@ class Zygote:
         else:
             log.error("unknown op %r", op)
 
+    # --- kills ----------------------------------------------------------------------------------------
+    def _kill(self, msg: dict[str, Any]) -> None:
+        """The ``kill`` op: ``{"op": "kill", "launch_id": str, "grace": seconds (optional)}``.
+
+        A held launch is dropped (``launch_failed``, not retryable). A running agent gets SIGTERM, which the
+        Task SDK supervisor forwards to the task process so the operator's ``on_kill`` runs (Airflow's
+        ``ActivitySubprocess.wait`` installs that forwarder); its whole subtree (and attempt cgroup) gets
+        SIGKILL once ``grace`` seconds pass (default ``[core] killed_task_cleanup_time``, 60 s), from the
+        event loop, which never blocks on it (:meth:`_escalate_kills`). ``grace`` 0 kills at once. A bad
+        ``grace`` is logged and the default used: a kill is never dropped.
+        """
+        launch_id = msg.get("launch_id")
+        grace = msg.get("grace", self.kill_grace)
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < float("inf"):
+            log.error("bad grace in kill message %r; using %.0f s", msg, self.kill_grace)
+            grace = self.kill_grace
+        if isinstance(launch_id, str) and self.handoff.drop(launch_id):
+            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": "killed before it was forked",
+                        "retryable": False})
+        now = time.monotonic()
+        for pid, agent in list(self.agents.items()):
+            if agent["launch_id"] != launch_id:
+                continue
+            ident = proc.identity(pid)
+            if ident is None:
+                continue  # exited already; _reap kills what is left
+            if grace == 0:
+                self._kill_now(ident, launch_id)
+                continue
+            if pid not in self.kills:  # a repeated kill keeps the first deadline
+                os.kill(pid, signal.SIGTERM)
+                self.kills[pid] = (ident, now + float(grace))
+
+    def _kill_now(self, ident: proc.ProcessIdentity, launch_id: str) -> None:
+        """SIGKILL an agent's subtree and its attempt cgroup's members."""
+        proc.kill_tree(ident)
+        for path in proc.attempt_cgroups(launch_id):
+            proc.kill_cgroup(path)
+
+    def _next_kill_due(self, now: float) -> float | None:
+        """Seconds until the earliest pending kill's grace ends (0 if it has), ``None`` when none is pending."""
+        if not self.kills:
+            return None
+        return max(0.0, min(at for _, at in self.kills.values()) - now)
+
+    def _escalate_kills(self, now: float) -> None:
+        """SIGKILL the subtree of every agent whose grace is over; forget kills of agents that exited."""
+        for pid, (ident, at) in list(self.kills.items()):
+            if pid not in self.agents:
+                del self.kills[pid]
+            elif now >= at:
+                del self.kills[pid]
+                log.warning("agent %d of %s outlived its kill grace; SIGKILL", pid, self.agents[pid]["launch_id"])
+                self._kill_now(ident, self.agents[pid]["launch_id"])
+
     # --- agents ---------------------------------------------------------------------------------------
     def _valid_launch(self, msg: dict[str, Any]) -> bool:
         launch_id = msg.get("launch_id")
         if not isinstance(launch_id, str) or not isinstance(msg.get("workload"), str) or not msg.get("server"):
-            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": "malformed launch message"})
+            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": "malformed launch message",
+                        "retryable": False})
             return False
         if msg.get("fault") is not None and msg["fault"] not in protocol.FAULT_POINTS:
-            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": f"unknown fault {msg['fault']!r}"})
+            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": f"unknown fault {msg['fault']!r}",
+                        "retryable": False})
             return False
         return True
 
     def _fork_all(self, messages: list[dict[str, Any]]) -> None:
-        """Fork each launch the hand-off released; one that cannot be forked frees its place for the next."""
+        """Fork each launch the hand-off released. A failed fork is infra (issue 8, hole 8): that launch goes
+        back to the executor as a retryable ``launch_failed``, the rest are held again and the hand-off
+        pauses for its back-off (:meth:`Handoff.fork_failed`); the loop retries them in :meth:`_step`."""
         if self.stopping:  # SIGTERM: nothing new starts; the executor re-offers what it never saw launched
             return
         work = list(messages)
         while work:
             msg = work.pop(0)
-            if not self._launch(msg):
-                work.extend(self.handoff.freed(msg["launch_id"]))
+            if self._launch(msg):
+                self.handoff.forked()
+                continue
+            delay = self.handoff.fork_failed(msg["launch_id"], time.monotonic(), not_tried=work)
+            log.warning("could not fork the agent of %s; holding %d launches for %.1f s (failed forks in a "
+                        "row: %d)", msg["launch_id"], len(self.handoff.held), delay, self.handoff.fork_failures)
+            return
 
     def _freed(self, launch_id: str) -> None:
         self._fork_all(self.handoff.freed(launch_id))
@@ -299,13 +389,19 @@ class Zygote:
     def _launch(self, msg: dict[str, Any]) -> bool:
         """Fork the agent of one (validated) launch; False (and ``launch_failed`` sent) when the fork failed."""
         launch_id = msg["launch_id"]
-        rfd, wfd = os.pipe2(os.O_CLOEXEC)
+        try:
+            rfd, wfd = os.pipe2(os.O_CLOEXEC)
+        except OSError as exc:  # EMFILE/ENFILE: the host's limit, not the task's
+            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": f"pipe failed: {exc.strerror}",
+                        "retryable": True})
+            return False
         try:
             pid = os.fork()
-        except OSError as exc:
+        except OSError as exc:  # EAGAIN (pids limit, TasksMax), ENOMEM: infra, re-offered by the executor
             os.close(rfd)
             os.close(wfd)
-            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": f"fork failed: {exc.strerror}"})
+            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": f"fork failed: {exc.strerror}",
+                        "retryable": True})
             return False
         if pid == 0:  # the agent
             code = 1
@@ -316,6 +412,7 @@ class Zygote:
                 signal.set_wakeup_fd(-1)
                 for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
+                self._join_cgroup(launch_id)  # first: before the agent forks its task
                 self.sel.close()
                 if self.conn is not None:
                     self.conn.close()
@@ -343,6 +440,20 @@ class Zygote:
         start = proc.start_time(pid)
         self._send({"ev": "launched", "launch_id": launch_id, "pid": pid, "start_time": start})
         return True
+
+    def _join_cgroup(self, launch_id: str) -> None:
+        """In a freshly forked agent: move into the attempt's cgroup (if the probe found a hierarchy), so proof
+        of death finds every process of the attempt whatever it does with sessions and environments."""
+        if self.cgroup is None:
+            return
+        try:
+            joined = proc.join_attempt_cgroup(self.cgroup, launch_id)
+        except ValueError as exc:
+            joined = None
+            log.warning("%s", exc)
+        if joined is None:
+            log.warning("the agent of %s could not join its attempt cgroup; proof of death will scan /proc",
+                        launch_id)
 
     def _read_report(self, fd: int, agent: dict[str, Any] | None = None) -> None:
         pid = self.report_fds.get(fd)
@@ -394,6 +505,9 @@ class Zygote:
             self._read_report(agent["report_fd"], agent)
             self._close_report(agent["report_fd"])
             self._kill_orphans()
+            for path in proc.attempt_cgroups(agent["launch_id"]):
+                proc.kill_cgroup(path)  # what left the tree (reparented past us) is still in the cgroup
+            self.kills.pop(pid, None)
             code = os.waitstatus_to_exitcode(status)
             self._send({"ev": "exited", "launch_id": agent["launch_id"], "pid": pid, "exit_code": code})
             self._freed(agent["launch_id"])
@@ -414,6 +528,17 @@ class Zygote:
                 except ChildProcessError:
                     pass
             time.sleep(0.01)
+
+
+def _killed_task_cleanup_time() -> float:
+    """Airflow's ``[core] killed_task_cleanup_time`` (seconds a killed task gets between SIGTERM and SIGKILL,
+    60 by default in Airflow 3.3.2's ``config.yml``); 60 when it cannot be read."""
+    try:
+        from airflow.configuration import conf
+
+        return float(conf.getint("core", "killed_task_cleanup_time", fallback=60))
+    except Exception:  # noqa: BLE001 - a missing or odd value: Airflow's default
+        return 60.0
 
 
 def serve_main(socket_path: str, extra_modules: tuple[str, ...] = ()) -> int:

@@ -3,6 +3,8 @@ forked first in first out the moment a busy agent reports or exits, revoked ones
 
 from __future__ import annotations
 
+import pytest
+
 from leoflow_agent.handoff import Handoff
 
 
@@ -77,3 +79,47 @@ def test_retoken_replaces_only_a_held_workload():
     (released,) = h.freed("l1")
     assert released["workload"] == "new2"
 
+
+
+def test_fork_backoff_doubles_from_its_base_and_is_capped():
+    """Bounded exponential back-off after failed forks in a row; nonsense input is refused."""
+    from leoflow_agent.handoff import FORK_BACKOFF_CAP, fork_backoff
+
+    assert [fork_backoff(n, base=0.5, cap=4.0) for n in (1, 2, 3, 4, 5, 100)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    assert fork_backoff(10_000) == FORK_BACKOFF_CAP
+    for bad in ({"failures": 0}, {"failures": 1, "base": 0}, {"failures": 1, "cap": -1}):
+        with pytest.raises(ValueError):
+            fork_backoff(**bad)
+
+
+def test_a_failed_fork_holds_every_other_launch_until_the_back_off_is_over():
+    """Issue 8 hole 8: a failed fork must not drain the held queue into more failed forks. The failed launch
+    leaves (the executor re-offers it), the ones released with it go back to the front of the queue in order,
+    nothing is released while paused (not by a freed slot, a new launch or a raised limit), and the held
+    launches come out once ``due`` is called at the retry time."""
+    h = Handoff(limit=0)
+    for n in (1, 2, 3, 4):
+        h.offer(launch(n))
+    released = h.set_limit(3)
+    assert ids(released) == ["l1", "l2", "l3"]
+    delay = h.fork_failed("l1", now=100.0, not_tried=released[1:])  # l1 failed; l2, l3 never tried
+    assert delay == 0.5 and h.retry_at == 100.5
+    assert list(h.held) == ["l2", "l3", "l4"] and h.busy == set()
+    assert h.offer(launch(5)) == [] and h.set_limit(4) == [] and h.freed("lx") == []
+    assert h.wait_for(100.2) == pytest.approx(0.3)
+    assert h.due(100.4) == []
+    assert ids(h.due(100.5)) == ["l2", "l3", "l4", "l5"] and h.retry_at is None and h.wait_for(101) is None
+
+
+def test_back_off_grows_while_forks_keep_failing_and_resets_after_one_works():
+    h = Handoff(limit=1)
+    h.offer(launch(1))
+    h.offer(launch(2))
+    assert h.fork_failed("l1", now=0.0) == 0.5
+    (l2,) = h.due(0.5)
+    assert h.fork_failed("l2", now=1.0, not_tried=[]) == 1.0  # second failure in a row: doubled
+    h.offer(launch(3))
+    (l3,) = h.due(2.0)
+    h.forked()  # l3's fork worked
+    h.offer(launch(4))
+    assert h.freed("l3") and h.fork_failed("l4", now=3.0) == 0.5

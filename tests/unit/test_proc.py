@@ -239,3 +239,40 @@ def test_find_by_title_finds_a_process_by_its_setproctitle_marker():
         child.kill()
         child.wait()
     assert _proc.find_by_title("leoflow agent 0190abcd:1:1") == []
+
+
+# An "agent" that, like the Task SDK supervisor's ActivitySubprocess.wait(), forwards SIGTERM to its task
+# process; the task's SIGTERM handler is its on_kill (Airflow's task_runner installs one that calls
+# ti.task.on_kill() and carries on), which writes a marker and keeps running, so only SIGKILL ends it.
+FORWARDING_AGENT = textwrap.dedent("""
+    import os, signal, sys, time
+    marker, ready = sys.argv[1], sys.argv[2]
+    task = os.fork()
+    if task == 0:
+        signal.signal(signal.SIGTERM, lambda *_: open(marker, "w").write("on_kill ran"))
+        open(ready, "w").close()
+        while True:
+            time.sleep(1)
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(task, signal.SIGTERM))
+    while True:
+        time.sleep(1)
+""")
+
+
+@pytest.mark.parametrize("grace", [0.0, 2.0])
+def test_kill_tree_with_a_grace_lets_the_task_run_on_kill_first(tmp_path, grace):
+    """Issue 8 hole 16: with ``grace`` the root gets SIGTERM first, which reaches the task's on_kill, and the
+    whole subtree is SIGKILLed after the grace even though the task ignores the SIGTERM. Without one (the
+    default, unchanged) on_kill never runs."""
+    marker, ready = tmp_path / "marker", tmp_path / "ready"
+    p = subprocess.Popen([PY, "-c", FORWARDING_AGENT, str(marker), str(ready)])
+    try:
+        wait_for(ready.exists, what="the task process")
+        (task,) = proc.children(p.pid)
+        task_ident = proc.identity(task)
+        assert proc.kill_tree(p.pid, grace=grace) is True
+        assert not proc.is_alive(task_ident)
+        assert marker.exists() is (grace > 0)
+    finally:
+        proc.kill_tree(p.pid)
+        p.wait()
