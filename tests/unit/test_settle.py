@@ -7,7 +7,6 @@ api-server serving ``[api] ssl_cert`` would be.
 
 from __future__ import annotations
 
-import datetime
 import http.server
 import json
 import ssl
@@ -15,6 +14,7 @@ import threading
 
 import pytest
 
+from devtools.tls import self_signed_cert
 from leoflow_agent.outcome import Outcome, OutcomeRecord
 from leoflow_airflow.settle import SettleResult, classify, replay_state
 
@@ -61,37 +61,10 @@ def test_settle_result_defaults_to_not_retryable():
 
 # --- replay_state against a real https server -----------------------------------------------------------
 
-def _self_signed(tmp_path):
-    """A key and a self-signed certificate for 127.0.0.1 / localhost, written as PEM files."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    import ipaddress
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "leoflow-test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                    x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
-
-
 @pytest.fixture
 def https_server(tmp_path):
     """A real https server on 127.0.0.1 that records each PATCH and answers 204."""
-    cert_path, key_path = _self_signed(tmp_path)
+    cert_path, key_path = self_signed_cert(tmp_path)
     seen: list[dict] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
