@@ -140,3 +140,11 @@ def test_replay_holdoff_max_seconds():
     assert settings.load(getter(replay_holdoff_max_seconds="0")).replay_holdoff_max_seconds == 0.0
     with pytest.raises(ConfigError, match="replay_holdoff_max_seconds"):
         settings.load(getter(replay_holdoff_max_seconds="-1"))
+
+
+def test_malformed_agent_env_deny_through_airflow_config(monkeypatch):
+    """What an operator sees for ``AIRFLOW__LEOFLOW__AGENT_ENV_DENY="AWS_*, MY VAR"``: key and value named."""
+    monkeypatch.setenv("AIRFLOW__LEOFLOW__AGENT_ENV_DENY", "AWS_*, MY VAR")
+    with pytest.raises(ConfigError, match=r"\[leoflow\] agent_env_deny = 'AWS_\*, MY VAR': 'MY VAR' is not an "
+                                          r"environment variable name"):
+        settings.load()
