@@ -87,6 +87,14 @@ def purge_holdoff_allowed(*, since: datetime | None, now: datetime, max_seconds:
     no bound, so no hold-off. ``max_seconds``: ``[leoflow] replay_holdoff_max_seconds`` (0: never). True while
     ``now - since <= max_seconds``; past it Airflow's own purge takes over (review finding 8: the hold-off
     must be bounded, so a replay that never lands cannot keep a TI RUNNING for ever).
+
+    Why the default is 3600 s: without a hold-off Airflow fails the TI ``[scheduler]
+    task_instance_heartbeat_timeout`` (300 s) after its last heartbeat. Api-server outages that end on their
+    own (a restart or rolling deploy: seconds to minutes; a DB failover or a lost node: tens of minutes) fit
+    in an hour, twelve default heartbeat timeouts. A replay that can never land but is not recognised as
+    final (a persistent 5xx) hands the TI back to Airflow's own path within that hour, where the user's
+    retries and failure callback apply. Holding off costs no slot (the agent is dead); the TI only shows
+    RUNNING, so its downstream tasks wait.
     """
     if since is None or max_seconds <= 0:
         return False
