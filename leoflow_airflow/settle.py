@@ -94,9 +94,10 @@ def replay_state(record: OutcomeRecord, *, jwt_generator: Any, server: str, time
     :param server: the Execution API base URL (``.../execution/``), ``http`` or ``https``.
     :param timeout: seconds, httpx's timeout: it bounds each phase (connect, write, read, pool), not the sum.
     :returns: a :class:`SettleResult`. A transport error (TLS verification included) gives ``settled=False,
-        retryable=True``; a record without a replayable payload gives ``settled=False, retryable=False``.
-    :raises ValueError, OSError, ssl.SSLError: when the SDK's TLS settings are unusable (see
-        :func:`sdk_tls_options`): a configuration error, not a property of this attempt.
+        retryable=True``, and so do unusable TLS settings (a CA file that cannot be read, half a client
+        certificate pair; see :func:`sdk_tls_options`): a configuration error the operator can fix, which
+        breaks the agents' own reports too, so it never crashes the scheduler loop nor re-runs the task. A
+        record without a replayable payload gives ``settled=False, retryable=False``.
     """
     if record.ti_id is None or record.payload is None:
         return SettleResult(False, False, "the record carries no replayable payload")
@@ -106,7 +107,11 @@ def replay_state(record: OutcomeRecord, *, jwt_generator: Any, server: str, time
         headers["airflow-api-version"] = record.api_version
     url = server.rstrip("/") + f"/task-instances/{record.ti_id}/state"
     try:
-        response = httpx.patch(url, json=record.payload, headers=headers, timeout=timeout, **sdk_tls_options())
+        tls = sdk_tls_options()
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        return SettleResult(False, False, f"the Task SDK's TLS settings are unusable: {exc}"[:300], retryable=True)
+    try:
+        response = httpx.patch(url, json=record.payload, headers=headers, timeout=timeout, **tls)
     except httpx.HTTPError as exc:
         return SettleResult(False, False, f"transport error: {type(exc).__name__}: {exc}"[:300], retryable=True)
     result = classify(response.status_code)

@@ -142,3 +142,30 @@ def test_a_record_without_payload_is_not_retried():
     record = OutcomeRecord(outcome=Outcome.SUCCESS, ti_id=TI_ID, try_number=1, attempt_epoch=1, state="success", payload=None)
     result = replay_state(record, jwt_generator=None, server="https://unused/", timeout=1)
     assert (result.settled, result.retryable) == (False, False)
+
+
+def test_unusable_tls_settings_are_retried_with_a_clear_detail(monkeypatch, tmp_path):
+    """A CA file that cannot be read is a configuration error: reported, retried, never a crash of the
+    scheduler loop and never a re-run of the task."""
+    from airflow.sdk.api import client as sdk_client
+
+    missing = tmp_path / "no-such-ca.pem"
+    monkeypatch.setattr(sdk_client, "API_SSL_CERT_PATH", "")
+    monkeypatch.setattr(sdk_client, "API_SSL_CA_FILE_PATH", str(missing))
+    result = replay_state(_record(), jwt_generator=_jwt_generator(), server="https://127.0.0.1:9/execution/",
+                          timeout=1)
+    assert (result.settled, result.retryable) == (False, True)
+    assert "TLS settings are unusable" in result.detail
+
+
+def test_half_a_client_certificate_pair_is_refused_like_the_sdk_does(monkeypatch):
+    from airflow.sdk.api import client as sdk_client
+
+    from leoflow_airflow.settle import sdk_tls_options
+
+    monkeypatch.setattr(sdk_client, "API_CLIENT_SSL_CERT", "/c.pem")
+    monkeypatch.setattr(sdk_client, "API_CLIENT_SSL_KEY", None)
+    with pytest.raises(ValueError, match="client_ssl_cert and client_ssl_key"):
+        sdk_tls_options()
+    monkeypatch.setattr(sdk_client, "API_CLIENT_SSL_KEY", "/k.pem")
+    assert sdk_tls_options()["cert"] == ("/c.pem", "/k.pem")
