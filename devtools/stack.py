@@ -75,7 +75,9 @@ class AirflowStack:
     bundled example files (without ``.py``) copied into ``home/example_dags``, a second LocalDagBundle.
     ``sql_alchemy_conn``: a SQLAlchemy URL; ``None`` means SQLite at ``home/airflow.db`` with WAL and a 30 s
     busy timeout (``tune_sqlite=False`` keeps SQLite's defaults, for measuring). ``extra_env``: more variables
-    for every process, applied last (they win).
+    for every process, applied last (they win). ``tls``: ``(cert, key)`` PEM paths: the api-server serves
+    https with them (``[api] ssl_cert`` / ``ssl_key``, which the Task SDK also trusts as its CA), and this
+    stack's own API calls verify against ``cert`` (``devtools.tls.self_signed_cert`` makes a pair).
 
     Use as a context manager or call ``stop()``: every process started is stopped, including task
     processes that left their parent's process group.
@@ -92,6 +94,7 @@ class AirflowStack:
         sql_alchemy_conn: str | None = None,
         extra_env: dict[str, str] | None = None,
         tune_sqlite: bool = True,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         self.home = Path(home).resolve()
         self.executor = executor
@@ -105,7 +108,9 @@ class AirflowStack:
         self.stack_id = uuid.uuid4().hex
         self.api_port = free_port()
         self.log_server_port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.api_port}"
+        self.tls = None if tls is None else (Path(tls[0]).resolve(), Path(tls[1]).resolve())
+        self._verify: str | bool = True if self.tls is None else str(self.tls[0])
+        self.base_url = f"{'http' if self.tls is None else 'https'}://127.0.0.1:{self.api_port}"
         self.process_logs = self.home / "process-logs"
         self.traces_dir = self.home / "traces"
         self.examples_folder = self.home / "example_dags"
@@ -172,6 +177,8 @@ class AirflowStack:
             # Only the runs we trigger: unpausing a scheduled example must not add a scheduled run.
             "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
         }
+        if self.tls is not None:
+            cfg.update(AIRFLOW__API__SSL_CERT=str(self.tls[0]), AIRFLOW__API__SSL_KEY=str(self.tls[1]))
         if self.sqlite and self.tune_sqlite:
             cfg.update(sqlite_tuning.env())
         return {**base, **cfg, **self.extra_env}
@@ -266,7 +273,7 @@ class AirflowStack:
 
     def _api_up(self) -> bool:
         try:
-            return httpx.get(f"{self.base_url}/api/v2/version", timeout=2).status_code < 500
+            return httpx.get(f"{self.base_url}/api/v2/version", timeout=2, verify=self._verify).status_code < 500
         except httpx.HTTPError:
             return False
 
@@ -300,6 +307,7 @@ class AirflowStack:
                     f"{self.base_url}/auth/token",
                     json={"username": API_USER, "password": self._password},
                     timeout=30,
+                    verify=self._verify,
                 )
             except httpx.HTTPError as exc:
                 raise StackError(f"/auth/token failed: {exc!r}") from exc
@@ -309,6 +317,7 @@ class AirflowStack:
                 base_url=f"{self.base_url}/api/v2",
                 headers={"Authorization": f"Bearer {token.json()['access_token']}"},
                 timeout=60,
+                verify=self._verify,
             )
         return self._client
 

@@ -1,10 +1,15 @@
-"""Reads of Airflow's own metadata rows that the executor needs, on a fresh non-scoped session.
+"""Reads of Airflow's own metadata rows that the executor needs, and the one guarded heartbeat refresh it
+makes (:func:`hold_off_purge`), on a fresh non-scoped session.
 
 A non-scoped session never shares the scheduler thread's scoped session, so committing or closing it can
 never end a transaction the scheduler loop has open.
 """
 
 from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
 
 from leoflow_airflow.dispatch.guard import TIRow
 
@@ -25,8 +30,6 @@ def load_ti_row_by_id(ti_id: str) -> TIRow | None:
     """Return the live ``task_instance`` row whose primary key is ``ti_id``, or ``None``."""
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
-
-    import uuid
 
     try:
         key = uuid.UUID(str(ti_id))
@@ -57,8 +60,6 @@ def load_ti_row(dag_id: str, run_id: str, task_id: str, map_index: int) -> TIRow
 
 def load_ti_liveness(ti_ids: list[str]) -> dict[str, tuple[str | None, object]]:
     """Return ``{ti_id: (state, last_heartbeat_at)}`` for the live rows among ``ti_ids`` (one query)."""
-    import uuid
-
     from sqlalchemy import select
 
     from airflow.models.taskinstance import TaskInstance
@@ -77,3 +78,65 @@ def load_ti_liveness(ti_ids: list[str]) -> dict[str, tuple[str | None, object]]:
             select(TaskInstance.id, TaskInstance.state, TaskInstance.last_heartbeat_at).where(TaskInstance.id.in_(keys))
         ).all()
     return {str(r.id): (None if r.state is None else str(r.state), r.last_heartbeat_at) for r in rows}
+
+
+def purge_holdoff_allowed(*, since: datetime | None, now: datetime, max_seconds: float) -> bool:
+    """Whether Airflow's heartbeat purge may still be held off for an attempt whose report awaits a replay.
+
+    Pure. ``since``: when the attempt was found dead (the ledger's ``exited_at``), aware UTC; ``None`` gives
+    no bound, so no hold-off. ``max_seconds``: ``[leoflow] replay_holdoff_max_seconds`` (0: never). True while
+    ``now - since <= max_seconds``; past it Airflow's own purge takes over (review finding 8: the hold-off
+    must be bounded, so a replay that never lands cannot keep a TI RUNNING for ever).
+
+    Why the default is 3600 s: without a hold-off Airflow fails the TI ``[scheduler]
+    task_instance_heartbeat_timeout`` (300 s) after its last heartbeat. Api-server outages that end on their
+    own (a restart or rolling deploy: seconds to minutes; a DB failover or a lost node: tens of minutes) fit
+    in an hour, twelve default heartbeat timeouts. A replay that can never land but is not recognised as
+    final (a persistent 5xx) hands the TI back to Airflow's own path within that hour, where the user's
+    retries and failure callback apply. Holding off costs no slot (the agent is dead); the TI only shows
+    RUNNING, so its downstream tasks wait.
+    """
+    if since is None or max_seconds <= 0:
+        return False
+    return (now - since).total_seconds() <= max_seconds
+
+
+def hold_off_purge(ti_id: str, *, now: datetime | None = None, session: Any = None) -> bool:
+    """Refresh ``last_heartbeat_at`` of the RUNNING TI ``ti_id`` so Airflow's heartbeat purge passes it over.
+
+    Issue 8 hole 7, review finding 8: while a current epoch's recorded terminal report cannot be replayed
+    (the api-server is down), Airflow's DB-only purge (``scheduler_job_runner.py``
+    ``_find_task_instances_without_heartbeats``: RUNNING/RESTARTING with ``last_heartbeat_at`` older than
+    ``[scheduler] task_instance_heartbeat_timeout``) would fail a task whose success is on disk. One guarded
+    ``UPDATE task_instance SET last_heartbeat_at = :now WHERE id = :ti_id AND state = 'running'``, the same
+    refresh adoption does (DESIGN §3 "Adoption"). The caller bounds it with :func:`purge_holdoff_allowed`.
+
+    :param ti_id: the TI's primary key (a UUID string).
+    :param now: the new heartbeat time, aware UTC; default ``airflow.utils.timezone.utcnow()``.
+    :param session: run inside this SQLAlchemy session's transaction (the caller commits); default a fresh
+        non-scoped session, committed here.
+    :returns: True when a row changed; False when the TI is gone or no longer RUNNING (then leave it alone).
+    :raises ValueError: ``ti_id`` is not a UUID (nothing written).
+    :raises sqlalchemy.exc.SQLAlchemyError: on a DB failure (nothing committed).
+    """
+    from sqlalchemy import update
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils import timezone
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+
+    try:
+        key = uuid.UUID(str(ti_id))
+    except ValueError:
+        raise ValueError(f"hold_off_purge: ti_id {ti_id!r} is not a UUID") from None
+    stmt = (
+        update(TaskInstance)
+        .where(TaskInstance.id == key, TaskInstance.state == TaskInstanceState.RUNNING)
+        .values(last_heartbeat_at=now or timezone.utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    if session is not None:
+        return session.execute(stmt).rowcount == 1
+    with create_session(scoped=False) as fresh:
+        return fresh.execute(stmt).rowcount == 1

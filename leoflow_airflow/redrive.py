@@ -31,10 +31,33 @@ class BudgetDecision:
     spent: int
 
 
-def budget_decision(*, spent: int | None, seen_max_tries: int | None, max_tries: int, limit: int) -> BudgetDecision:
-    """Pure budget rule: the count resets when the row's ``max_tries`` differs from the value leoflow last saw
-    or wrote (a user clear rewrote it); a re-drive is allowed while fewer than ``limit`` were spent."""
-    used = 0 if spent is None or seen_max_tries != max_tries else spent
+def budget_decision(
+    *, spent: int | None, seen_max_tries: int | None, max_tries: int, limit: int,
+    seen_clear_number: int | None = None, clear_number: int | None = None,
+) -> BudgetDecision:
+    """Pure budget rule (DESIGN §2, the "no record / RUNNING" row; issue 8 hole 16a, review 13a).
+
+    The count starts over when the user cleared the task since leoflow last charged it:
+
+    - the dag run's ``clear_number`` differs from the one stored with the budget row. Airflow's
+      ``clear_task_instances`` (``models/taskinstance.py``) adds 1 to it on every clear that resets dag runs
+      (the UI's and the REST API's default). This decides whenever both values are known.
+    - otherwise (equal clear numbers, or a row stored before clear numbers were) the TI's ``max_tries``
+      differs from the value leoflow last saw or wrote. This fallback is needed for clears that leave the dag
+      run alone and so keep ``clear_number`` (REST ``clearTaskInstances`` with ``reset_dag_runs=false``,
+      ``dag.test()``): such a clear still rewrites ``max_tries = try_number + retries``. It can miss a clear
+      that comes out at the same ``max_tries``; only the clear_number catches that.
+
+    A re-drive is allowed while fewer than ``limit`` (``[leoflow] infra_retry_budget``) were spent.
+    ``spent``, ``seen_*``: the stored row (``None`` when there is none); ``max_tries``, ``clear_number``: now.
+    Returns the decision and the count to store if the caller re-drives.
+    """
+    cleared = (
+        spent is None
+        or (seen_clear_number is not None and clear_number is not None and seen_clear_number != clear_number)
+        or seen_max_tries != max_tries
+    )
+    used = 0 if cleared else spent
     if used >= limit:
         return BudgetDecision(False, used)
     return BudgetDecision(True, used + 1)
@@ -43,8 +66,12 @@ def budget_decision(*, spent: int | None, seen_max_tries: int | None, max_tries:
 def charge_budget(session: Any, ti: Any, *, limit: int) -> BudgetDecision:
     """Charge one infra re-run to ``ti``'s logical budget inside ``session``'s transaction (Airflow's own,
     so the charge commits or rolls back with the TI change). Returns the decision; nothing is written when
-    ``allowed`` is False. ``seen_max_tries`` becomes ``ti.max_tries + 1``: the value the caller writes."""
+    ``allowed`` is False. Stored with the count: ``seen_max_tries = ti.max_tries + 1`` (the value the caller
+    writes next) and the dag run's ``clear_number`` (:func:`budget_decision`). ``ti``: an ORM
+    ``TaskInstance`` of ``session``. Raises ``sqlalchemy.exc.SQLAlchemyError`` on a DB failure."""
     from sqlalchemy import select
+
+    from airflow.models.dagrun import DagRun
 
     from leoflow_airflow.ledger.models import infra_budget_table as budget
     from leoflow_airflow.ledger.store import _utcnow
@@ -53,14 +80,18 @@ def charge_budget(session: Any, ti: Any, *, limit: int) -> BudgetDecision:
         (budget.c.dag_id == ti.dag_id) & (budget.c.run_id == ti.run_id)
         & (budget.c.task_id == ti.task_id) & (budget.c.map_index == ti.map_index)
     )
-    row = session.execute(select(budget.c.spent, budget.c.seen_max_tries).where(where)).first()
+    row = session.execute(select(budget.c.spent, budget.c.seen_max_tries, budget.c.clear_number).where(where)).first()
+    clear_number = session.scalar(
+        select(DagRun.clear_number).where(DagRun.dag_id == ti.dag_id, DagRun.run_id == ti.run_id))
     decision = budget_decision(
         spent=row.spent if row else None, seen_max_tries=row.seen_max_tries if row else None,
         max_tries=ti.max_tries, limit=limit,
+        seen_clear_number=row.clear_number if row else None, clear_number=clear_number,
     )
     if not decision.allowed:
         return decision
-    values = {"spent": decision.spent, "seen_max_tries": ti.max_tries + 1, "updated_at": _utcnow()}
+    values = {"spent": decision.spent, "seen_max_tries": ti.max_tries + 1, "clear_number": clear_number,
+              "updated_at": _utcnow()}
     if row is None:
         session.execute(budget.insert().values(
             dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=ti.map_index, **values))

@@ -45,6 +45,13 @@ def _module_list(v: str) -> str | None:
     return f"{bad[0]!r} is not a dotted module name" if bad else None
 
 
+def _deny_list(v: str) -> str | None:
+    from leoflow_airflow.runtime.environment import deny_entry_problem
+
+    problems = [p for n in _split_names(v) if (p := deny_entry_problem(n)) is not None]
+    return problems[0] if problems else None
+
+
 def _split_names(v: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in v.split(",") if n.strip())
 
@@ -78,8 +85,19 @@ OPTIONS: tuple[Option, ...] = (
            "and answer.", _positive),
     Option("record_retention", "float", "86400", "Seconds a closed attempt's record files are kept.",
            _non_negative),
-    Option("agent_env_passthrough", "string", "", "Comma-separated extra environment variable names "
-           "handed to the zygote and agents (the rest of the scheduler's environment is not)."),
+    Option("agent_env_passthrough", "string", "", "Comma-separated environment variable names handed to the "
+           "zygote, agents and tasks even though Airflow's own secrets list or agent_env_deny withholds them "
+           "(the operator's explicit exception)."),
+    Option("agent_env_deny", "string", "", "Comma-separated environment variable names (a trailing `*` "
+           "matches a prefix) never handed to the zygote, agents and tasks, on top of Airflow's own secrets, "
+           "which are always withheld (DB URL, JWT secret and key path, fernet key, [api] secret_key, in every "
+           "form Airflow reads them; leoflow_airflow/runtime/environment.py). An `AIRFLOW__SECTION__KEY` entry "
+           "withholds its _CMD, _SECRET and team-scoped forms too. Everything else in the scheduler's "
+           "environment reaches tasks, as under LocalExecutor.", _deny_list),
+    Option("replay_holdoff_max_seconds", "float", "3600", "While a dead attempt's recorded report cannot be "
+           "replayed (the api-server is down), leoflow keeps refreshing the RUNNING task instance's heartbeat "
+           "so Airflow's heartbeat purge does not fail it, for at most this many seconds after the attempt "
+           "exited; then Airflow's own purge takes over. 0: never hold the purge off.", _non_negative),
     Option("zygote_preload", "string", "", "Comma-separated extra modules the Lite zygote imports before it "
            "forks any agent (for example `pandas`), so no attempt pays for importing them; on top of the Task "
            "SDK, DAG parsing and the standard provider's operators, which it always imports. Module names "
@@ -117,6 +135,8 @@ class LeoflowSettings:
     zygote_start_timeout: float
     record_retention: float
     agent_env_passthrough: tuple[str, ...]
+    agent_env_deny: tuple[str, ...]
+    replay_holdoff_max_seconds: float
     zygote_preload: tuple[str, ...]
     dispatch_lost_threshold: float
     reap_grace: float
@@ -169,6 +189,7 @@ def load(get: Callable[[str, str, str], str] | None = None) -> LeoflowSettings:
         values["runtime_dir"] = os.path.join(home, "leoflow")
     values["agent_env_passthrough"] = _split_names(values["agent_env_passthrough"])
     values["zygote_preload"] = _split_names(values["zygote_preload"])
+    values["agent_env_deny"] = _split_names(values["agent_env_deny"])
     if values["runtime"] == "kubernetes":
         raise ConfigError(f"{SECTION}.runtime", "kubernetes", "the Kubernetes runtime is not in this release; use `lite`")
     return LeoflowSettings(**values)

@@ -2,8 +2,10 @@
 
 The reconciler replays a recorded terminal ``PATCH /task-instances/{id}/state`` body with the
 ``airflow-api-version`` header it was first sent with, authenticated by an execution token minted for that
-``ti_id`` (``sub=ti_id``, ``scope=execution``), with a short timeout and never inside a DB transaction.
-200/204 = settled (200: it already was), 409 = someone settled first, 404 = the id is archived.
+``ti_id`` (``sub=ti_id``, ``scope=execution``), over the TLS settings the Task SDK's own client uses, with a
+short timeout and never inside a DB transaction. 200/204 = settled (200: it already was), 409 = someone
+settled first, 404/410 = the id is archived; an answer no retry can change (401, 403, 422, ...) is final and
+not retried (:attr:`SettleResult.retryable`).
 """
 
 from __future__ import annotations
@@ -15,18 +17,38 @@ import httpx
 
 from leoflow_agent.outcome import OutcomeRecord
 
+RETRYABLE_4XX = frozenset({408, 425, 429})
+"""4xx answers that may differ on a later try of the same request: Request Timeout, Too Early, Too Many
+Requests (RFC 9110 §15.5.9, RFC 8470 §5.2, RFC 6585 §4)."""
+
 
 @dataclass(frozen=True)
 class SettleResult:
-    """``settled``: nothing more to do for this attempt; ``applied``: our call changed Airflow's row."""
+    """What one settle call achieved.
+
+    ``settled``: nothing more to do for this attempt; ``applied``: our call changed Airflow's row;
+    ``detail``: a short human-readable reason (status code and, for a failure, the start of the body);
+    ``retryable``: only meaningful when not settled. True: the same call may succeed later (a transport
+    error, 5xx, 408/425/429), so retry it on a later ``sync()``. False: no retry of the same body and token
+    can change the answer (401, 403, 422 and every other such 4xx, an unexpected 1xx/2xx/3xx, a record with
+    no payload); the caller takes the infra re-drive path (DB-only, on the budget) with ``detail``.
+    """
 
     settled: bool
     applied: bool
     detail: str
+    retryable: bool = False
 
 
 def classify(status: int) -> SettleResult:
-    """Map an Execution API status code to a :class:`SettleResult` (pure)."""
+    """Map an Execution API status code of ``PATCH /task-instances/{id}/state`` to a :class:`SettleResult`.
+
+    Pure. The route's documented answers (``airflow/api_fastapi/execution_api/routes/task_instances.py``,
+    ``ti_update_state``): 204 applied, 200 already in that state, 404 not found, 409 not in a valid state
+    for the transition, 422 invalid payload; 410 is archived too. 5xx is retryable, as the Task SDK retries
+    it (``sdk/api/client.py`` ``_should_retry_api_request``), and so are :data:`RETRYABLE_4XX`. Any other
+    status is final and not retryable (see :class:`SettleResult`).
+    """
     if status == 204:
         return SettleResult(True, True, "204: the recorded state was applied")
     if status == 200:
@@ -35,16 +57,47 @@ def classify(status: int) -> SettleResult:
         return SettleResult(True, False, "409: someone settled the task instance first")
     if status in (404, 410):
         return SettleResult(True, False, f"{status}: the attempt's ti_id is archived")
-    return SettleResult(False, False, f"HTTP {status}")
+    if status >= 500 or status in RETRYABLE_4XX:
+        return SettleResult(False, False, f"HTTP {status}", retryable=True)
+    return SettleResult(False, False, f"HTTP {status}: a retry cannot change this answer", retryable=False)
+
+
+def sdk_tls_options() -> dict[str, Any]:
+    """The ``verify`` (and, for mutual TLS, ``cert``) arguments the Task SDK's client would use.
+
+    Follows ``airflow/sdk/api/client.py`` ``Client.__init__``: ``verify`` is the SDK's cached SSL context
+    built from ``[api] ssl_ca_file`` and ``[api] ssl_cert`` (plus certifi when ``[api]
+    client_use_public_certs``), ``cert`` is ``([api] client_ssl_cert, [api] client_ssl_key)`` when both are
+    set. The SDK reads these options once at import; so does this, through the SDK module's own values.
+
+    :raises ValueError: when only one of ``client_ssl_cert`` / ``client_ssl_key`` is set (as the SDK does).
+    :raises OSError, ssl.SSLError: when a configured CA or certificate file cannot be loaded.
+    """
+    from airflow.sdk.api import client as sdk_client
+
+    options: dict[str, Any] = {
+        "verify": sdk_client.Client._get_ssl_context_cached(sdk_client.API_SSL_CA_FILE_PATH,
+                                                            sdk_client.API_SSL_CERT_PATH),
+    }
+    cert, key = sdk_client.API_CLIENT_SSL_CERT, sdk_client.API_CLIENT_SSL_KEY
+    if cert or key:
+        if not (cert and key):
+            raise ValueError("[api] client_ssl_cert and client_ssl_key must be set together")
+        options["cert"] = (cert, key)
+    return options
 
 
 def replay_state(record: OutcomeRecord, *, jwt_generator: Any, server: str, timeout: float) -> SettleResult:
     """PATCH the recorded ``/state`` body for ``record.ti_id``.
 
     :param jwt_generator: Airflow's ``JWTGenerator`` (``BaseExecutor.jwt_generator``).
-    :param server: the Execution API base URL (``.../execution/``).
-    :param timeout: seconds for the whole call.
-    :returns: a :class:`SettleResult`; transport errors give ``settled=False`` (retried next ``sync()``).
+    :param server: the Execution API base URL (``.../execution/``), ``http`` or ``https``.
+    :param timeout: seconds, httpx's timeout: it bounds each phase (connect, write, read, pool), not the sum.
+    :returns: a :class:`SettleResult`. A transport error (TLS verification included) gives ``settled=False,
+        retryable=True``, and so do unusable TLS settings (a CA file that cannot be read, half a client
+        certificate pair; see :func:`sdk_tls_options`): a configuration error the operator can fix, which
+        breaks the agents' own reports too, so it never crashes the scheduler loop nor re-runs the task. A
+        record without a replayable payload gives ``settled=False, retryable=False``.
     """
     if record.ti_id is None or record.payload is None:
         return SettleResult(False, False, "the record carries no replayable payload")
@@ -54,7 +107,15 @@ def replay_state(record: OutcomeRecord, *, jwt_generator: Any, server: str, time
         headers["airflow-api-version"] = record.api_version
     url = server.rstrip("/") + f"/task-instances/{record.ti_id}/state"
     try:
-        response = httpx.patch(url, json=record.payload, headers=headers, timeout=timeout)
+        tls = sdk_tls_options()
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        return SettleResult(False, False, f"the Task SDK's TLS settings are unusable: {exc}"[:300], retryable=True)
+    try:
+        response = httpx.patch(url, json=record.payload, headers=headers, timeout=timeout, **tls)
     except httpx.HTTPError as exc:
-        return SettleResult(False, False, f"transport error: {type(exc).__name__}")
-    return classify(response.status_code)
+        return SettleResult(False, False, f"transport error: {type(exc).__name__}: {exc}"[:300], retryable=True)
+    result = classify(response.status_code)
+    if not result.settled:
+        body = response.text.strip().replace("\n", " ")[:200]
+        result = SettleResult(False, False, f"{result.detail}; {body}" if body else result.detail, result.retryable)
+    return result

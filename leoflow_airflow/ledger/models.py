@@ -2,7 +2,8 @@
 
 DESIGN §2 / issue 2 item 2: leoflow keeps its attempts in tables it owns (never Airflow's ``Base``), created
 and upgraded by ``airflow db migrate`` through ``LeoflowDBManager``. The migration in
-``migrations/versions/0001_*.py`` creates exactly this schema; change both together.
+``migrations/versions/`` build exactly this schema (0001 creates it, later revisions alter it); change both
+together.
 """
 
 from __future__ import annotations
@@ -137,6 +138,9 @@ infra_budget_table = Table(
     Column("spent", Integer, nullable=False, server_default="0"),
     Column("seen_max_tries", Integer, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
+    Column("clear_number", Integer, nullable=True),
     PrimaryKeyConstraint("dag_id", "run_id", "task_id", "map_index"),
 )
-"""Infra re-drive budget per logical TI (DESIGN §2 "no record / RUNNING" row); used from the next issue."""
+"""Infra re-drive budget per logical TI (DESIGN §2 "no record / RUNNING" row): ``spent`` re-runs since the
+last clear; ``seen_max_tries`` and the dag run's ``clear_number`` at the last charge tell a clear apart
+(``redrive.budget_decision``). ``clear_number`` is NULL in rows written before revision 0002."""

@@ -88,7 +88,7 @@ class LiteRuntime:
             os.unlink(self.paths.socket)
         except FileNotFoundError:
             pass
-        env = agent_environment(self._environ, self.settings.agent_env_passthrough)
+        env = agent_environment(self._environ, self.settings.agent_env_passthrough, self.settings.agent_env_deny)
         logf = open(self.paths.zygote_log, "ab")
         try:
             self._proc = subprocess.Popen(

@@ -22,7 +22,7 @@ from leoflow_airflow.ledger.db_manager import LeoflowDBManager
 from leoflow_airflow.ledger.models import metadata
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
-HEAD = LeoflowDBManager.revision_heads_map["0.1.0"]
+HEAD = list(LeoflowDBManager.revision_heads_map.values())[-1]
 PG_URL = os.environ.get("LEOFLOW_TEST_PG_URL")
 
 CLAIM_SCRIPT = """
@@ -129,3 +129,46 @@ def test_db_migrate_with_migration_files_on_postgres_then_rerun_is_a_noop(tmp_pa
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+DOWNGRADE_SCRIPT = """
+import sys
+from airflow.utils.session import create_session
+from leoflow_airflow.ledger.db_manager import LeoflowDBManager
+with create_session() as session:
+    LeoflowDBManager(session).downgrade(sys.argv[1])
+"""
+
+
+@pytest.mark.airflow
+def test_budget_clear_number_migration_up_and_down_on_sqlite(tmp_path):
+    """Revision 0002 (issue 8 hole 16a): a ledger at 0.1.0 holding a budget row is upgraded by a plain
+    ``airflow db migrate`` to the models' schema with the row kept (``clear_number`` NULL, so the old rule
+    judges it); downgrading drops the column and keeps the row."""
+    db_url = f"sqlite:///{tmp_path / 'airflow.db'}"
+    env = airflow_env(tmp_path, db_url)
+    first = LeoflowDBManager.revision_heads_map["0.1.0"]
+    run([AIRFLOW, "db", "migrate"], env)
+    run([sys.executable, "-c", DOWNGRADE_SCRIPT, first], env)
+    engine = sa.create_engine(db_url, poolclass=sa.NullPool)
+    try:
+        with engine.begin() as conn:
+            columns = {c["name"] for c in sa.inspect(conn).get_columns("leoflow_infra_budget")}
+            assert "clear_number" not in columns
+            assert [r[0] for r in conn.execute(sa.text("SELECT version_num FROM leoflow_alembic_version"))] == [first]
+            conn.execute(sa.text(
+                "INSERT INTO leoflow_infra_budget (dag_id, run_id, task_id, map_index, spent, seen_max_tries, "
+                "updated_at) VALUES ('d', 'r', 't', -1, 2, 5, '2026-12-01 00:00:00')"))
+        out = run([AIRFLOW, "db", "migrate"], env)
+        assert "8c3d2e4f6a71" in out or "Running upgrade" in out, out[-2000:]
+        assert schema_diff(db_url) == []
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT spent, seen_max_tries, clear_number FROM leoflow_infra_budget")).all() \
+                == [(2, 5, None)]
+            assert [r[0] for r in conn.execute(sa.text("SELECT version_num FROM leoflow_alembic_version"))] == [HEAD]
+        run([sys.executable, "-c", DOWNGRADE_SCRIPT, first], env)
+        with engine.connect() as conn:
+            assert "clear_number" not in {c["name"] for c in sa.inspect(conn).get_columns("leoflow_infra_budget")}
+            assert conn.execute(sa.text("SELECT spent, seen_max_tries FROM leoflow_infra_budget")).all() == [(2, 5)]
+    finally:
+        engine.dispose()

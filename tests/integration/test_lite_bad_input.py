@@ -38,6 +38,8 @@ BAD_CONFIG = [
     ("AIRFLOW__LEOFLOW__RUNTIME", "docker", ConfigError, ["[leoflow] runtime = 'docker'", "`lite` or `kubernetes`"]),
     ("AIRFLOW__LEOFLOW__ZYGOTE_PRELOAD", "pandas, dags/etl.py", ConfigError,
      ["[leoflow] zygote_preload = 'pandas, dags/etl.py'", "'dags/etl.py' is not a dotted module name"]),
+    ("AIRFLOW__LEOFLOW__AGENT_ENV_DENY", "AWS_*, MY VAR", ConfigError,
+     ["[leoflow] agent_env_deny = 'AWS_*, MY VAR'", "'MY VAR' is not an environment variable name"]),
     ("AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT", "60", LadderViolation,
      ["leoflow refuses to start", "[scheduler] task_instance_heartbeat_timeout = 60",
       "[core] task_success_overtime (20)", "[workers] socket_cleanup_timeout (60)"]),

@@ -1,11 +1,14 @@
-"""No credential is handed down through the environment or a command line (issue 2, acceptance 2).
+"""No credential is handed down through the environment or a command line (issue 2, acceptance 2), and
+everything else a DAG relies on under LocalExecutor is (issue 8 hole 15).
 
 A real Airflow (scheduler, dag-processor, api-server) runs LeoflowExecutor (Lite); the stack sets
 ``AIRFLOW__API_AUTH__JWT_SECRET`` and ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` in every Airflow process's
-environment. While ``leoflow_test_creds`` runs (a BashOperator dumping ``env``, a Python task dumping
+environment, plus the other forms of Airflow's own secrets (``_CMD``, ``_SECRET``, the fernet key, ``[api]
+secret_key``), names denied by ``[leoflow] agent_env_deny`` and ordinary variables DAGs rely on (a proxy,
+``JAVA_HOME``, a DAG's own setting, ``[secrets] backend_kwargs``). While ``leoflow_test_creds`` runs (a BashOperator dumping ``env``, a Python task dumping
 ``os.environ``), the test scans every process on the machine: no command line carries the JWT secret, a JWT
 (``eyJ...``) or the workload token, and no process under the zygote has either credential in its
-environment. Run as root: every ``/proc/<pid>/{cmdline,environ}`` is readable, nothing is skipped.
+environment. Both tasks see every ordinary variable with its value and no denied one. Run as root: every ``/proc/<pid>/{cmdline,environ}`` is readable, nothing is skipped.
 """
 
 from __future__ import annotations
@@ -23,12 +26,41 @@ pytestmark = [pytest.mark.airflow, pytest.mark.timeout(300)]
 DAG = "leoflow_test_creds"
 TASK_SDK_DB_PLACEHOLDER = "airflow-db-not-allowed:///"
 
+PASSED = {  # what DAGs under LocalExecutor rely on: each reaches the task with its value
+    "HTTPS_PROXY": "http://proxy.invalid:3128",
+    "JAVA_HOME": "/opt/leoflow-test-jdk",
+    "MY_DAG_SETTING": "my-dag-setting-value",
+    "AIRFLOW__SECRETS__BACKEND_KWARGS": '{"connections_prefix": "leoflow-test/connections"}',
+}
+
+
+def _denied(home) -> dict[str, str]:
+    """Airflow's own secrets in their other forms (the stack sets the plain JWT secret and DB URL itself) and
+    the ``agent_env_deny`` additions; none may reach a task. The plain variables win over the ``_CMD`` and
+    ``_SECRET`` forms in Airflow's lookup, so these change nothing for the stack's own processes."""
+    from cryptography.fernet import Fernet
+
+    return {
+        "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
+        "AIRFLOW__API__SECRET_KEY": "leoflow-test-api-secret-key",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD": f"echo sqlite:///{home}/airflow.db",
+        "AIRFLOW__API_AUTH__JWT_SECRET_SECRET": "leoflow-test/jwt-secret-path",
+        "MY_DENIED_VAR": "my-denied-value",
+        "LEOFLOW_TEST_DENIED_PREFIX_A": "denied-by-prefix-value",
+        "AIRFLOW__CELERY__RESULT_BACKEND_CMD": "echo leoflow-test-result-backend",
+    }
+
+
+DENY_OPTION = "MY_DENIED_VAR, LEOFLOW_TEST_DENIED_PREFIX_*, AIRFLOW__CELERY__RESULT_BACKEND"
+
 
 def test_no_credential_reaches_zygote_tasks_or_any_command_line(tmp_path):
     """JWT secret and DB URL stay in the scheduler; no token is on any command line."""
     assert os.geteuid() == 0, "run as root so no process is unreadable"
     t0 = time.monotonic()
-    with lite_stack(tmp_path / "home") as stack:
+    denied = _denied(tmp_path / "home")
+    extra = {**PASSED, **denied, "AIRFLOW__LEOFLOW__AGENT_ENV_DENY": DENY_OPTION}
+    with lite_stack(tmp_path / "home", extra_env=extra) as stack:
         env = stack.env()
         jwt_secret = env["AIRFLOW__API_AUTH__JWT_SECRET"].encode()
         db_url = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].encode()
@@ -48,7 +80,14 @@ def test_no_credential_reaches_zygote_tasks_or_any_command_line(tmp_path):
         with open(f"/proc/{zygote.pid}/environ", "rb") as fh:
             zygote_env = fh.read()
         assert jwt_secret not in zygote_env and db_url not in zygote_env
-        assert b"AIRFLOW__API_AUTH__" not in zygote_env and b"AIRFLOW__DATABASE__" not in zygote_env
+        zygote_vars = dict(kv.split(b"=", 1) for kv in zygote_env.split(b"\0") if b"=" in kv)
+        assert b"AIRFLOW__API_AUTH__JWT_SECRET" not in zygote_vars
+        assert b"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in zygote_vars
+        for name, value in PASSED.items():
+            assert zygote_vars.get(name.encode()) == value.encode(), name
+        for name, value in denied.items():
+            assert name.encode() not in zygote_vars and value.encode() not in zygote_env, name
+        assert b"_AIRFLOW_PROCESS_CONTEXT" not in zygote_vars  # the scheduler's role, not the agents'
 
         stack.unpause(DAG)
         run_id = stack.trigger(DAG)
@@ -99,6 +138,10 @@ def test_no_credential_reaches_zygote_tasks_or_any_command_line(tmp_path):
             assert jwt_secret.decode() not in values, name
             assert db_url.decode() not in values, name
             assert "eyJ" not in values, f"{name} task sees a JWT in its environment"
+            for key, value in PASSED.items():
+                assert seen.get(key) == value, (name, key, seen.get(key))
+            for key, value in denied.items():
+                assert key not in seen and value not in values, (name, key)
         # the workload token the agent used is a JWT minted at launch: it never appears in the zygote log
         # (the agent's stdout/stderr) either
         zlog = (stack.home / "leoflow" / "zygote.log").read_bytes()

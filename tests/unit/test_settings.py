@@ -119,3 +119,32 @@ def test_provider_config_lists_every_option_with_its_default():
         assert cfg[opt.name]["default"] == opt.default
         assert cfg[opt.name]["type"] == opt.type
         assert cfg[opt.name]["description"]
+
+
+def test_agent_env_deny_parses_and_a_malformed_entry_names_key_and_value():
+    """``[leoflow] agent_env_deny`` (issue 8 hole 15): a comma-separated list of names and ``PREFIX*``; a
+    malformed entry is a ConfigError naming the option and the raw value."""
+    s = settings.load(getter(agent_env_deny=" VAULT_TOKEN, AWS_* ,AIRFLOW__CELERY__BROKER_URL,"))
+    assert s.agent_env_deny == ("VAULT_TOKEN", "AWS_*", "AIRFLOW__CELERY__BROKER_URL")
+    assert settings.load(getter()).agent_env_deny == ()
+    for raw in ("VAULT TOKEN", "A,*", "FOO=bar", "AWS_*_KEY"):
+        with pytest.raises(ConfigError) as err:
+            settings.load(getter(agent_env_deny=raw))
+        assert err.value.key == "leoflow.agent_env_deny" and err.value.value == raw
+        assert "agent_env_deny" in str(err.value) and repr(raw) in str(err.value)
+
+
+def test_replay_holdoff_max_seconds():
+    """Seconds, default 3600, 0 allowed (never hold off), negative refused with key and value."""
+    assert settings.load(getter()).replay_holdoff_max_seconds == 3600.0
+    assert settings.load(getter(replay_holdoff_max_seconds="0")).replay_holdoff_max_seconds == 0.0
+    with pytest.raises(ConfigError, match="replay_holdoff_max_seconds"):
+        settings.load(getter(replay_holdoff_max_seconds="-1"))
+
+
+def test_malformed_agent_env_deny_through_airflow_config(monkeypatch):
+    """What an operator sees for ``AIRFLOW__LEOFLOW__AGENT_ENV_DENY="AWS_*, MY VAR"``: key and value named."""
+    monkeypatch.setenv("AIRFLOW__LEOFLOW__AGENT_ENV_DENY", "AWS_*, MY VAR")
+    with pytest.raises(ConfigError, match=r"\[leoflow\] agent_env_deny = 'AWS_\*, MY VAR': 'MY VAR' is not an "
+                                          r"environment variable name"):
+        settings.load()
