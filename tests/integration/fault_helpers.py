@@ -112,17 +112,19 @@ class FaultStack(AirflowStack):
         return self._popens[self._index(name)].pid
 
     def kill_component(self, name: str, sig: int = signal.SIGKILL, *, group: bool = False,
-                       timeout: float = 30.0) -> None:
+                       timeout: float = 30.0, resume: bool = False) -> None:
         """Send ``sig`` to component ``name`` (its leader, or its whole process group) and wait for the
-        leader to exit (SIGKILL to the group after ``timeout``); it is then forgotten (``start_component``
-        starts a new one). Its children in other sessions (the scheduler's agents) are left alone."""
+        leader to exit (SIGKILL to the group after ``timeout`` seconds); it is then forgotten
+        (``start_component`` starts a new one). Its children in other sessions (the scheduler's agents) are
+        left alone. ``resume``: send SIGCONT right after ``sig``, for a component stopped with
+        :meth:`stop_component` (a stopped process acts on ``sig`` only once it runs again)."""
         i = self._index(name)
         popen = self._popens[i]
         members = procs.tree([psutil.Process(popen.pid)])
-        if group:
-            os.killpg(popen.pid, sig)
-        else:
-            os.kill(popen.pid, sig)
+        send = os.killpg if group else os.kill
+        send(popen.pid, sig)
+        if resume:
+            send(popen.pid, signal.SIGCONT)
         try:
             popen.wait(timeout=timeout)
         except Exception:  # noqa: BLE001 - escalate
@@ -137,6 +139,21 @@ class FaultStack(AirflowStack):
                     pass
             psutil.wait_procs(same_group, timeout=10)
         del self._popens[i], self._names[i]  # stopped on purpose: not "a stack process exited"
+
+    def stop_component(self, name: str) -> int:
+        """SIGSTOP the leader of component ``name`` only (its zygote and agents run on); returns its pid.
+        Undo with :meth:`continue_component`, or end it with ``kill_component(..., resume=True)``."""
+        pid = self.pid_of(name)
+        os.kill(pid, signal.SIGSTOP)
+        return pid
+
+    def continue_component(self, name: str) -> None:
+        """SIGCONT the leader of component ``name`` (after :meth:`stop_component`)."""
+        os.kill(self.pid_of(name), signal.SIGCONT)
+
+    def scheduler_jobs(self) -> list[tuple[int, str]]:
+        """``(id, state)`` of every SchedulerJob row, oldest first."""
+        return self.db("select id, state from job where job_type = 'SchedulerJob' order by id")
 
     def start_component(self, name: str) -> None:
         """Start component ``name`` again (same arguments, log appended); returns at once."""
