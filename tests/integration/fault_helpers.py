@@ -167,6 +167,72 @@ class FaultStack(AirflowStack):
         wait_until(self._api_up, timeout, "the api-server to answer")
 
 
+class ForkLimit:
+    """A pids cgroup (v1, under ``/sys/fs/cgroup/pids``) to make one process's forks fail with EAGAIN, as a
+    host at its pids limit does (root ignores ``RLIMIT_NPROC``, so ``prlimit --nproc`` cannot do it here).
+
+    ``add(pid)`` moves a process in (its children forked later stay in); ``block()`` sets ``pids.max`` to the
+    tasks (threads) inside now, so the next fork in the cgroup fails; ``lift()`` sets it back to ``max``;
+    ``close()`` lifts, moves what is left back to the cgroup each process came from, and removes the
+    cgroup. Raises ``OSError`` when the hierarchy is missing or read-only (check :meth:`available` first).
+    """
+
+    ROOT = Path("/sys/fs/cgroup/pids")
+
+    def __init__(self, name: str) -> None:
+        self.path = self.ROOT / name
+        self.path.mkdir(exist_ok=True)
+        self._origin: dict[int, Path] = {}
+
+    @classmethod
+    def available(cls) -> bool:
+        """True when a pids cgroup v1 hierarchy is mounted and writable."""
+        return os.access(cls.ROOT / "cgroup.procs", os.W_OK)
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into this cgroup."""
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, where = line.split(":", 2)
+            if "pids" in controllers.split(","):
+                self._origin[pid] = self.ROOT / where.lstrip("/")
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def block(self) -> int:
+        """Forbid any new task in the cgroup; returns the limit set (the tasks inside now, at least 1)."""
+        limit = max(1, int((self.path / "pids.current").read_text()))
+        (self.path / "pids.max").write_text(str(limit))
+        return limit
+
+    def lift(self) -> None:
+        """No limit any more."""
+        (self.path / "pids.max").write_text("max")
+
+    def close(self) -> None:
+        """Lift, move every process left to where it came from (the first added one's cgroup for its
+        children), remove the cgroup; errors are ignored (a process may exit meanwhile)."""
+        fallback = next(iter(self._origin.values()), self.ROOT)
+        try:
+            self.lift()
+            for pid in (self.path / "cgroup.procs").read_text().split():
+                try:
+                    (self._origin.get(int(pid), fallback) / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass
+            self.path.rmdir()
+        except OSError:
+            pass
+
+
+def zygote_pid(stack: AirflowStack) -> int | None:
+    """The pid of the stack's running Lite zygote (from its pidfile in the default ``runtime_dir``), or
+    ``None`` when there is none."""
+    try:
+        pid = int(json.loads((stack.home / "leoflow" / "zygote.pid").read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return pid if pid_alive(pid) else None
+
+
 def _pgid(p: psutil.Process) -> int | None:
     try:
         return os.getpgid(p.pid)

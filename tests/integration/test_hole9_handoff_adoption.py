@@ -11,7 +11,8 @@ Scenario: ``lf_h9``, a reschedule-mode ``PythonSensor`` (``poke_interval=1``) wh
 yet" and whose task process then lingers 20 s after that report (so the re-queued TI waits while epoch 1's
 agent lives). As soon as the TI is QUEUED again with epoch 1 still open, SIGKILL the scheduler and start a
 new one. Asserted: the second poke runs within 120 s of the restart (well under the 600 s timeout, so this
-fails fast where the TI is stranded) and the run succeeds without a "stuck in queued" Log row.
+fails fast where the TI is stranded), on try 1 (a reschedule is not a new try; Airflow's reset of the TI
+would make it try 2), and the run succeeds without a "stuck in queued" Log row.
 """
 
 from __future__ import annotations
@@ -55,5 +56,9 @@ def test_a_rescheduled_sensor_is_dispatched_again_after_a_restart(tmp_path_facto
             pytest.fail(f"the TI was stranded: {stack.ti_row(DAG, run, 'sense')}, ledger "
                         f"{stack.attempts(DAG, run, 'sense')}, {time.monotonic() - t_restart:.0f}s after the restart")
         assert stack.wait_for_run(DAG, run, timeout=120) == "success"
+        ti = stack.ti_row(DAG, run, "sense")
+        execs = executions(stack, DAG, "sense", run)
         events = stack.log_events(DAG, run, "sense")
+        # a reschedule is not a new try: both pokes on try 1 (a reset of the adopted TI would make it try 2)
+        assert [e.try_number for e in execs] == [1, 1] and ti["try_number"] == 1, (ti, execs, events)
         assert not [e for e in events if "stuck in queued" in e], events
