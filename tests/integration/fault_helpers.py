@@ -286,6 +286,23 @@ def executions(stack: AirflowStack, dag_id: str, task_id: str, run_id: str) -> l
     return sorted(found.values(), key=lambda e: e.start)
 
 
+def attempt_of(stack: "FaultStack", dag_id: str, run_id: str, task_id: str, execution: Execution,
+               timeout: float = 60.0) -> dict[str, Any]:
+    """The ledger row (:meth:`FaultStack.attempts`) of the agent that runs ``execution``'s body: the row whose
+    ``pid`` is the body's parent (the agent's supervisor forks the task process). Waits up to ``timeout``
+    seconds for the scheduler to record the pid; ``TimeoutError`` when it does not (or the body has exited
+    and its parent cannot be read any more)."""
+    try:
+        agent = psutil.Process(execution.pid).ppid()
+    except psutil.Error:
+        raise TimeoutError(f"the body pid {execution.pid} is gone; its agent is unknown") from None
+
+    def row() -> dict[str, Any] | None:
+        return next((a for a in stack.attempts(dag_id, run_id, task_id) if a["pid"] == agent), None)
+
+    return wait_until(row, timeout, f"the ledger row of agent pid {agent}")
+
+
 def overlaps(execs: list[Execution]) -> list[tuple[Execution, Execution]]:
     """Pairs of executions whose [start, last] intervals overlap (two bodies running at once)."""
     pairs = []

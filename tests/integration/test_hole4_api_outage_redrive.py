@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from fault_helpers import FaultStack, callbacks, executions, overlaps, pid_alive, wait_until
+from fault_helpers import FaultStack, attempt_of, callbacks, executions, overlaps, pid_alive, wait_until
 
 pytestmark = pytest.mark.airflow
 
@@ -45,9 +45,8 @@ def test_redispatch_waits_out_an_api_server_outage(tmp_path_factory: pytest.Temp
     with FaultStack(tmp_path_factory.mktemp("hole4"), extra_env=FAST_API_RETRIES) as stack:
         stack.up([DAG])
         run = stack.trigger_with(DAG, {"work/1/1": "mid_task"})
-        wait_until(lambda: executions(stack, DAG, "work", run), 180, "try 1's body to start")
-        (attempt,) = wait_until(lambda: [a for a in stack.attempts(DAG, run, "work") if a["pid"]], 60,
-                                "try 1's agent pid in the ledger")
+        (body,) = wait_until(lambda: executions(stack, DAG, "work", run), 180, "try 1's body to start")
+        attempt = attempt_of(stack, DAG, run, "work", body)
         t_down = time.monotonic()
         stack.kill_component("api-server", signal.SIGTERM, group=True)
         try:

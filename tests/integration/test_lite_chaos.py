@@ -82,13 +82,20 @@ def _tis_in(stack: FaultStack, runs: list[str], states: tuple[str, ...]) -> int:
 
 
 def _running_body(stack: FaultStack, runs: dict[str, tuple[str, str]]) -> tuple[str, str] | None:
-    """A ``(run_id, task)`` whose body started and has not ended, preferring a task without a planned kill."""
+    """A ``(run_id, task)`` whose body started and has not ended, preferring a task without a planned kill.
+    Reads each task's trace file once (this is polled fast)."""
     found = None
-    for run_id, (faulted, _) in runs.items():
-        for task in ("a", "b"):
-            execs = executions(stack, DAG, task, run_id)
-            if execs and not execs[-1].ended:
-                if task != faulted:
+    for task in ("a", "b"):
+        path = stack.traces_dir / f"{DAG}.{task}.body"
+        lines = path.read_text().splitlines() if path.exists() else []
+        open_bodies: dict[tuple[str, str], bool] = {}  # (run_id, pid) -> still running
+        for line in lines:
+            parts = line.split()
+            if len(parts) >= 5 and parts[0] in runs and parts[2] in ("start", "end"):
+                open_bodies[(parts[0], parts[4])] = parts[2] == "start"
+        for (run_id, _), running in open_bodies.items():
+            if running:
+                if runs[run_id][0] != task:
                     return run_id, task
                 found = found or (run_id, task)
     return found

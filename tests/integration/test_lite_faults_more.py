@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from fault_helpers import FaultStack, callbacks, executions, overlaps, pid_alive, wait_until
+from fault_helpers import FaultStack, attempt_of, callbacks, executions, overlaps, pid_alive, wait_until
 from leoflow_agent import outcome
 
 pytestmark = pytest.mark.airflow
@@ -185,7 +185,7 @@ class TestOneStack:
         every run takes the slow path: the product must wait the outage out."""
         run = stack.trigger_with("lf_hb")
         first = _first_start(stack, "lf_hb", "slow", run)
-        (attempt,) = stack.attempts("lf_hb", run, "slow")
+        attempt = attempt_of(stack, "lf_hb", run, "slow", first)
         expect = outcome.AttemptIdentity(attempt["ti_id"], attempt["try_number"], attempt["attempt_epoch"])
         t_down = time.monotonic()
         stack.kill_component("api-server", signal.SIGTERM, group=True)
@@ -213,8 +213,9 @@ class TestOneStack:
         time.sleep(5)
         cb = callbacks(stack, "lf_hb")
         assert cb[("slow", "1", "retry")] == 0 and cb[("slow", "1", "failure")] == 0, dict(cb)
-        resolutions = [a["resolution"] for a in stack.attempts("lf_hb", run, "slow")]
-        assert resolutions[0] == "infra_redrive", resolutions
+        resolutions = {(a["try_number"], a["attempt_epoch"]): a["resolution"]
+                       for a in stack.attempts("lf_hb", run, "slow")}
+        assert resolutions[(1, attempt["attempt_epoch"])] == "infra_redrive", resolutions
         print(f"heartbeat_lost recorded {lost_after:.1f}s after the api-server stopped")
 
 
