@@ -59,14 +59,29 @@ class FaultStack(AirflowStack):
         tmp.write_text(json.dumps(plan))
         os.replace(tmp, self.fault_plan)
 
-    def trigger_with(self, dag_id: str, faults: dict[str, str] | None = None, *, prefix: str = "t") -> str:
-        """Trigger ``dag_id`` with a fresh run_id after planning ``{"task/try/epoch": point}``; returns the id."""
+    def trigger_with(self, dag_id: str, faults: dict[str, str] | None = None, *, prefix: str = "t",
+                     attempts: int = 4) -> str:
+        """Trigger ``dag_id`` with a fresh run_id after planning ``{"task/try/epoch": point}``; returns the id.
+
+        The run id is chosen here, so a call answered with a 5xx (a busy SQLite) is retried with the same id;
+        a 409 on a retry means the earlier call did create the run. ``StackError`` after ``attempts`` 5xx
+        answers or on any 4xx of a first call."""
         run_id = f"{prefix}_{dag_id}_{time.monotonic_ns()}"
         if faults:
             self.add_faults({f"{dag_id}/{run_id}/{key}": point for key, point in faults.items()})
         body = {"dag_run_id": run_id, "logical_date": datetime.now(timezone.utc).isoformat(), "conf": {}}
-        self._call("POST", f"/dags/{dag_id}/dagRuns", json=body)
-        return run_id
+        for attempt in range(attempts):
+            try:
+                self._call("POST", f"/dags/{dag_id}/dagRuns", json=body)
+                return run_id
+            except StackError as exc:
+                created = attempt > 0 and " answered 409" in str(exc)
+                if created:
+                    return run_id
+                if attempt == attempts - 1 or " answered 4" in str(exc):
+                    raise
+            time.sleep(2 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def release(self, run_id: str, kind: str = "release") -> None:
         """Write ``traces/<kind>.<run_id>`` (bodies waiting on it go on)."""
