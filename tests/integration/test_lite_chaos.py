@@ -31,6 +31,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
+from devtools.stack import StackError
 from fault_helpers import FaultStack, ForkLimit, executions, overlaps, wait_until, zygote_pid
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
@@ -164,7 +165,10 @@ def _arm_fork_failure(stack: FaultStack, fork: ForkLimit) -> None:
 
 
 def _poll_runs(stack: FaultStack, pending: set[str], finals: dict[str, str], deadline: float) -> None:
+    """Poll until every run in ``pending`` ended (moved to ``finals``) or ``deadline`` (``time.monotonic()``)
+    passed; ``StackError`` at once when a stack process (the scheduler, say) exited on its own."""
     while pending and time.monotonic() < deadline:
+        stack._check_alive()  # noqa: SLF001 - devtools is ours: a dead scheduler ends nothing
         for run_id in sorted(pending):
             try:
                 state = stack.run(DAG, run_id)["state"]
@@ -205,8 +209,11 @@ def test_chaos_loop(tmp_path_factory: pytest.TempPathFactory) -> None:
         plan: dict[str, tuple[str, str, str]] = {}  # run_id -> (task, kill point, process fault)
         finals: dict[str, str] = {}
         notes: list[str] = []
+        crashed: list[str] = []  # a stack process died or a fault's condition never came: no more waves
         try:
             for index, fault in enumerate(wave_faults):
+                if crashed:
+                    break
                 t_wave = time.monotonic()
                 if fault == "fork_failure":
                     fork = ForkLimit(f"leoflow-chaos-{stack.stack_id[:12]}")
@@ -217,9 +224,13 @@ def test_chaos_loop(tmp_path_factory: pytest.TempPathFactory) -> None:
                     run_id = stack.trigger_with(DAG, {f"{task}/1/1": point}, prefix=f"c{len(plan):03d}")
                     plan[run_id] = (task, point, fault)
                     wave[run_id] = (task, point)
-                note = _inject(stack, fault, wave, fork)
                 pending = set(wave)
-                _poll_runs(stack, pending, finals, t_wave + WAVE_BUDGET)
+                try:
+                    note = _inject(stack, fault, wave, fork)
+                    _poll_runs(stack, pending, finals, t_wave + WAVE_BUDGET)
+                except (StackError, TimeoutError) as exc:  # the table is still printed, then the test fails
+                    crashed.append(f"wave {index + 1} ({fault}): {exc}")
+                    note = "stopped: " + crashed[-1]
                 notes.append(f"wave {index + 1} ({fault}{': ' + note if note else ''}): {len(wave)} runs, "
                              f"{len(pending)} unfinished, {time.monotonic() - t_wave:.0f}s "
                              f"(total {time.monotonic() - t0:.0f}s)")
@@ -229,10 +240,11 @@ def test_chaos_loop(tmp_path_factory: pytest.TempPathFactory) -> None:
                 fork.close()
 
         # every attempt settles: its ledger row is closed and nothing of it is left running
+        unsettled: list[tuple] = []
         try:
-            wait_until(lambda: not stack.db(f"select 1 from leoflow_attempt where dag_id = '{DAG}' "
-                                            "and state != 'closed'"), 120, "every chaos attempt to be closed")
-            unsettled: list[tuple] = []
+            if not crashed:
+                wait_until(lambda: not stack.db(f"select 1 from leoflow_attempt where dag_id = '{DAG}' "
+                                                "and state != 'closed'"), 120, "every chaos attempt to be closed")
         except TimeoutError:
             unsettled = stack.db(f"select run_id, task_id, attempt_epoch, state from leoflow_attempt "
                                  f"where dag_id = '{DAG}' and state != 'closed'")
@@ -246,6 +258,8 @@ def test_chaos_loop(tmp_path_factory: pytest.TempPathFactory) -> None:
               + "\n".join(_table(by_fault, columns, list(PROCESS_FAULTS), "process fault")))
         if unsettled:
             problems.append(f"attempts not settled: {unsettled}")
+        problems = crashed + problems
+        assert not crashed, "\n".join(problems)
         total = sum(by_fault.values(), Counter())
         assert total["lost successes"] == 0 and total["double runs"] == 0 and total["user retries spent"] == 0, \
             "\n".join(problems)
