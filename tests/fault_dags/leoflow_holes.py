@@ -69,28 +69,24 @@ with DAG(dag_id="lf_h1", schedule=None, start_date=START, catchup=False, is_paus
         long_body()
 
 
+def _fan_out(dag_id: str, count: int, seconds: float, width: int) -> DAG:
+    """``count`` independent tasks ``t<i>`` (``i`` zero-padded to ``width``) whose bodies tick ``seconds``."""
+    with DAG(dag_id=dag_id, schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
+             max_active_tasks=32, default_args={"retries": 0}) as dag:
+        for i in range(count):
+
+            @task(task_id=f"t{i:0{width}d}")
+            def work(ti=None) -> None:
+                _body(ti, seconds)
+
+            work()
+    return dag
+
+
 # hole 2: nine 25 s tasks (six run at parallelism 6, three are held ahead)
-with DAG(dag_id="lf_h2", schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
-         max_active_tasks=16, default_args={"retries": 0}):
-    for i in range(9):
-
-        @task(task_id=f"t{i}")
-        def slow(ti=None) -> None:
-            _body(ti, 25)
-
-        slow()
-
-
+lf_h2 = _fan_out("lf_h2", 9, 25, 1)
 # hole 3: a burst of 24 short tasks with retries=0
-with DAG(dag_id="lf_h3", schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
-         max_active_tasks=32, default_args={"retries": 0}):
-    for i in range(24):
-
-        @task(task_id=f"t{i:02d}")
-        def short(ti=None) -> None:
-            _body(ti, 2)
-
-        short()
+lf_h3 = _fan_out("lf_h3", 24, 2, 2)
 
 
 # hole 4: one retry; the body waits for ``go.<run_id>`` before its fault point, so a test can stop the
