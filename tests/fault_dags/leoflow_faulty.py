@@ -14,21 +14,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG, task
+from fault_trace import callback, traces_dir
 
 
-def _traces() -> Path:
-    path = Path(os.environ["AIRFLOW_HOME"]) / "traces"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _cb(kind: str):
-    def callback(context):
-        ti = context["ti"]
-        with open(_traces() / "callbacks.log", "a") as fh:
-            fh.write(f"{ti.dag_id} {ti.task_id} {ti.try_number} {kind}\n")
-
-    return callback
+_traces = traces_dir
+_cb = callback
 
 
 def _body(name: str, fail_on_try: int | None = None, ti=None) -> str:

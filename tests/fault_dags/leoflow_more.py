@@ -21,30 +21,12 @@ from pathlib import Path
 
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG, task
+from fault_trace import CALLBACKS, traces_dir
 
 START = datetime(2026, 1, 1)
 
 
-def _traces() -> Path:
-    path = Path(os.environ["AIRFLOW_HOME"]) / "traces"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _cb(kind: str):
-    def callback(context):
-        ti = context["ti"]
-        with open(_traces() / "callbacks.log", "a") as fh:
-            fh.write(f"{ti.dag_id} {ti.task_id} {ti.try_number} {kind}\n")
-
-    return callback
-
-
-CALLBACKS = {
-    "on_success_callback": _cb("success"),
-    "on_failure_callback": _cb("failure"),
-    "on_retry_callback": _cb("retry"),
-}
+_traces = traces_dir
 
 
 class _Body:

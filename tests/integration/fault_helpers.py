@@ -59,14 +59,29 @@ class FaultStack(AirflowStack):
         tmp.write_text(json.dumps(plan))
         os.replace(tmp, self.fault_plan)
 
-    def trigger_with(self, dag_id: str, faults: dict[str, str] | None = None, *, prefix: str = "t") -> str:
-        """Trigger ``dag_id`` with a fresh run_id after planning ``{"task/try/epoch": point}``; returns the id."""
+    def trigger_with(self, dag_id: str, faults: dict[str, str] | None = None, *, prefix: str = "t",
+                     attempts: int = 4) -> str:
+        """Trigger ``dag_id`` with a fresh run_id after planning ``{"task/try/epoch": point}``; returns the id.
+
+        The run id is chosen here, so a call answered with a 5xx (a busy SQLite) is retried with the same id;
+        a 409 on a retry means the earlier call did create the run. ``StackError`` after ``attempts`` 5xx
+        answers or on any 4xx of a first call."""
         run_id = f"{prefix}_{dag_id}_{time.monotonic_ns()}"
         if faults:
             self.add_faults({f"{dag_id}/{run_id}/{key}": point for key, point in faults.items()})
         body = {"dag_run_id": run_id, "logical_date": datetime.now(timezone.utc).isoformat(), "conf": {}}
-        self._call("POST", f"/dags/{dag_id}/dagRuns", json=body)
-        return run_id
+        for attempt in range(attempts):
+            try:
+                self._call("POST", f"/dags/{dag_id}/dagRuns", json=body)
+                return run_id
+            except StackError as exc:
+                created = attempt > 0 and " answered 409" in str(exc)
+                if created:
+                    return run_id
+                if attempt == attempts - 1 or " answered 4" in str(exc):
+                    raise
+            time.sleep(2 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def release(self, run_id: str, kind: str = "release") -> None:
         """Write ``traces/<kind>.<run_id>`` (bodies waiting on it go on)."""
@@ -112,17 +127,19 @@ class FaultStack(AirflowStack):
         return self._popens[self._index(name)].pid
 
     def kill_component(self, name: str, sig: int = signal.SIGKILL, *, group: bool = False,
-                       timeout: float = 30.0) -> None:
+                       timeout: float = 30.0, resume: bool = False) -> None:
         """Send ``sig`` to component ``name`` (its leader, or its whole process group) and wait for the
-        leader to exit (SIGKILL to the group after ``timeout``); it is then forgotten (``start_component``
-        starts a new one). Its children in other sessions (the scheduler's agents) are left alone."""
+        leader to exit (SIGKILL to the group after ``timeout`` seconds); it is then forgotten
+        (``start_component`` starts a new one). Its children in other sessions (the scheduler's agents) are
+        left alone. ``resume``: send SIGCONT right after ``sig``, for a component stopped with
+        :meth:`stop_component` (a stopped process acts on ``sig`` only once it runs again)."""
         i = self._index(name)
         popen = self._popens[i]
         members = procs.tree([psutil.Process(popen.pid)])
-        if group:
-            os.killpg(popen.pid, sig)
-        else:
-            os.kill(popen.pid, sig)
+        send = os.killpg if group else os.kill
+        send(popen.pid, sig)
+        if resume:
+            send(popen.pid, signal.SIGCONT)
         try:
             popen.wait(timeout=timeout)
         except Exception:  # noqa: BLE001 - escalate
@@ -138,6 +155,21 @@ class FaultStack(AirflowStack):
             psutil.wait_procs(same_group, timeout=10)
         del self._popens[i], self._names[i]  # stopped on purpose: not "a stack process exited"
 
+    def stop_component(self, name: str) -> int:
+        """SIGSTOP the leader of component ``name`` only (its zygote and agents run on); returns its pid.
+        Undo with :meth:`continue_component`, or end it with ``kill_component(..., resume=True)``."""
+        pid = self.pid_of(name)
+        os.kill(pid, signal.SIGSTOP)
+        return pid
+
+    def continue_component(self, name: str) -> None:
+        """SIGCONT the leader of component ``name`` (after :meth:`stop_component`)."""
+        os.kill(self.pid_of(name), signal.SIGCONT)
+
+    def scheduler_jobs(self) -> list[tuple[int, str]]:
+        """``(id, state)`` of every SchedulerJob row, oldest first."""
+        return self.db("select id, state from job where job_type = 'SchedulerJob' order by id")
+
     def start_component(self, name: str) -> None:
         """Start component ``name`` again (same arguments, log appended); returns at once."""
         popen = procs.spawn(self._airflow(name), env=self.env(), log_path=self.process_logs / f"{name}.log",
@@ -148,6 +180,72 @@ class FaultStack(AirflowStack):
     def wait_api(self, timeout: float = 180.0) -> None:
         """Wait until the api-server answers again."""
         wait_until(self._api_up, timeout, "the api-server to answer")
+
+
+class ForkLimit:
+    """A pids cgroup (v1, under ``/sys/fs/cgroup/pids``) to make one process's forks fail with EAGAIN, as a
+    host at its pids limit does (root ignores ``RLIMIT_NPROC``, so ``prlimit --nproc`` cannot do it here).
+
+    ``add(pid)`` moves a process in (its children forked later stay in); ``block()`` sets ``pids.max`` to the
+    tasks (threads) inside now, so the next fork in the cgroup fails; ``lift()`` sets it back to ``max``;
+    ``close()`` lifts, moves what is left back to the cgroup each process came from, and removes the
+    cgroup. Raises ``OSError`` when the hierarchy is missing or read-only (check :meth:`available` first).
+    """
+
+    ROOT = Path("/sys/fs/cgroup/pids")
+
+    def __init__(self, name: str) -> None:
+        self.path = self.ROOT / name
+        self.path.mkdir(exist_ok=True)
+        self._origin: dict[int, Path] = {}
+
+    @classmethod
+    def available(cls) -> bool:
+        """True when a pids cgroup v1 hierarchy is mounted and writable."""
+        return os.access(cls.ROOT / "cgroup.procs", os.W_OK)
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into this cgroup."""
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, where = line.split(":", 2)
+            if "pids" in controllers.split(","):
+                self._origin[pid] = self.ROOT / where.lstrip("/")
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def block(self) -> int:
+        """Forbid any new task in the cgroup; returns the limit set (the tasks inside now, at least 1)."""
+        limit = max(1, int((self.path / "pids.current").read_text()))
+        (self.path / "pids.max").write_text(str(limit))
+        return limit
+
+    def lift(self) -> None:
+        """No limit any more."""
+        (self.path / "pids.max").write_text("max")
+
+    def close(self) -> None:
+        """Lift, move every process left to where it came from (the first added one's cgroup for its
+        children), remove the cgroup; errors are ignored (a process may exit meanwhile)."""
+        fallback = next(iter(self._origin.values()), self.ROOT)
+        try:
+            self.lift()
+            for pid in (self.path / "cgroup.procs").read_text().split():
+                try:
+                    (self._origin.get(int(pid), fallback) / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass
+            self.path.rmdir()
+        except OSError:
+            pass
+
+
+def zygote_pid(stack: AirflowStack) -> int | None:
+    """The pid of the stack's running Lite zygote (from its pidfile in the default ``runtime_dir``), or
+    ``None`` when there is none."""
+    try:
+        pid = int(json.loads((stack.home / "leoflow" / "zygote.pid").read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return pid if pid_alive(pid) else None
 
 
 def _pgid(p: psutil.Process) -> int | None:
@@ -201,6 +299,23 @@ def executions(stack: AirflowStack, dag_id: str, task_id: str, run_id: str) -> l
         if event == "start":
             ex.extra.extend(parts[5:])
     return sorted(found.values(), key=lambda e: e.start)
+
+
+def attempt_of(stack: "FaultStack", dag_id: str, run_id: str, task_id: str, execution: Execution,
+               timeout: float = 60.0) -> dict[str, Any]:
+    """The ledger row (:meth:`FaultStack.attempts`) of the agent that runs ``execution``'s body: the row whose
+    ``pid`` is the body's parent (the agent's supervisor forks the task process). Waits up to ``timeout``
+    seconds for the scheduler to record the pid; ``TimeoutError`` when it does not (or the body has exited
+    and its parent cannot be read any more)."""
+    try:
+        agent = psutil.Process(execution.pid).ppid()
+    except psutil.Error:
+        raise TimeoutError(f"the body pid {execution.pid} is gone; its agent is unknown") from None
+
+    def row() -> dict[str, Any] | None:
+        return next((a for a in stack.attempts(dag_id, run_id, task_id) if a["pid"] == agent), None)
+
+    return wait_until(row, timeout, f"the ledger row of agent pid {agent}")
 
 
 def overlaps(execs: list[Execution]) -> list[tuple[Execution, Execution]]:

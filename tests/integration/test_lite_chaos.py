@@ -1,27 +1,45 @@
-"""Issue 3 acceptance: the chaos loop, on a real Airflow with leoflow (Lite) and fault injection.
+"""Issue 3 and issue 8 acceptance: the chaos loop, on a real Airflow with leoflow (Lite) and fault injection.
 
-At least 50 runs of ``lf_chaos`` (``a >> b``, one retry each; ``tests/fault_dags/leoflow_chaos.py``), each with
-the agent of one task (chosen by a seeded RNG; the seed is printed, ``LEOFLOW_CHAOS_SEED`` replays it) killed
-at a random fault point, triggered in waves. Asserted over all runs: lost successes 0 (a body that completed
-always ends SUCCESS, every run succeeds), double runs 0 (two executions of a body never overlap, a completed
-body never runs again), user retries spent on infra faults 0 (``try_number - 1 == max_tries - retries``), and
-each fault point took its DESIGN §2 path. A table (fault point × runs × outcome) is printed.
+At least 100 runs of ``lf_chaos`` (``a >> b``, one retry each; ``tests/fault_dags/leoflow_chaos.py``),
+triggered in waves. In every run the agent of one task (chosen by a seeded RNG; the seed is printed,
+``LEOFLOW_CHAOS_SEED`` replays it) is killed at a random fault point. On top, each wave gets one
+process-level fault (issue 8), each fault once per six waves, in a seeded order:
+
+* ``none``: the agent kills alone (their DESIGN §2 paths are checked only in this wave);
+* ``scheduler_sigkill``: SIGKILL the scheduler while the wave's TIs are being queued, start a new one;
+* ``scheduler_sigstop``: SIGSTOP the scheduler past ``[scheduler] scheduler_health_check_threshold``
+  (10 s here) while the wave runs;
+* ``scheduler_sigterm``: SIGTERM the scheduler (Airflow's graceful ``end()``) while the wave's TIs are being
+  queued, start a new one;
+* ``api_sigstop``: SIGSTOP the api-server while a body runs and keep it stopped across that body's end;
+* ``fork_failure``: the zygote's forks fail with EAGAIN (a pids cgroup at its limit) while the wave is
+  dispatched, then the limit is lifted.
+
+Asserted over all runs: lost successes 0 (a body that completed always ends SUCCESS), double runs 0 (two
+executions of a body never overlap, a completed body never runs again), user retries spent on infra faults 0
+(``try_number - 1 == max_tries - retries``), every run succeeds, every attempt settles. A table (fault ×
+runs × outcome) is printed before any assertion, so a failing run still shows it.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import signal
 import time
 from collections import Counter, defaultdict
 
 import pytest
 
-from fault_helpers import FaultStack, executions, overlaps, wait_until
+from devtools.stack import StackError
+from fault_helpers import FaultStack, ForkLimit, executions, overlaps, wait_until, zygote_pid
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
+DAG = "lf_chaos"
 KILL_POINTS = ("before_run", "after_run", "mid_task", "after_record", "after_patch")
+PROCESS_FAULTS = ("none", "scheduler_sigkill", "scheduler_sigstop", "scheduler_sigterm", "api_sigstop",
+                  "fork_failure")
 RETRIES = 1
 # fault point -> (try_number, max_tries, tries whose body started) of the faulted TI once its run succeeded
 EXPECTED = {
@@ -31,9 +49,147 @@ EXPECTED = {
     "after_record": (1, 1, [1]),    # the recorded success replayed
     "after_patch": (1, 1, [1]),     # Airflow had the report already
 }
-RUNS = int(os.environ.get("LEOFLOW_CHAOS_RUNS", "50"))
-WAVE = 10
-TOTAL_BUDGET = 11 * 60.0
+RUNS = int(os.environ.get("LEOFLOW_CHAOS_RUNS", "120"))
+WAVE = 20
+WAVE_BUDGET = 6 * 60.0  # seconds for one wave's runs to end, its process fault included
+HEALTH_CHECK_THRESHOLD = 10.0
+STALL = HEALTH_CHECK_THRESHOLD + 5  # the scheduler SIGSTOP
+API_HOLD = 10.0  # seconds the api-server stays stopped after the body it caught ended
+FORK_WINDOW = 10.0  # seconds forks fail once the wave's first TI is queued
+
+EXTRA = {
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": str(int(HEALTH_CHECK_THRESHOLD)),
+    "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "5",
+}
+
+
+def _wave_faults(rng: random.Random, waves: int) -> list[str]:
+    """One process fault per wave: every fault once per ``len(PROCESS_FAULTS)`` waves, shuffled."""
+    out: list[str] = []
+    while len(out) < waves:
+        block = list(PROCESS_FAULTS)
+        rng.shuffle(block)
+        out.extend(block)
+    return out[:waves]
+
+
+def _tis_in(stack: FaultStack, runs: list[str], states: tuple[str, ...]) -> int:
+    """How many of ``runs``' TIs are in one of ``states``."""
+    marks = ",".join("?" * len(runs))
+    states_in = ",".join("?" * len(states))
+    (n,), = stack.db(f"select count(*) from task_instance where dag_id = ? and run_id in ({marks}) "
+                     f"and state in ({states_in})", DAG, *runs, *states)
+    return n
+
+
+def _running_body(stack: FaultStack, runs: dict[str, tuple[str, str]]) -> tuple[str, str] | None:
+    """A ``(run_id, task)`` whose body started and has not ended, preferring a task without a planned kill.
+    Reads each task's trace file once (this is polled fast)."""
+    found = None
+    for task in ("a", "b"):
+        path = stack.traces_dir / f"{DAG}.{task}.body"
+        lines = path.read_text().splitlines() if path.exists() else []
+        open_bodies: dict[tuple[str, str], bool] = {}  # (run_id, pid) -> still running
+        for line in lines:
+            parts = line.split()
+            if len(parts) >= 5 and parts[0] in runs and parts[2] in ("start", "end"):
+                open_bodies[(parts[0], parts[4])] = parts[2] == "start"
+        for (run_id, _), running in open_bodies.items():
+            if running:
+                if runs[run_id][0] != task:
+                    return run_id, task
+                found = found or (run_id, task)
+    return found
+
+
+def _restart_scheduler(stack: FaultStack, sig: int) -> None:
+    stack.kill_component("scheduler", sig, timeout=60)
+    stack.start_component("scheduler")
+
+
+def _inject(stack: FaultStack, fault: str, wave: dict[str, tuple[str, str]], fork: ForkLimit | None) -> str:
+    """Apply one wave's process fault once its condition holds; returns a note for the log. The scheduler
+    faults wait for a queued TI of the wave (the dispatch burst); ``fork_failure`` was armed before the
+    wave was triggered and is lifted here."""
+    runs = list(wave)
+
+    def queued() -> bool:
+        return _tis_in(stack, runs, ("queued",)) > 0
+
+    if fault == "none":
+        return ""
+    if fault in ("scheduler_sigkill", "scheduler_sigterm"):
+        wait_until(queued, 120, "a queued TI of the wave", poll=0.1)
+        _restart_scheduler(stack, signal.SIGKILL if fault == "scheduler_sigkill" else signal.SIGTERM)
+        return f"{_tis_in(stack, runs, ('queued',))} TIs queued at the signal"
+    if fault == "scheduler_sigstop":
+        wait_until(lambda: _tis_in(stack, runs, ("queued", "running")) > 0, 120, "a queued or running TI",
+                   poll=0.1)
+        stack.stop_component("scheduler")
+        try:
+            time.sleep(STALL)  # the stall itself: the scenario's input
+        finally:
+            stack.continue_component("scheduler")
+        return f"stopped {STALL:g}s"
+    if fault == "api_sigstop":
+        caught = wait_until(lambda: _running_body(stack, wave), 120, "a running body", poll=0.05)
+        pgid = stack.pid_of("api-server")
+        os.killpg(pgid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            try:
+                wait_until(lambda: executions(stack, DAG, caught[1], caught[0])[-1].ended, 60,
+                           "the caught body to end", poll=0.1)
+            except TimeoutError:
+                pass  # its agent was killed (a planned fault): the outage still spans its end
+            time.sleep(API_HOLD)  # the rest of the outage: the scenario's input
+        finally:
+            os.killpg(pgid, signal.SIGCONT)
+        stack.wait_api()
+        return f"api-server stopped {time.monotonic() - t0:.0f}s across {caught}"
+    if fault == "fork_failure":
+        assert fork is not None
+        try:
+            wait_until(queued, 120, "a queued TI of the wave", poll=0.1)
+            time.sleep(FORK_WINDOW)  # the window in which forks fail: the scenario's input
+        finally:
+            fork.lift()
+        return f"forks failed for {FORK_WINDOW:g}s"
+    raise ValueError(f"unknown process fault {fault!r}")
+
+
+def _arm_fork_failure(stack: FaultStack, fork: ForkLimit) -> None:
+    pid = wait_until(lambda: zygote_pid(stack), 120, "the zygote")
+    fork.add(pid)
+    fork.block()
+
+
+def _poll_runs(stack: FaultStack, pending: set[str], finals: dict[str, str], deadline: float) -> None:
+    """Poll until every run in ``pending`` ended (moved to ``finals``) or ``deadline`` (``time.monotonic()``)
+    passed; ``StackError`` at once when a stack process (the scheduler, say) exited on its own."""
+    while pending and time.monotonic() < deadline:
+        stack._check_alive()  # noqa: SLF001 - devtools is ours: a dead scheduler ends nothing
+        for run_id in sorted(pending):
+            try:
+                state = stack.run(DAG, run_id)["state"]
+            except Exception:  # noqa: BLE001 - a busy api-server: poll again
+                continue
+            if state in ("success", "failed"):
+                finals[run_id] = state
+                pending.discard(run_id)
+        time.sleep(2)
+
+
+def _table(rows: dict[str, Counter], columns: list[str], order: list[str], first: str) -> list[str]:
+    ledger_cols = sorted({k for r in rows.values() for k in r if k.startswith("ledger ")})
+    header = [first, *columns, *ledger_cols]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in order:
+        r = rows.get(name, Counter())
+        lines.append("| " + " | ".join([name, *(str(r[c]) for c in columns + ledger_cols)]) + " |")
+    total = sum(rows.values(), Counter())
+    lines.append("| **all** | " + " | ".join(str(total[c]) for c in columns + ledger_cols) + " |")
+    return lines
 
 
 def test_chaos_loop(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -41,86 +197,119 @@ def test_chaos_loop(tmp_path_factory: pytest.TempPathFactory) -> None:
     seed = int(os.environ.get("LEOFLOW_CHAOS_SEED", str(time.time_ns() % 2**32)))
     print(f"\nchaos seed: {seed} (LEOFLOW_CHAOS_SEED={seed} replays it), runs: {RUNS}")
     rng = random.Random(seed)
+    waves = (RUNS + WAVE - 1) // WAVE
+    wave_faults = _wave_faults(rng, waves)
+    if "fork_failure" in wave_faults and not ForkLimit.available():
+        pytest.skip("no writable pids cgroup v1 hierarchy at /sys/fs/cgroup/pids for the fork-failure fault")
     t0 = time.monotonic()
-    with FaultStack(tmp_path_factory.mktemp("chaos"), parallelism=8) as stack:
-        stack.up(["lf_chaos"])
-        plan: dict[str, tuple[str, str]] = {}  # run_id -> (task, point)
+    home = tmp_path_factory.mktemp("chaos")
+    fork: ForkLimit | None = None
+    with FaultStack(home, parallelism=8, extra_env=EXTRA) as stack:
+        stack.up([DAG])
+        plan: dict[str, tuple[str, str, str]] = {}  # run_id -> (task, kill point, process fault)
         finals: dict[str, str] = {}
-        for start in range(0, RUNS, WAVE):
-            wave = {}
-            for _ in range(min(WAVE, RUNS - start)):
-                task, point = rng.choice(("a", "b")), rng.choice(KILL_POINTS)
-                run_id = stack.trigger_with("lf_chaos", {f"{task}/1/1": point}, prefix=f"c{len(plan):03d}")
-                plan[run_id] = (task, point)
-                wave[run_id] = (task, point)
-            left = TOTAL_BUDGET - (time.monotonic() - t0)
-            assert left > 0, f"over the time budget after {len(plan) - len(wave)} runs"
-            deadline = time.monotonic() + left
-            pending = set(wave)
-            while pending and time.monotonic() < deadline:
-                for run_id in sorted(pending):
-                    state = stack.run("lf_chaos", run_id)["state"]
-                    if state in ("success", "failed"):
-                        finals[run_id] = state
-                        pending.discard(run_id)
-                time.sleep(2)
-            assert not pending, f"runs unfinished within the time budget: {[wave[r] for r in pending]}"
-            print(f"wave {start // WAVE + 1}: {len(wave)} runs done at {time.monotonic() - t0:.0f}s")
+        notes: list[str] = []
+        crashed: list[str] = []  # a stack process died or a fault's condition never came: no more waves
+        try:
+            for index, fault in enumerate(wave_faults):
+                if crashed:
+                    break
+                t_wave = time.monotonic()
+                if fault == "fork_failure":
+                    fork = ForkLimit(f"leoflow-chaos-{stack.stack_id[:12]}")
+                    _arm_fork_failure(stack, fork)
+                wave: dict[str, tuple[str, str]] = {}
+                for _ in range(min(WAVE, RUNS - index * WAVE)):
+                    task, point = rng.choice(("a", "b")), rng.choice(KILL_POINTS)
+                    run_id = stack.trigger_with(DAG, {f"{task}/1/1": point}, prefix=f"c{len(plan):03d}")
+                    plan[run_id] = (task, point, fault)
+                    wave[run_id] = (task, point)
+                pending = set(wave)
+                try:
+                    note = _inject(stack, fault, wave, fork)
+                    _poll_runs(stack, pending, finals, t_wave + WAVE_BUDGET)
+                except (StackError, TimeoutError) as exc:  # the table is still printed, then the test fails
+                    crashed.append(f"wave {index + 1} ({fault}): {exc}")
+                    note = "stopped: " + crashed[-1]
+                notes.append(f"wave {index + 1} ({fault}{': ' + note if note else ''}): {len(wave)} runs, "
+                             f"{len(pending)} unfinished, {time.monotonic() - t_wave:.0f}s "
+                             f"(total {time.monotonic() - t0:.0f}s)")
+                print(notes[-1])
+        finally:
+            if fork is not None:
+                fork.close()
 
         # every attempt settles: its ledger row is closed and nothing of it is left running
+        unsettled: list[tuple] = []
         try:
-            wait_until(lambda: not stack.db("select 1 from leoflow_attempt where dag_id = 'lf_chaos' "
-                                            "and state != 'closed'"), 120, "every chaos attempt to be closed")
+            if not crashed:
+                wait_until(lambda: not stack.db(f"select 1 from leoflow_attempt where dag_id = '{DAG}' "
+                                                "and state != 'closed'"), 120, "every chaos attempt to be closed")
         except TimeoutError:
-            open_rows = stack.db("select run_id, task_id, attempt_epoch, state from leoflow_attempt "
-                                 "where dag_id = 'lf_chaos' and state != 'closed'")
-            pytest.fail(f"attempts not settled: {open_rows}")
-        problems: list[str] = []
-        rows: dict[str, Counter] = defaultdict(Counter)
-        for run_id, (faulted, point) in plan.items():
-            row = rows[point]
-            row["runs"] += 1
-            row["run success"] += finals[run_id] == "success"
-            for task in ("a", "b"):
-                ti = stack.ti_row("lf_chaos", run_id, task)
-                execs = executions(stack, "lf_chaos", task, run_id)
-                tag = f"{run_id} {task} ({point if task == faulted else 'no fault'})"
-                ended = [e for e in execs if e.ended]
-                if ended and ti.get("state") != "success":
-                    row["lost successes"] += 1
-                    problems.append(f"lost success: {tag}: {ti}, {execs}")
-                if overlaps(execs) or len(ended) > 1 or (ended and any(e.start > ended[0].last for e in execs)):
-                    row["double runs"] += 1
-                    problems.append(f"double run: {tag}: {execs}")
-                if ti and (ti["try_number"] - 1) != (ti["max_tries"] - RETRIES):
-                    row["user retries spent"] += 1
-                    problems.append(f"user retry spent: {tag}: {ti}")
-                if task != faulted:
-                    if ti and (ti["try_number"], ti["max_tries"]) != (1, RETRIES):
-                        problems.append(f"unfaulted task disturbed: {tag}: {ti}")
-                    continue
-                want_try, want_max, want_bodies = EXPECTED[point]
-                got = (ti.get("try_number"), ti.get("max_tries"), [e.try_number for e in execs])
-                if got == (want_try, want_max, want_bodies):
-                    row["as expected"] += 1
-                else:
-                    problems.append(f"unexpected path: {tag}: got {got}, expected {EXPECTED[point]}")
-                row["infra re-runs"] += (ti.get("max_tries") or RETRIES) - RETRIES
-                for attempt in stack.attempts("lf_chaos", run_id, task):
-                    row[f"ledger {attempt['resolution']}"] += 1
-
-        columns = ["runs", "run success", "as expected", "infra re-runs", "lost successes", "double runs",
-                   "user retries spent"]
-        ledger_cols = sorted({k for r in rows.values() for k in r if k.startswith("ledger ")})
-        header = ["fault point", *columns, *ledger_cols]
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for point in KILL_POINTS:
-            r = rows.get(point, Counter())
-            lines.append("| " + " | ".join([point, *(str(r[c]) for c in columns + ledger_cols)]) + " |")
-        total = sum(rows.values(), Counter())
-        lines.append("| **all** | " + " | ".join(str(total[c]) for c in columns + ledger_cols) + " |")
-        print(f"\nchaos: {len(plan)} runs, seed {seed}, {time.monotonic() - t0:.0f}s\n" + "\n".join(lines))
+            unsettled = stack.db(f"select run_id, task_id, attempt_epoch, state from leoflow_attempt "
+                                 f"where dag_id = '{DAG}' and state != 'closed'")
+        problems, by_point, by_fault = _judge(stack, plan, finals)
+        columns = ["runs", "run success", "unfinished", "as expected", "infra re-runs", "lost successes",
+                   "double runs", "user retries spent"]
+        print(f"\nchaos: {len(plan)} runs, seed {seed}, {time.monotonic() - t0:.0f}s")
+        print("\nagent kill points (waves without a process fault; 'as expected': its DESIGN §2 path)\n"
+              + "\n".join(_table(by_point, columns, list(KILL_POINTS), "fault point")))
+        print("\nprocess faults (every run of its waves, agent kills included)\n"
+              + "\n".join(_table(by_fault, columns, list(PROCESS_FAULTS), "process fault")))
+        if unsettled:
+            problems.append(f"attempts not settled: {unsettled}")
+        problems = crashed + problems
+        assert not crashed, "\n".join(problems)
+        total = sum(by_fault.values(), Counter())
         assert total["lost successes"] == 0 and total["double runs"] == 0 and total["user retries spent"] == 0, \
             "\n".join(problems)
-        assert all(state == "success" for state in finals.values()), "\n".join(problems)
+        assert all(finals.get(run_id) == "success" for run_id in plan), "\n".join(problems)
         assert not problems, "\n".join(problems)
+
+
+def _judge(stack: FaultStack, plan: dict[str, tuple[str, str, str]], finals: dict[str, str],
+           ) -> tuple[list[str], dict[str, Counter], dict[str, Counter]]:
+    """Per run: lost successes, double runs, user retries spent, and (waves without a process fault) the
+    faulted TI's DESIGN §2 path. Returns the problems and the counts by kill point and by process fault."""
+    problems: list[str] = []
+    by_point: dict[str, Counter] = defaultdict(Counter)
+    by_fault: dict[str, Counter] = defaultdict(Counter)
+    for run_id, (faulted, point, fault) in plan.items():
+        rows = [by_fault[fault]] + ([by_point[point]] if fault == "none" else [])
+
+        def count(key: str, n: int, rows: list[Counter] = rows) -> None:
+            for row in rows:
+                row[key] += n
+
+        count("runs", 1)
+        count("run success", int(finals.get(run_id) == "success"))
+        count("unfinished", int(run_id not in finals))
+        for task in ("a", "b"):
+            ti = stack.ti_row(DAG, run_id, task)
+            execs = executions(stack, DAG, task, run_id)
+            tag = f"{run_id} {task} ({point if task == faulted else 'no kill'}; {fault})"
+            ended = [e for e in execs if e.ended]
+            if ended and ti.get("state") != "success":
+                count("lost successes", 1)
+                problems.append(f"lost success: {tag}: {ti}, {execs}")
+            if overlaps(execs) or len(ended) > 1 or (ended and any(e.start > ended[0].last for e in execs)):
+                count("double runs", 1)
+                problems.append(f"double run: {tag}: {execs}")
+            if ti and (ti["try_number"] - 1) != (ti["max_tries"] - RETRIES):
+                count("user retries spent", 1)
+                problems.append(f"user retry spent: {tag}: {ti}")
+            count("infra re-runs", (ti.get("max_tries") or RETRIES) - RETRIES)
+            if task != faulted:
+                if fault == "none" and ti and (ti["try_number"], ti["max_tries"]) != (1, RETRIES):
+                    problems.append(f"unfaulted task disturbed: {tag}: {ti}")
+                continue
+            for attempt in stack.attempts(DAG, run_id, task):
+                count(f"ledger {attempt['resolution']}", 1)
+            if fault != "none":
+                continue
+            got = (ti.get("try_number"), ti.get("max_tries"), [e.try_number for e in execs])
+            if got == EXPECTED[point]:
+                count("as expected", 1)
+            else:
+                problems.append(f"unexpected path: {tag}: got {got}, expected {EXPECTED[point]}")
+    return problems, by_point, by_fault

@@ -1,0 +1,44 @@
+"""Trace writers shared by the fault-test DAG files (not a DAG file itself; DAG files import it from the
+bundle folder, which Airflow puts on ``sys.path`` when it parses them, in the DAG processor and in a task).
+
+Everything goes under ``$AIRFLOW_HOME/traces``: callbacks append ``<dag> <task> <try> <kind>`` to
+``callbacks.log``; :func:`body_line` appends ``<run_id> <try> <event> <unix time> <pid>`` to
+``<dag>.<task>.body`` (read by ``tests/integration/fault_helpers.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def traces_dir() -> Path:
+    """``$AIRFLOW_HOME/traces``, created if missing."""
+    path = Path(os.environ["AIRFLOW_HOME"]) / "traces"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def callback(kind: str):
+    """A task callback that appends ``<dag> <task> <try> <kind>`` to ``traces/callbacks.log``."""
+
+    def write(context):
+        ti = context["ti"]
+        with open(traces_dir() / "callbacks.log", "a") as fh:
+            fh.write(f"{ti.dag_id} {ti.task_id} {ti.try_number} {kind}\n")
+
+    return write
+
+
+CALLBACKS = {
+    "on_success_callback": callback("success"),
+    "on_failure_callback": callback("failure"),
+    "on_retry_callback": callback("retry"),
+}
+
+
+def body_line(ti, event: str) -> None:
+    """Append one body trace line for ``ti`` (``event``: ``start``, ``tick`` or ``end``)."""
+    with open(traces_dir() / f"{ti.dag_id}.{ti.task_id}.body", "a") as fh:
+        fh.write(f"{ti.run_id} {ti.try_number} {event} {time.time():.6f} {os.getpid()}\n")
