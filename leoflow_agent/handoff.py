@@ -17,6 +17,7 @@ the whole queue into failed forks. Times are ``time.monotonic()`` seconds passed
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 FORK_BACKOFF_BASE = 0.5
@@ -80,7 +81,7 @@ class Handoff:
         self.busy.discard(launch_id)
         return self._ready()
 
-    def fork_failed(self, launch_id: str, now: float, not_tried: list[dict[str, Any]] = ()) -> float:  # type: ignore[assignment]
+    def fork_failed(self, launch_id: str, now: float, not_tried: Sequence[dict[str, Any]] = ()) -> float:
         """``launch_id``'s fork failed (its launch goes back to the executor, which re-offers it): free its
         place and pause the hand-off for :func:`fork_backoff` seconds from ``now``; return that delay.
 
@@ -88,7 +89,7 @@ class Handoff:
             try to fork yet; they are held again, first in the queue, in their order.
         """
         self.busy.discard(launch_id)
-        for message in reversed(list(not_tried)):
+        for message in reversed(not_tried):
             self.busy.discard(message["launch_id"])
             self.held[message["launch_id"]] = message
             self.held.move_to_end(message["launch_id"], last=False)

@@ -266,17 +266,37 @@ def probe_cgroup() -> CgroupHierarchy | None:
 def join_cgroup(path: str) -> bool:
     """Move the calling process into the cgroup directory ``path`` (creating it); True when it worked.
     Its children forked afterwards start there too, whatever they do with sessions and environments."""
+    for _ in range(3):  # a sweep (:func:`sweep_attempt_cgroups`) may remove it between mkdir and the move
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError:
+            return False
+        try:
+            with open(os.path.join(path, "cgroup.procs"), "w") as fh:
+                fh.write(str(os.getpid()))
+            return True
+        except FileNotFoundError:
+            continue
+        except OSError:
+            break
+    remove_cgroup(path)  # an empty attempt cgroup would read as "nothing left": never leave one behind
+    return False
+
+
+def sweep_attempt_cgroups(hierarchy: CgroupHierarchy) -> int:
+    """Remove every empty attempt cgroup under ``hierarchy`` (left by agents that died while no zygote was
+    there to remove theirs); return how many went. Ones with a member are left alone. Called at zygote
+    start: an empty attempt cgroup holds nothing that proof of death needs."""
     try:
-        os.makedirs(path, exist_ok=True)
+        names = os.listdir(hierarchy.root)
     except OSError:
-        return False
-    try:
-        with open(os.path.join(path, "cgroup.procs"), "w") as fh:
-            fh.write(str(os.getpid()))
-        return True
-    except OSError:
-        remove_cgroup(path)  # an empty attempt cgroup would read as "nothing left": never leave one behind
-        return False
+        return 0
+    removed = 0
+    for name in names:
+        path = os.path.join(hierarchy.root, name)
+        if os.path.isdir(path) and not cgroup_members(path) and remove_cgroup(path):
+            removed += 1
+    return removed
 
 
 def join_attempt_cgroup(hierarchy: CgroupHierarchy, launch_id: str) -> str | None:

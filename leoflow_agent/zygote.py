@@ -179,7 +179,8 @@ class Zygote:
             log.info("no usable cgroup hierarchy (cgroup2 subtree or v1 pids): proof of death scans /proc for "
                      "each attempt's session and environment marker")
         else:
-            log.info("attempt cgroups: cgroup v%d under %s", self.cgroup.version, self.cgroup.root)
+            log.info("attempt cgroups: cgroup v%d under %s (%d empty ones of dead attempts removed)",
+                     self.cgroup.version, self.cgroup.root, proc.sweep_attempt_cgroups(self.cgroup))
         srv = self._listen()
         # closed in every forked agent: an agent that outlives us must not hold our listening socket (a
         # successor's executor would connect to it and wait for a hello that never comes) or our signal pipe

@@ -120,3 +120,26 @@ def test_a_launch_id_that_cannot_name_a_directory_is_refused_and_has_no_cgroup()
         with pytest.raises(ValueError):
             proc.join_attempt_cgroup(hierarchy, bad)
         assert proc.attempt_cgroups(bad) == []
+
+
+def test_a_sweep_removes_only_empty_attempt_cgroups(tmp_path):
+    """Agents that died while no zygote ran leave empty attempt cgroups; the next zygote's sweep removes
+    those and never one with a live member."""
+    hierarchy = proc.probe_cgroup()
+    if hierarchy is None:
+        pytest.skip("no usable cgroup hierarchy here")
+    empty = os.path.join(hierarchy.root, f"{uuid.uuid4()}:1:1")
+    os.makedirs(empty)
+    launch_id = f"{uuid.uuid4()}:1:1"
+    agent_proc, pids = start_attempt(tmp_path, hierarchy, launch_id)
+    try:
+        assert proc.sweep_attempt_cgroups(hierarchy) >= 1
+        assert not os.path.exists(empty)
+        (live,) = proc.attempt_cgroups(launch_id)
+        assert sorted(proc.cgroup_members(live)) == sorted(pids)
+    finally:
+        for path in proc.attempt_cgroups(launch_id):
+            proc.kill_cgroup(path)
+        agent_proc.kill()
+        agent_proc.wait(timeout=10)
+        proc.remove_cgroup(empty)
