@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 __all__ = [
-    "TERMINAL_STATES",
+    "LIVE_STATES",
+    "OPEN_STATES",
+    "SETTLE_STATES",
     "TRANSITIONS",
     "AttemptRef",
     "AttemptState",
@@ -87,8 +89,14 @@ TRANSITIONS: Mapping[AttemptState, frozenset[AttemptState]] = MappingProxyType(
 )
 """Allowed moves, ``from -> {to, …}``. Read-only; every state has an entry."""
 
-TERMINAL_STATES: frozenset[AttemptState] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
-"""States with no way out (just CLOSED)."""
+OPEN_STATES: frozenset[AttemptState] = frozenset(s for s, nxt in TRANSITIONS.items() if nxt)
+"""Every state with a way out (all but CLOSED): the rows the reconciler still looks at."""
+
+LIVE_STATES: frozenset[AttemptState] = frozenset({_S.DISPATCHED, _S.REPORTED})
+"""Handed to the runtime and not yet proven dead: presence decides what happens next."""
+
+SETTLE_STATES: frozenset[AttemptState] = frozenset({_S.EXITED, _S.SETTLING})
+"""Proven dead and not yet closed: the reconciler settles them; no new epoch of the ti_id may be claimed."""
 
 
 def check_transition(frm: AttemptState | str, to: AttemptState | str) -> None:
@@ -96,7 +104,7 @@ def check_transition(frm: AttemptState | str, to: AttemptState | str) -> None:
 
     Both arguments may be members or their string values. Raises ``IllegalTransition`` (a
     ``ValueError``) naming both states; an unknown state string raises ``ValueError`` from the enum.
-    A self-loop is illegal: a write that keeps the state is ``LedgerStore.record_facts``.
+    A self-loop is illegal.
     """
     frm_state = AttemptState(frm)
     to_state = AttemptState(to)

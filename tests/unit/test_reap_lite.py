@@ -35,7 +35,7 @@ def test_agent_lost_kills_a_live_agent_whose_heartbeat_went_silent():
 
 def test_agent_lost_spares_fresh_heartbeats_and_dead_agents():
     assert decide([view(hb_age=119)], NOW, SETTINGS) == []
-    assert decide([view(presence=Presence.DEAD, hb_age=1000)], NOW, SETTINGS) == []
+    assert decide([view(presence=Presence.GONE, hb_age=1000)], NOW, SETTINGS) == []
     assert decide([view(state="success", hb_age=1000)], NOW, SETTINGS) == []
 
 
