@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from leoflow_agent.outcome import AttemptIdentity
+from leoflow_airflow.errors import LeoflowError
+
 __all__ = [
     "LIVE_STATES",
     "OPEN_STATES",
@@ -70,7 +73,7 @@ class Resolution(enum.StrEnum):
     """Given up without evidence either way (for example the row outlived every bound)."""
 
 
-class IllegalTransition(ValueError):
+class IllegalTransition(LeoflowError, ValueError):
     """A move between two attempt states that ``TRANSITIONS`` does not allow: a programming error."""
 
 
@@ -113,16 +116,14 @@ def check_transition(frm: AttemptState | str, to: AttemptState | str) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class AttemptRef:
+class AttemptRef(AttemptIdentity):
     """The identity of one execution (DESIGN §2 "Attempt"); every guarded write names one.
 
-    ``ti_id`` is Airflow's ``TaskInstance.id`` as ``str(uuid)``; ``try_number`` is Airflow's try (>= 1);
-    ``attempt_epoch`` counts dispatches of the same ``ti_id``, starting at 1.
+    The wire contract's :class:`~leoflow_agent.outcome.AttemptIdentity` (one identity type: an ``AttemptRef`` is
+    the ``expect`` of a record decode as it is) with one rendering for logs. ``ti_id`` is Airflow's
+    ``TaskInstance.id`` as ``str(uuid)``; ``try_number`` is Airflow's try (>= 1); ``attempt_epoch`` counts
+    dispatches of the same ``ti_id``, starting at 1.
     """
-
-    ti_id: str
-    try_number: int
-    attempt_epoch: int
 
     def __str__(self) -> str:
         """Render as ``ti_id/try/epoch`` for log lines."""

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from leoflow_agent.outcome import OutcomeRecord
-from leoflow_agent.protocol import callback_launch_id, launch_id_for
+from leoflow_agent.protocol import callback_launch_id
 from leoflow_airflow import reconcile
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.dispatch.guard import guard
@@ -60,6 +60,7 @@ from leoflow_airflow.lifecycle.runtime import (
     Runtime,
     RuntimeEvent,
     Started,
+    launch_id,
 )
 from leoflow_airflow.reap import lite as reapers
 from leoflow_airflow.reap.gate import SettlingGate
@@ -71,11 +72,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _S = AttemptState
-
-
-def launch_id(ref: AttemptRef) -> str:
-    """The launch id of attempt ``ref`` (``leoflow_agent.protocol.launch_id_for``)."""
-    return launch_id_for(ref.ti_id, ref.try_number, ref.attempt_epoch)
 
 
 class Lifecycle:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from leoflow_agent.outcome import OutcomeRecord
+from leoflow_agent.protocol import launch_id_for
 from leoflow_airflow.dispatch.disposition import DispatchResult
 from leoflow_airflow.ledger.states import AttemptRef
 
@@ -36,10 +37,16 @@ __all__ = [
     "RuntimeEvent",
     "RuntimeFacts",
     "Started",
+    "launch_id",
 ]
 
 MAX_DETAIL_CHARS = 500
 """Untrusted text (an error, an HTTP detail) is cut to this many characters before it reaches the ledger."""
+
+
+def launch_id(ref: AttemptRef) -> str:
+    """The launch id of task attempt ``ref``: the one builder (``leoflow_agent.protocol.launch_id_for``)."""
+    return launch_id_for(ref.ti_id, ref.try_number, ref.attempt_epoch)
 
 
 class Presence(enum.StrEnum):

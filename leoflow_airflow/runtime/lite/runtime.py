@@ -35,6 +35,7 @@ from leoflow_airflow.lifecycle.runtime import (
     RuntimeEvent,
     RuntimeFacts,
     Started,
+    launch_id,
 )
 from leoflow_airflow.runtime.lite.zygote_client import ZygoteClient
 from leoflow_airflow.settings import LeoflowSettings
@@ -284,8 +285,8 @@ class LiteRuntime:
         return {a.ref: self._presence(a) for a in attempts}
 
     def _presence(self, attempt: Attempt) -> Presence:
-        launch_id = protocol.launch_id_for(*_ref_fields(attempt.ref))
-        launch = self._launches.get(launch_id)
+        lid = launch_id(attempt.ref)
+        launch = self._launches.get(lid)
         if attempt.pid is None or attempt.proc_start_time is None:
             if attempt.state != AttemptState.CLAIMED:
                 return Presence.GONE  # handed over without a handle: nothing of it can be found or run
@@ -301,20 +302,20 @@ class LiteRuntime:
             if self.zygote.alive():
                 return Presence.UNKNOWN  # ours: wait for the zygote's word
         # no zygote of ours saw this agent die: its orphans reparented to init; finish the zygote's reaping
-        left = proc.attempt_leftovers(agent, launch_id)
+        left = proc.attempt_leftovers(agent, lid)
         if left:
             log.warning("attempt %s: its agent is dead but %d of its processes are not (%s); killing them",
                         attempt.ref, len(left), left)
             for pid in left:
                 proc.kill_tree(pid)
-            if proc.attempt_leftovers(agent, launch_id):
+            if proc.attempt_leftovers(agent, lid):
                 return Presence.LIVE
         return Presence.GONE
 
     def locate(self, attempt: Attempt) -> RuntimeFacts | None:
         """Find the agent of an attempt with no recorded pid by its process-title marker."""
-        launch_id = protocol.launch_id_for(*_ref_fields(attempt.ref))
-        for pid in proc.find_by_title(protocol.agent_title_marker(launch_id)):
+        lid = launch_id(attempt.ref)
+        for pid in proc.find_by_title(protocol.agent_title_marker(lid)):
             ident = proc.identity(pid)
             if ident is not None:
                 return {"pid": ident.pid, "proc_start_time": ident.start_time}
@@ -324,20 +325,19 @@ class LiteRuntime:
         """The attempt's record file, decoded against its identity (never raises)."""
         record = None
         if attempt.record_path:
-            expect = outcome.AttemptIdentity(*_ref_fields(attempt.ref))
-            record = outcome.read_record_file(attempt.record_path, expect=expect)
+            record = outcome.read_record_file(attempt.record_path, expect=attempt.ref)
         return Evidence(record, attempt.exit_status)
 
     def kill(self, attempt: Attempt) -> Presence:
-        """SIGKILL the attempt's agent and whole subtree (GONE when nothing is left). Without a pid: drop or
+        """SIGKILL the attempt's agent and whole subtree (GONE when nothing is left). Without a pid:
         ask the zygote to drop or kill the launch, or kill the agent found by its title marker."""
-        launch_id = protocol.launch_id_for(*_ref_fields(attempt.ref))
+        lid = launch_id(attempt.ref)
         if attempt.pid is None or attempt.proc_start_time is None:
-            launch = self._launches.get(launch_id)
+            launch = self._launches.get(lid)
             if launch is not None and not launch.orphaned and self.zygote.alive():
                 # dropped if held; if it is being forked, its ``launched`` names an attempt no longer CLAIMED
                 # and the lifecycle kills it then: nothing of it can run on
-                self.zygote.kill_launch(launch_id)
+                self.zygote.kill_launch(lid)
                 return Presence.GONE
             facts = self.locate(attempt)
             if facts:
@@ -364,7 +364,7 @@ class LiteRuntime:
     def forget(self, ref: AttemptRef) -> None:
         """The lifecycle closed ``ref``: drop what is remembered of it."""
         self._adopted.pop(ref, None)
-        self._launches.pop(protocol.launch_id_for(*_ref_fields(ref)), None)
+        self._launches.pop(launch_id(ref), None)
 
     # --- housekeeping ------------------------------------------------------------------------------------
     def collect(self, is_closed: Callable[[str, int], bool]) -> int:
@@ -385,6 +385,3 @@ class LiteRuntime:
         """Feed a finished attempt's slot time to the queue-ahead average."""
         self._ahead.finished(held_for)
 
-
-def _ref_fields(ref: AttemptRef) -> tuple[str, int, int]:
-    return ref.ti_id, ref.try_number, ref.attempt_epoch
