@@ -266,7 +266,8 @@ class LeoflowExecutor(BaseExecutor):
 
         Runs while Airflow holds the TI rows ``FOR UPDATE`` and makes no HTTP call. A dead RUNNING attempt
         without a record gets ``max_tries + 1`` (on the infra budget, in Airflow's own transaction) and is
-        returned, so Airflow's reset re-drives it as a new try. Anything leoflow never dispatched is returned.
+        returned, so Airflow's reset re-drives it as a new try. A QUEUED TI whose try leoflow never started is
+        adopted and dispatched from a rebuilt workload (Airflow's reset would spend a try on it).
         """
         from sqlalchemy.orm import object_session
 
@@ -275,7 +276,13 @@ class LeoflowExecutor(BaseExecutor):
 
         with self.ledger.pinned():
             not_adopted, lost = self.life.adopt(list(tis), timezone.utcnow())
+            waiting = [ti for ti in not_adopted if ti not in lost and self._awaits_dispatch(ti)]
         self._perform(self.life.take())
+        for ti in waiting:
+            workload = self._rebuild_workload(ti)
+            if workload is not None:
+                self.queued_tasks[ti.key] = workload  # dispatched at the next heartbeat, as the same try
+                not_adopted.remove(ti)
         for ti in lost:
             session = object_session(ti)
             if session is None or not self._spend_infra_budget(session, ti):
@@ -287,6 +294,28 @@ class LeoflowExecutor(BaseExecutor):
                             extra=f"the agent died with no outcome record while no scheduler ran; re-run as a "
                                   f"new try without spending a retry (max_tries -> {ti.max_tries})"))
         return not_adopted
+
+    def _awaits_dispatch(self, ti: Any) -> bool:
+        """A QUEUED TI whose current try leoflow has not started (no open epoch): the predecessor held it in its
+        queue (queue-ahead, a deferred dispatch, a re-offer). Airflow would reset it and spend a try; leoflow
+        dispatches it instead. Not one leoflow already failed through Airflow."""
+        from leoflow_airflow.ledger.states import AttemptState, Resolution
+
+        if str(ti.state) != "queued":
+            return False
+        attempt = self.ledger.current(str(ti.id))
+        if attempt is None or attempt.ref.try_number != ti.try_number:
+            return True
+        return attempt.state == AttemptState.CLOSED and attempt.resolution != Resolution.EXECUTOR_FAILED
+
+    def _rebuild_workload(self, ti: Any) -> ExecuteTask | None:
+        """The ``ExecuteTask`` the scheduler would build for ``ti`` (Airflow's ``ExecuteTask.make``), or None
+        (logged) when it cannot be built; its token is replaced at launch."""
+        try:
+            return ExecuteTask.make(ti, generator=self.jwt_generator)
+        except Exception:  # noqa: BLE001 - the TI is then left to Airflow's reset, as before
+            self.log.exception("adoption: could not rebuild the workload of %s; Airflow resets it", ti.key)
+            return None
 
     def _spend_infra_budget(self, session: Any, ti: Any) -> bool:
         """Charge one infra re-run to ``ti``'s logical budget inside Airflow's own transaction."""

@@ -103,6 +103,7 @@ class Lifecycle:
         self.gate.reset(monotonic())
         self._out: list[SchedulerAction] = []
         self._settling: set[AttemptRef] = set()  # settles in flight in this process
+        self._later: list[tuple[float, Reoffer]] = []  # (due, re-offer): backed-off re-dispatches
         self.draining = False  # end(): nothing new is dispatched
 
     # --- output -----------------------------------------------------------------------------------------
@@ -191,6 +192,7 @@ class Lifecycle:
     def cycle(self) -> list[SchedulerAction]:
         """One ``sync()``: apply the runtime's events, reconcile, reap behind the settling gate, collect."""
         self.apply(self.runtime.poll())
+        self._release_later()
         self.reconcile()
         self.gate.swept()
         if self.gate.is_open(self.monotonic()):
@@ -411,16 +413,41 @@ class Lifecycle:
 
     def _redispatch(self, attempt: Attempt, key: Any, why: str) -> None:
         """The agent died before /run (TI still QUEUED): close the epoch and re-offer the stored workload; the
-        next ``trigger_tasks`` dispatches it as epoch + 1 (never from inside a dispatch)."""
+        next ``trigger_tasks`` dispatches it as epoch + 1 (never from inside a dispatch). ``[leoflow]
+        redispatch_limit`` counts the re-dispatches in a row of this dispatch cycle (an epoch that ran and handed
+        off starts a new cycle); the n-th one in a row waits ``redispatch_backoff(n)`` seconds."""
         ref = attempt.ref
-        done = self.ledger.count_resolution(ref.ti_id, Resolution.REDISPATCHED)
+        done = self._redispatches_in_a_row(ref)
         if done >= self.settings.redispatch_limit:
             if self._close(attempt, Resolution.EXECUTOR_FAILED, f"{why}; re-dispatched {done} times already"):
                 self._out.append(Fail(key, f"{why}; leoflow re-dispatched it {done} times already"))
             return
         if self._close(attempt, Resolution.REDISPATCHED, why):
-            log.warning("attempt %s: %s; re-dispatching the same ti_id as epoch %d", ref, why, ref.attempt_epoch + 1)
-            self._out.append(Reoffer(key, self.airflow.workload_from_json(attempt.workload_json)))
+            delay = redispatch_backoff(done)
+            log.warning("attempt %s: %s; re-dispatching the same ti_id as epoch %d in %.0f s", ref, why,
+                        ref.attempt_epoch + 1, delay)
+            reoffer = Reoffer(key, self.airflow.workload_from_json(attempt.workload_json))
+            if delay > 0:
+                self._later.append((self.monotonic() + delay, reoffer))
+            else:
+                self._out.append(reoffer)
+
+    def _redispatches_in_a_row(self, ref: AttemptRef) -> int:
+        """How many epochs right before ``ref`` ended REDISPATCHED (counting stops past the limit)."""
+        count = 0
+        for epoch in range(ref.attempt_epoch - 1, 0, -1):
+            row = self.ledger.get_epoch(ref.ti_id, epoch)
+            if row is None or row.resolution != Resolution.REDISPATCHED or count > self.settings.redispatch_limit:
+                break
+            count += 1
+        return count
+
+    def _release_later(self) -> None:
+        """Emit the delayed re-offers that are due."""
+        now = self.monotonic()
+        due = [item for item in self._later if item[0] <= now]
+        self._later = [item for item in self._later if item[0] > now]
+        self._out.extend(reoffer for _, reoffer in due)
 
     def _close(self, attempt: Attempt, resolution: Resolution, why: str, *,
                expected: Sequence[AttemptState] = tuple(SETTLE_STATES)) -> bool:
@@ -538,6 +565,18 @@ class Lifecycle:
         self.cycle()
         self.apply(self.runtime.stop(timeout=max(1.0, self.settings.settle_timeout)))
         return self.take()
+
+
+REDISPATCH_BACKOFF_SECONDS = 5.0
+"""The first back-off of a re-dispatch in a row, in seconds; doubled per further one, at most 60 s."""
+
+
+def redispatch_backoff(in_a_row: int) -> float:
+    """Seconds to wait before the re-dispatch that follows ``in_a_row`` re-dispatches in a row: 0 for the first,
+    then 5, 10, 20, 40, 60, 60, … (a dispatch that keeps dying before ``/run`` is not retried in a tight loop)."""
+    if in_a_row <= 0:
+        return 0.0
+    return min(60.0, REDISPATCH_BACKOFF_SECONDS * 2 ** (in_a_row - 1))
 
 
 class _Budget:

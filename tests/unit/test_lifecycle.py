@@ -469,3 +469,40 @@ def test_dispatch_answers_deferred_while_the_runtime_is_not_up(world):
     w = world.queued()
     assert world.life.dispatch_task(w).disposition == Disposition.DEFERRED
     assert world.epochs(str(w.ti.id)) == []
+
+
+# --- hole 4: re-dispatch backs off, and its limit counts per dispatch cycle ---------------------------------
+def test_a_second_redispatch_in_a_row_waits_its_backoff(tmp_path):
+    world = World(tmp_path, redispatch_limit="3")
+    w, ref = world.dispatched()
+    (first,) = [a for a in world.exit(ref, code=1) if isinstance(a, Reoffer)]  # the first: at once
+    world.life.dispatch_task(first.workload)
+    ref2 = world.runtime.launched[-1].ref
+    world.runtime.events.append(Started(launch_id(ref2), {"pid": 4243, "proc_start_time": 78}))
+    assert not [a for a in world.exit(ref2, code=1) if isinstance(a, Reoffer)]
+    world.clock.tick(4)
+    assert not [a for a in world.life.cycle() if isinstance(a, Reoffer)]
+    world.clock.tick(1)
+    assert [a.key for a in world.life.cycle() if isinstance(a, Reoffer)] == [w.key]
+
+
+def test_redispatch_limit_counts_per_dispatch_cycle_not_over_the_ti_ids_life(tmp_path):
+    world = World(tmp_path, redispatch_limit="1")
+    w, ref = world.dispatched()
+    (reoffer,) = [a for a in world.exit(ref, code=1) if isinstance(a, Reoffer)]  # one re-dispatch: the limit
+    world.life.dispatch_task(reoffer.workload)
+    ref2 = world.runtime.launched[-1].ref
+    world.runtime.events.append(Started(launch_id(ref2), {"pid": 4243, "proc_start_time": 78}))
+    world.life.cycle()
+    world.record(ref2, "deferred")  # epoch 2 ran and deferred; the trigger fired; the same ti_id is queued again
+    world.runtime.events.append(Reported(launch_id(ref2), "deferred"))
+    world.exit(ref2)
+    assert world.row(ref2).resolution == Resolution.REPORTED
+    world.life.dispatch_task(w)
+    ref3 = world.runtime.launched[-1].ref
+    world.runtime.events.append(Started(launch_id(ref3), {"pid": 4244, "proc_start_time": 79}))
+    world.life.cycle()
+    actions = world.exit(ref3, code=1)  # a new dispatch cycle: its first re-dispatch is allowed
+    assert world.row(ref3).resolution == Resolution.REDISPATCHED
+    assert [a.key for a in actions if isinstance(a, Reoffer)] == [w.key]
+    assert not [a for a in actions if isinstance(a, Fail)]
