@@ -62,7 +62,7 @@ from leoflow_airflow.lifecycle.runtime import (
     Started,
     launch_id,
 )
-from leoflow_airflow.reap import lite as reapers
+from leoflow_airflow.reap import lost as reapers
 from leoflow_airflow.reap.gate import SettlingGate
 
 if TYPE_CHECKING:

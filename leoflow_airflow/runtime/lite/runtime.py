@@ -369,7 +369,7 @@ class LiteRuntime:
     # --- housekeeping ------------------------------------------------------------------------------------
     def collect(self, is_closed: Callable[[str, int], bool]) -> int:
         """Remove closed attempts' record directories past ``[leoflow] record_retention`` (every 60 s)."""
-        from leoflow_airflow import gc
+        from leoflow_airflow.runtime.lite import gc
 
         now = time.monotonic()
         if now < self._next_gc:

@@ -6,10 +6,10 @@ import os
 import time
 from datetime import datetime, timedelta, timezone
 
-from leoflow_airflow import gc
+from leoflow_airflow.runtime.lite import gc
 from leoflow_airflow.ledger.states import AttemptRef
 from leoflow_airflow.reap.gate import SettlingGate
-from leoflow_airflow.reap.lite import AttemptView, Presence, ReapSettings, decide
+from leoflow_airflow.reap.lost import AttemptView, Presence, ReapSettings, decide
 from leoflow_airflow.redrive import budget_decision
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)

@@ -1,4 +1,4 @@
-"""The Lite reapers: agent-lost and dispatch-lost (DESIGN §3 "Reap"), as pure decisions.
+"""The lost-agent reapers (DESIGN §3 "Reap"): agent-lost and dispatch-lost, pure decisions over presence.
 
 * **agent-lost**: the TI is RUNNING, its heartbeat (Airflow's ``last_heartbeat_at``) has been silent for more
   than ``[leoflow] agent_lost_threshold`` seconds, yet its agent process still exists: a hung supervisor.
