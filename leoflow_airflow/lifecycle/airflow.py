@@ -38,6 +38,10 @@ class AirflowPort(Protocol):
     def retry_callback(self, *, dag_id: str, run_id: str, task_id: str, map_index: int, msg: str) -> Any | None:
         """The retry callback request for a replayed ``up_for_retry``, or None."""
 
+    def hold_off_purge(self, ti_id: str) -> bool:
+        """Refresh a RUNNING TI's ``last_heartbeat_at`` (guarded) while its recorded report cannot be replayed
+        yet, so Airflow's heartbeat purge does not fail it meanwhile; True if a row changed."""
+
     def workload_from_json(self, workload_json: str) -> Any:
         """Rebuild the ``ExecuteTask`` a ledger row stores (token stripped: one is minted at launch)."""
 
@@ -99,6 +103,13 @@ class AirflowIO:
         from leoflow_airflow.callbacks import retry_callback_request
 
         return retry_callback_request(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index, msg=msg)
+
+    def hold_off_purge(self, ti_id: str) -> bool:
+        """See :class:`AirflowPort`: ``airflow_db.hold_off_purge`` once it exists there, else False."""
+        from leoflow_airflow import airflow_db
+
+        hold = getattr(airflow_db, "hold_off_purge", None)
+        return bool(hold(ti_id)) if hold is not None else False
 
     def workload_from_json(self, workload_json: str) -> Any:
         """See :class:`AirflowPort`."""

@@ -367,9 +367,15 @@ class Lifecycle:
         finally:
             self._settling.discard(ref)
         if not result.settled:
+            if not getattr(result, "retryable", True):  # 401/403/422: the same body will never land
+                log.warning("replay of %s was refused (%s); re-driving it as an infra loss", ref, result.detail)
+                self._infra_redrive(attempt, key, f"its recorded report was refused ({result.detail})",
+                                    expected=[_S.SETTLING])
+                return
             budget.replays_allowed = False  # one stalled api-server call per pass at most
             log.warning("replay of %s failed (%s); will retry", ref, result.detail)
             self.ledger.transition(ref, expected=[_S.SETTLING], to=_S.EXITED, detail=result.detail[:MAX_DETAIL_CHARS])
+            self.airflow.hold_off_purge(ref.ti_id)  # the record is good: keep Airflow's purge from failing it
             return
         if not result.applied and result.detail[:3] in ("404", "410"):
             ti = self.airflow.ti_row(attempt.dag_id, attempt.run_id, attempt.task_id, attempt.map_index)
@@ -395,21 +401,23 @@ class Lifecycle:
             if request is not None:
                 self._out.append(SendCallback(request))
 
-    def _infra_redrive(self, attempt: Attempt, key: Any, why: str) -> None:
+    def _infra_redrive(self, attempt: Attempt, key: Any, why: str,
+                       expected: Sequence[AttemptState] = tuple(SETTLE_STATES)) -> None:
         """No usable evidence and the TI is RUNNING: a new try on the infra budget, else Airflow's own path."""
         from leoflow_airflow.redrive import RedriveResult
 
         result = self.airflow.infra_redrive(attempt.ref.ti_id, why)
         if result == RedriveResult.REDRIVEN:
             log.warning("attempt %s: %s; re-driven as a new try on the infra budget", attempt.ref, why)
-            self._close(attempt, Resolution.INFRA_REDRIVE, why)
+            self._close(attempt, Resolution.INFRA_REDRIVE, why, expected=expected)
         elif result == RedriveResult.BUDGET_SPENT:
-            if self._close(attempt, Resolution.EXECUTOR_FAILED, f"{why}; infra budget spent"):
+            if self._close(attempt, Resolution.EXECUTOR_FAILED, f"{why}; infra budget spent", expected=expected):
                 log.warning("attempt %s: %s and the infra budget is spent; failing it through Airflow",
                             attempt.ref, why)
                 self._out.append(Fail(key, f"{why}; leoflow's infra re-run budget is spent"))
         else:
-            self._close(attempt, Resolution.MOVED_ON, "the task instance moved on before the re-drive")
+            self._close(attempt, Resolution.MOVED_ON, "the task instance moved on before the re-drive",
+                        expected=expected)
 
     def _redispatch(self, attempt: Attempt, key: Any, why: str) -> None:
         """The agent died before /run (TI still QUEUED): close the epoch and re-offer the stored workload; the

@@ -139,6 +139,7 @@ class FakeAirflow:
     redrives: list[str] = field(default_factory=list)
     redrive_result: RedriveResult = RedriveResult.REDRIVEN
     lost_success: list[str] = field(default_factory=list)
+    held_off: list[str] = field(default_factory=list)
     retry_requests: list[str] = field(default_factory=list)
 
     def put(self, ti_id: str, state: str | None, *, try_number: int = 1, logical: tuple = ("dag", "run", "task", -1),
@@ -177,6 +178,10 @@ class FakeAirflow:
     def retry_callback(self, *, msg: str, **_: Any) -> Any:
         self.retry_requests.append(msg)
         return {"retry_callback": msg}
+
+    def hold_off_purge(self, ti_id: str) -> bool:
+        self.held_off.append(ti_id)
+        return True
 
     def workload_from_json(self, workload_json: str) -> Any:
         from airflow.executors.workloads import ExecuteTask

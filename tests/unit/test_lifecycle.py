@@ -506,3 +506,34 @@ def test_redispatch_limit_counts_per_dispatch_cycle_not_over_the_ti_ids_life(tmp
     assert world.row(ref3).resolution == Resolution.REDISPATCHED
     assert [a.key for a in actions if isinstance(a, Reoffer)] == [w.key]
     assert not [a for a in actions if isinstance(a, Fail)]
+
+
+# --- Task D's interfaces: a refused replay is re-driven; an unreplayable current record holds the purge off --
+def test_replay_refused_for_good_is_redriven_with_its_detail(world):
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Refused:
+        settled: bool = False
+        applied: bool = False
+        detail: str = "HTTP 422"
+        retryable: bool = False
+
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "success")
+    world.airflow.replay_result = lambda r: Refused()
+    world.exit(ref)
+    row = world.row(ref)
+    assert (row.state, row.resolution) == (S.CLOSED, Resolution.INFRA_REDRIVE)
+    assert "HTTP 422" in row.detail and world.airflow.redrives == [ref.ti_id]
+
+
+def test_replay_that_cannot_land_yet_holds_off_airflows_purge(world):
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "success")
+    world.airflow.replay_result = lambda r: SettleResult(False, False, "transport error: ConnectError")
+    world.exit(ref)
+    assert world.row(ref).state == S.EXITED
+    assert world.airflow.held_off == [ref.ti_id]
