@@ -115,6 +115,21 @@ class World:
     def row(self, ref):
         return self.ledger.get(ref)
 
+    def claim_only(self, w):
+        """A CLAIMED epoch of ``w`` that no launch of this process carries (a predecessor's, or another
+        scheduler's)."""
+        return self.ledger.claim_epoch(ti_id=str(w.ti.id), try_number=w.ti.try_number, dag_id="dag",
+                                       task_id=w.ti.task_id, run_id="run", map_index=-1, runtime="lite",
+                                       workload_json=w.model_dump_json(exclude={"token"}), scheduler_job_id=1)
+
+    @staticmethod
+    def adoptable(w, state: str):
+        """The ORM TaskInstance Airflow offers to ``try_adopt_task_instances`` (the fields adoption reads)."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(id=w.ti.id, try_number=w.ti.try_number, key=w.key, state=state,
+                               last_heartbeat_at=None)
+
     def epochs(self, ti_id: str) -> list:
         with self.engine.connect() as conn:
             return conn.execute(sa.text("select attempt_epoch, state from leoflow_attempt where ti_id = :t "
@@ -264,16 +279,11 @@ def test_reoffer_of_a_ti_whose_previous_epoch_is_dead_claims_one_epoch(world):
 # --- hole 1: an unrecorded launch is looked up, never presumed dead ----------------------------------------
 def test_adopted_claimed_attempt_whose_agent_runs_is_recorded_not_redispatched(world):
     w = world.queued()
-    ti_id = str(w.ti.id)
-    attempt = world.ledger.claim_epoch(ti_id=ti_id, try_number=1, dag_id="dag", task_id="task", run_id="run",
-                                       map_index=-1, runtime="lite", workload_json=w.model_dump_json(exclude={"token"}),
-                                       scheduler_job_id=1)
+    attempt = world.claim_only(w)
     world.runtime.located[attempt.ref] = {"pid": 5151, "proc_start_time": 9}
 
-    class TI:
-        id, try_number, key, state = uuid.UUID(ti_id), 1, w.key, "queued"
-
-    not_adopted, lost = world.life.adopt([TI()], now=T0)
+    ti = world.adoptable(w, "queued")
+    not_adopted, lost = world.life.adopt([ti], now=T0)
     assert (not_adopted, lost) == ([], [])
     actions = world.life.cycle()
     row = world.row(attempt.ref)
@@ -285,14 +295,10 @@ def test_adopted_claimed_attempt_whose_agent_runs_is_recorded_not_redispatched(w
 def test_adopted_claimed_attempt_without_agent_is_reoffered_without_spending_a_redispatch(world):
     w = world.queued()
     ti_id = str(w.ti.id)
-    attempt = world.ledger.claim_epoch(ti_id=ti_id, try_number=1, dag_id="dag", task_id="task", run_id="run",
-                                       map_index=-1, runtime="lite", workload_json=w.model_dump_json(exclude={"token"}),
-                                       scheduler_job_id=1)
+    attempt = world.claim_only(w)
 
-    class TI:
-        id, try_number, key, state = uuid.UUID(ti_id), 1, w.key, "queued"
-
-    world.life.adopt([TI()], now=T0)
+    ti = world.adoptable(w, "queued")
+    world.life.adopt([ti], now=T0)
     actions = world.life.cycle()
     assert world.row(attempt.ref).resolution == Resolution.ABANDONED
     assert [a.key for a in actions if isinstance(a, Reoffer)] == [w.key]
@@ -341,10 +347,8 @@ def test_adopted_queued_ti_whose_epoch_deferred_is_dispatched_again(world):
     fresh_runtime = world.runtime
     world.life = world.new_lifecycle()  # the scheduler restarted
 
-    class TI:
-        id, try_number, key, state = uuid.UUID(ref.ti_id), 1, w.key, "queued"
-
-    not_adopted, _ = world.life.adopt([TI()], now=T0)
+    ti = world.adoptable(w, "queued")
+    not_adopted, _ = world.life.adopt([ti], now=T0)
     assert not_adopted == []
     actions = world.life.cycle()
     assert world.row(ref).resolution == Resolution.REPORTED
@@ -378,35 +382,25 @@ def test_one_stalled_replay_stops_replaying_for_the_pass(tmp_path):
 
 
 # --- hole 8: a transient fork failure re-offers ----------------------------------------------------------
-def test_retryable_launch_failure_reoffers_and_never_fails(world):
+@pytest.mark.parametrize("retryable", [True, False])
+def test_launch_failure_reoffers_when_retryable_and_fails_otherwise(world, retryable):
     w = world.queued()
     world.life.dispatch_task(w)
     ref = world.runtime.launched[-1].ref
-    world.runtime.events.append(LaunchFailed(launch_id(ref), "fork failed: Resource temporarily unavailable", True))
+    error = "fork failed: Resource temporarily unavailable" if retryable else "malformed launch message"
+    world.runtime.events.append(LaunchFailed(launch_id(ref), error, retryable))
     actions = world.life.cycle()
     assert world.row(ref).resolution == Resolution.LAUNCH_FAILED
-    assert [a.key for a in actions if isinstance(a, Reoffer)] == [w.key]
-    assert not [a for a in actions if isinstance(a, Fail)]
+    assert [a.key for a in actions if isinstance(a, Reoffer)] == ([w.key] if retryable else [])
+    assert [a.key for a in actions if isinstance(a, Fail)] == ([] if retryable else [w.key])
     assert world.life.table.launches == {}  # hole 16: the launch is popped, no leak
-
-
-def test_non_retryable_launch_failure_fails(world):
-    w = world.queued()
-    world.life.dispatch_task(w)
-    ref = world.runtime.launched[-1].ref
-    world.runtime.events.append(LaunchFailed(launch_id(ref), "malformed launch message", False))
-    actions = world.life.cycle()
-    assert [a.key for a in actions if isinstance(a, Fail)] == [w.key]
-    assert world.life.table.launches == {}
 
 
 # --- hole 16 -------------------------------------------------------------------------------------------
 def test_claimed_row_never_offered_to_adoption_is_closed_once_the_ti_moved_on(world):
     w = world.queued()
     ti_id = str(w.ti.id)
-    attempt = world.ledger.claim_epoch(ti_id=ti_id, try_number=1, dag_id="dag", task_id="task", run_id="run",
-                                       map_index=-1, runtime="lite", workload_json=w.model_dump_json(exclude={"token"}),
-                                       scheduler_job_id=1)
+    attempt = world.claim_only(w)
     world.life.cycle()
     assert world.row(attempt.ref).state == S.CLAIMED  # queued at that try: its owner or adoption decides
     world.airflow.set_state(ti_id, "success")
@@ -444,10 +438,9 @@ def test_reaper_kills_a_live_agent_whose_heartbeat_went_silent(tmp_path):
 def test_adopting_an_attempt_this_process_runs_changes_nothing(world):
     w, ref = world.dispatched()
 
-    class TI:
-        id, try_number, key, state = uuid.UUID(ref.ti_id), 1, w.key, "running"
+    ti = world.adoptable(w, "running")
 
-    not_adopted, _ = world.life.adopt([TI()], now=T0)
+    not_adopted, _ = world.life.adopt([ti], now=T0)
     assert not_adopted == []
     assert world.life.take() == []
     assert not world.life.table.get(launch_id(ref)).adopted
