@@ -306,6 +306,8 @@ class Lifecycle:
                 if refreshed is not None:
                     self.runtime.adopt(refreshed)
             return
+        if self.runtime.observe([attempt]).get(attempt.ref) != Presence.GONE:
+            return  # no agent, but something of it may still run: looked at again next cycle
         if launch is None:
             self._close(attempt, Resolution.MOVED_ON, "never launched; the task instance moved on",
                         expected=[_S.CLAIMED])

@@ -24,7 +24,7 @@ from leoflow_airflow.settle import SettleResult
 
 
 class FakeRuntime:
-    """A scripted runtime. Presence defaults to LIVE for an attempt the test did not set."""
+    """A scripted runtime. Presence defaults to LIVE for an attempt with a handle, GONE without one."""
 
     kind = "lite"
 
@@ -81,8 +81,9 @@ class FakeRuntime:
         return out
 
     def observe(self, attempts: Sequence[Any]) -> dict[AttemptRef, Presence]:
-        """From ``presence`` (default LIVE)."""
-        return {a.ref: self.presence.get(a.ref, Presence.LIVE) for a in attempts}
+        """From ``presence``; unset: LIVE with a handle (a pid, or ``located``), GONE without (Lite's answer)."""
+        return {a.ref: self.presence.get(a.ref, Presence.LIVE if a.pid is not None or a.ref in self.located
+                                         else Presence.GONE) for a in attempts}
 
     def locate(self, attempt: Any) -> RuntimeFacts | None:
         """From ``located``."""

@@ -305,6 +305,16 @@ def test_adopted_claimed_attempt_without_agent_is_reoffered_without_spending_a_r
     assert world.ledger.count_resolution(ti_id, Resolution.REDISPATCHED) == 0
 
 
+def test_claimed_attempt_the_runtime_cannot_see_yet_is_left_alone(world):
+    w = world.queued()
+    attempt = world.claim_only(w)
+    world.runtime.presence[attempt.ref] = Presence.UNKNOWN
+    world.life.adopt([world.adoptable(w, "queued")], now=T0)
+    actions = world.life.cycle()
+    assert world.row(attempt.ref).state == S.CLAIMED
+    assert not [a for a in actions if isinstance(a, Reoffer)]
+
+
 def test_started_event_for_an_unknown_launch_kills_that_agent(world):
     world.runtime.events.append(Started("stranger:1:1", {"pid": 1, "proc_start_time": 1}))
     world.life.cycle()
