@@ -14,8 +14,10 @@ Executor -> zygote ("op"):
 Zygote -> executor ("ev"):
   ``hello``   {"ev","pid","start_time"}                      once per connection
   ``launched``{"ev","launch_id","pid","start_time"}          an agent was forked
-  ``launch_failed`` {"ev","launch_id","error"}               the fork or the message was refused, or a
-                                                             held launch was killed before its fork
+  ``launch_failed`` {"ev","launch_id","error","retryable"?}  the fork or the message was refused, or a
+                                                             held launch was killed before its fork;
+                                                             ``retryable`` true: a transient fork failure
+                                                             (EAGAIN/ENOMEM), the workload is re-offered
   ``reported``{"ev","launch_id","state","recorded"}          the agent's terminal PATCH returned 2xx;
                                                              ``recorded`` false: its outcome record could not
                                                              be written (absent from older zygotes: true)
@@ -24,10 +26,11 @@ Zygote -> executor ("ev"):
 
 from __future__ import annotations
 
+import enum
 import json
 import socket
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
 """Largest accepted message line, in bytes; a longer line is a protocol error."""
@@ -42,9 +45,54 @@ class ProtocolError(ValueError):
     """A message that is not valid JSON, not an object, too long, or lacks a required field."""
 
 
+class Op(enum.StrEnum):
+    """The ``op`` of an executor -> zygote message (see the module docstring for each one's fields)."""
+
+    LAUNCH = "launch"
+    KILL = "kill"
+    LIMIT = "limit"
+    RETOKEN = "retoken"
+
+
+class Ev(enum.StrEnum):
+    """The ``ev`` of a zygote -> executor message (see the module docstring for each one's fields)."""
+
+    HELLO = "hello"
+    LAUNCHED = "launched"
+    LAUNCH_FAILED = "launch_failed"
+    REPORTED = "reported"
+    EXITED = "exited"
+
+
+class LaunchMessage(TypedDict):
+    """The ``launch`` op's body (``op`` is added by the sender). ``workload`` is the workload's JSON with a
+    freshly minted token; ``record_path`` is ``None`` for a callback; ``fault`` is TEST ONLY
+    (:data:`FAULT_POINTS`) or ``None``; ``attempt_epoch`` is 0 for a callback."""
+
+    launch_id: str
+    attempt_epoch: int
+    workload: str
+    server: str
+    record_path: str | None
+    fault: str | None
+
+
 def launch_id_for(ti_id: str, try_number: int, attempt_epoch: int) -> str:
-    """Return the launch id of a task attempt: ``"<ti_id>:<try_number>:<attempt_epoch>"``."""
+    """Return the launch id of a task attempt: ``"<ti_id>:<try_number>:<attempt_epoch>"``. The one builder
+    of task launch ids; the control plane calls it with an attempt's ref fields."""
     return f"{ti_id}:{int(try_number)}:{int(attempt_epoch)}"
+
+
+def callback_launch_id(callback_id: object, serial: int) -> str:
+    """Return the launch id of a callback workload: ``"callback:<callback id>:<serial>"`` (``serial`` makes
+    two launches of one callback distinct; the executor passes ``time.monotonic_ns()``)."""
+    return f"callback:{callback_id}:{int(serial)}"
+
+
+def agent_title_marker(launch_id: str) -> str:
+    """The text every agent's process title starts with, found by :func:`leoflow_agent.proc.find_by_title`
+    (a restarted executor finds an agent whose launch it never heard of by it)."""
+    return f"leoflow agent {launch_id}"
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from leoflow_agent import outcome
+from leoflow_agent.protocol import agent_title_marker
 
 log = logging.getLogger(__name__)
 
@@ -182,9 +183,6 @@ def _conf_int(section: str, key: str, fallback: int) -> int:
         return fallback
 
 
-def agent_title_marker(launch_id: str) -> str:
-    """The text every agent's process title carries, found by :func:`leoflow_agent.proc.find_by_title`."""
-    return f"leoflow agent {launch_id}"
 
 
 def _set_title(title: str) -> None:

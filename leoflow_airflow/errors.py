@@ -1,4 +1,19 @@
-"""Errors leoflow raises to operators. Each message names the config keys and values involved."""
+"""The errors leoflow raises on purpose, in one tree, split by what the caller does next (httpx's
+``_exceptions.py`` layout). Expected outcomes of dispatch, settle and re-drive are values, not errors
+(``Disposition``, ``SettleResult``, ``RedriveResult``).
+
+::
+
+    LeoflowError
+    ├── ConfigError (ValueError)       an operator fixes a [leoflow] value: start() refuses (key and value named)
+    ├── LadderViolation                an operator fixes the recovery window: start() refuses
+    ├── ZygoteError                    the Lite zygote did not come up: logged, spawned again
+    └── IllegalTransition (ValueError) a programming error: an attempt-state move TRANSITIONS does not allow
+                                       (``leoflow_airflow.ledger.states``)
+
+``LedgerConflict`` (``ledger.store``) and ``ProtocolError`` (``leoflow_agent.protocol``; the agent never imports
+the control plane) stand outside it.
+"""
 
 from __future__ import annotations
 

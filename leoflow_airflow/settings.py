@@ -121,29 +121,56 @@ OPTIONS: tuple[Option, ...] = (
 
 @dataclass(frozen=True)
 class LeoflowSettings:
-    """The parsed ``[leoflow]`` section. Durations are seconds (float); sizes are counts."""
+    """The parsed ``[leoflow]`` section (each option's text is in :data:`OPTIONS`). Durations are seconds
+    (float), sizes are counts. Grouped by who reads them; new keys carry their unit in the name
+    (``…_seconds``)."""
 
+    # --- runtime (Lite)
     runtime: str
+    """``lite`` (``kubernetes`` is refused in this release)."""
     runtime_dir: str
-    agent_lost_threshold: float
-    maintenance_interval: float
-    settle_timeout: float
-    settle_budget: int
+    """Directory of the zygote socket, pidfile, log and per-attempt record files."""
     launch_queue_size: int
+    """Launches handed to the zygote and not yet forked, at most (count)."""
     queue_ahead: int
-    end_drain_timeout: float
+    """Task workloads accepted beyond free slots, at most (count; -1: 4 x parallelism)."""
     zygote_start_timeout: float
-    record_retention: float
+    """Seconds the zygote may take to import the Task SDK and answer."""
     agent_env_passthrough: tuple[str, ...]
+    """Extra environment variable names handed to the zygote and agents."""
     agent_env_deny: tuple[str, ...]
-    replay_holdoff_max_seconds: float
+    """Extra environment variable names (or ``*`` patterns) never handed to the zygote and agents."""
     zygote_preload: tuple[str, ...]
-    dispatch_lost_threshold: float
-    reap_grace: float
+    """Extra modules the zygote imports before its first fork."""
+    end_drain_timeout: float
+    """Seconds ``end()`` waits for running attempts (0: leave them for the successor)."""
+    record_retention: float
+    """Seconds a closed attempt's record files are kept."""
+    # --- settle
+    maintenance_interval: float
+    """Seconds between two reconcile passes, at most."""
+    settle_timeout: float
+    """Seconds of one replay call; also the wall-clock settle budget of one ``sync()``."""
+    settle_budget: int
+    """Settles per ``sync()``, at most (count)."""
     infra_retry_budget: int
+    """Infra re-runs per logical TI that spend no user retry (count)."""
     redispatch_limit: int
+    """Re-dispatches in a row of one dispatch cycle of a ti_id (count)."""
+    # --- reap
+    agent_lost_threshold: float
+    """Seconds of heartbeat silence after which a live agent is killed as lost."""
+    dispatch_lost_threshold: float
+    """Seconds a dispatched attempt may stay QUEUED before it is killed as dispatch-lost."""
+    reap_grace: float
+    """Seconds after start or adoption before any reaper acts."""
+    replay_holdoff_max_seconds: float
+    """Seconds after an attempt's exit during which a replayable record keeps Airflow's purge off, at most."""
+    # --- testing (TEST ONLY)
     test_fault_injection: bool
+    """Honour per-attempt fault points."""
     test_fault_plan: str
+    """JSON file of fault points keyed ``dag_id/run_id/task_id/try_number/attempt_epoch``."""
 
 
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}

@@ -15,7 +15,7 @@ class Disposition(enum.StrEnum):
 
     DISPATCHED = "dispatched"      # handed to the runtime; the attempt holds a slot
     BACKPRESSURE = "backpressure"  # the cluster said not now (ResourceQuota 403, APF 429): re-offer, never fail
-    REJECTED = "rejected"          # the runtime refused this request: bounded backoff, then fail
+    REJECTED = "rejected"          # the runtime refused this request: failed at once (Kubernetes will add a backoff)
     DEFERRED = "deferred"          # nothing happened (local queue full, client rate limit): re-offer
     REFUSED = "refused"            # can never run here: fail at once with the reason
     STALE = "stale"                # the pre-launch guard found Airflow moved on: drop silently

@@ -12,8 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from leoflow_agent.outcome import AttemptIdentity
+from leoflow_airflow.errors import LeoflowError
+
 __all__ = [
-    "TERMINAL_STATES",
+    "LIVE_STATES",
+    "OPEN_STATES",
+    "SETTLE_STATES",
     "TRANSITIONS",
     "AttemptRef",
     "AttemptState",
@@ -68,7 +73,7 @@ class Resolution(enum.StrEnum):
     """Given up without evidence either way (for example the row outlived every bound)."""
 
 
-class IllegalTransition(ValueError):
+class IllegalTransition(LeoflowError, ValueError):
     """A move between two attempt states that ``TRANSITIONS`` does not allow: a programming error."""
 
 
@@ -87,8 +92,14 @@ TRANSITIONS: Mapping[AttemptState, frozenset[AttemptState]] = MappingProxyType(
 )
 """Allowed moves, ``from -> {to, …}``. Read-only; every state has an entry."""
 
-TERMINAL_STATES: frozenset[AttemptState] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
-"""States with no way out (just CLOSED)."""
+OPEN_STATES: frozenset[AttemptState] = frozenset(s for s, nxt in TRANSITIONS.items() if nxt)
+"""Every state with a way out (all but CLOSED): the rows the reconciler still looks at."""
+
+LIVE_STATES: frozenset[AttemptState] = frozenset({_S.DISPATCHED, _S.REPORTED})
+"""Handed to the runtime and not yet proven dead: presence decides what happens next."""
+
+SETTLE_STATES: frozenset[AttemptState] = frozenset({_S.EXITED, _S.SETTLING})
+"""Proven dead and not yet closed: the reconciler settles them; no new epoch of the ti_id may be claimed."""
 
 
 def check_transition(frm: AttemptState | str, to: AttemptState | str) -> None:
@@ -96,7 +107,7 @@ def check_transition(frm: AttemptState | str, to: AttemptState | str) -> None:
 
     Both arguments may be members or their string values. Raises ``IllegalTransition`` (a
     ``ValueError``) naming both states; an unknown state string raises ``ValueError`` from the enum.
-    A self-loop is illegal: a write that keeps the state is ``LedgerStore.record_facts``.
+    A self-loop is illegal.
     """
     frm_state = AttemptState(frm)
     to_state = AttemptState(to)
@@ -105,16 +116,14 @@ def check_transition(frm: AttemptState | str, to: AttemptState | str) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class AttemptRef:
+class AttemptRef(AttemptIdentity):
     """The identity of one execution (DESIGN §2 "Attempt"); every guarded write names one.
 
-    ``ti_id`` is Airflow's ``TaskInstance.id`` as ``str(uuid)``; ``try_number`` is Airflow's try (>= 1);
-    ``attempt_epoch`` counts dispatches of the same ``ti_id``, starting at 1.
+    The wire contract's :class:`~leoflow_agent.outcome.AttemptIdentity` (one identity type: an ``AttemptRef`` is
+    the ``expect`` of a record decode as it is) with one rendering for logs. ``ti_id`` is Airflow's
+    ``TaskInstance.id`` as ``str(uuid)``; ``try_number`` is Airflow's try (>= 1); ``attempt_epoch`` counts
+    dispatches of the same ``ti_id``, starting at 1.
     """
-
-    ti_id: str
-    try_number: int
-    attempt_epoch: int
 
     def __str__(self) -> str:
         """Render as ``ti_id/try/epoch`` for log lines."""

@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from leoflow_airflow.ledger.models import attempt_table
 from leoflow_airflow.ledger.states import (
     AttemptRef,
+    OPEN_STATES,
     AttemptState,
     Resolution,
     check_transition,
@@ -58,7 +59,7 @@ _STATE_TIMESTAMP: Mapping[AttemptState, str] = {
     AttemptState.CLOSED: "closed_at",
 }
 
-_OPEN_STATES = tuple(s.value for s in AttemptState if s is not AttemptState.CLOSED)
+_OPEN_STATES = tuple(sorted(s.value for s in OPEN_STATES))
 
 CLAIM_ATTEMPTS = 8
 """How many times ``claim_epoch`` re-reads and retries after losing a race before ``LedgerConflict``."""

@@ -6,10 +6,10 @@ import os
 import time
 from datetime import datetime, timedelta, timezone
 
-from leoflow_airflow import gc
+from leoflow_airflow.runtime.lite import gc
 from leoflow_airflow.ledger.states import AttemptRef
 from leoflow_airflow.reap.gate import SettlingGate
-from leoflow_airflow.reap.lite import AttemptView, Presence, ReapSettings, decide
+from leoflow_airflow.reap.lost import AttemptView, Presence, ReapSettings, decide
 from leoflow_airflow.redrive import budget_decision
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
@@ -35,7 +35,7 @@ def test_agent_lost_kills_a_live_agent_whose_heartbeat_went_silent():
 
 def test_agent_lost_spares_fresh_heartbeats_and_dead_agents():
     assert decide([view(hb_age=119)], NOW, SETTINGS) == []
-    assert decide([view(presence=Presence.DEAD, hb_age=1000)], NOW, SETTINGS) == []
+    assert decide([view(presence=Presence.GONE, hb_age=1000)], NOW, SETTINGS) == []
     assert decide([view(state="success", hb_age=1000)], NOW, SETTINGS) == []
 
 

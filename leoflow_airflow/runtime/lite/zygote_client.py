@@ -1,9 +1,10 @@
-"""The Lite runtime, executor side: start and watch the zygote, hand it launches, read its events.
+"""The zygote client: start and watch the Lite zygote, hand it messages, read its events.
 
-DESIGN §3: the zygote (``python -m leoflow_agent serve``) is started once in the executor's ``start()`` with
-an allow-listed environment and reached over a 0600 Unix socket; a stale zygote of an earlier scheduler is
-removed first (pidfile holding pid + start time). Nothing here forks from the scheduler except the zygote's
-own ``exec``.
+DESIGN §3: the zygote (``python -m leoflow_agent serve``) is spawned in the executor's ``start()`` with an
+allow-listed environment and reached over a 0600 Unix socket; a stale zygote of an earlier scheduler is
+removed first (pidfile holding pid + start time). Spawning does not wait for the zygote to import the Task
+SDK: :meth:`ZygoteClient.connect` is polled (non-blocking) until it answers, so a restarted scheduler's first
+heartbeat never waits on it. Nothing here forks from the scheduler except the zygote's own ``exec``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class LitePaths:
         return os.path.join(self.attempt_dir(ti_id, attempt_epoch), "record.json")
 
 
-class LiteRuntime:
+class ZygoteClient:
     """Owns one zygote process and the connection to it.
 
     :param settings: the parsed ``[leoflow]`` section.
@@ -73,13 +74,14 @@ class LiteRuntime:
         self._buf = protocol.LineBuffer()
         self.pending: set[str] = set()  # launch ids sent, not yet answered with launched/launch_failed
         self.restarts = 0
+        self._spawned_at = 0.0
+        self._connecting: socket.socket | None = None
 
     # --- zygote lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        """Remove a stale zygote, start a fresh one and connect to it.
+        """Remove a stale zygote and spawn a fresh one; returns at once (:meth:`connect` finishes the start).
 
-        :raises ZygoteError: when it does not answer within ``[leoflow] zygote_start_timeout`` seconds
-            (the message carries the tail of its log).
+        :raises OSError: the zygote could not be spawned (runtime_dir not writable, no interpreter).
         """
         os.makedirs(self.paths.root, mode=0o700, exist_ok=True)
         os.chmod(self.paths.root, 0o700)
@@ -103,6 +105,9 @@ class LiteRuntime:
             )
         finally:
             logf.close()
+        self._spawned_at = time.monotonic()
+        self._sock = None
+        self._connecting = None
         ident = None
         for _ in range(100):
             ident = proc.identity(self._proc.pid)
@@ -112,7 +117,15 @@ class LiteRuntime:
         with open(self.paths.pidfile + ".tmp", "w") as fh:
             json.dump({"pid": self._proc.pid, "start_time": ident.start_time if ident else None}, fh)
         os.replace(self.paths.pidfile + ".tmp", self.paths.pidfile)
-        self._connect()
+
+    def start_and_wait(self) -> None:
+        """:meth:`start`, then block until the zygote answers (tools and tests; the executor never blocks).
+
+        :raises ZygoteError: as :meth:`connect`.
+        """
+        self.start()
+        while not self.connect():
+            time.sleep(0.05)
 
     def _remove_stale(self) -> None:
         try:
@@ -125,49 +138,57 @@ class LiteRuntime:
             log.warning("removing a stale leoflow zygote pid=%d left by an earlier scheduler", ident.pid)
             _terminate(ident)
 
-    def _connect(self) -> None:
-        assert self._proc is not None
-        deadline = time.monotonic() + self.settings.zygote_start_timeout
-        last_err: Exception | None = None
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise ZygoteError(
-                    f"the leoflow zygote exited with code {self._proc.returncode} during start-up; "
-                    f"log tail:\n{_tail(self.paths.zygote_log)}"
-                )
+    def connect(self) -> bool:
+        """Advance the connection to a spawned zygote without blocking; True once it said hello.
+
+        :raises ZygoteError: it exited during start-up, or did not answer within ``[leoflow]
+            zygote_start_timeout`` seconds of being spawned (the message carries the tail of its log).
+        """
+        if self._sock is not None:
+            return True
+        if self._proc is None:
+            return False
+        if self._proc.poll() is not None:
+            raise ZygoteError(
+                f"the leoflow zygote exited with code {self._proc.returncode} during start-up; "
+                f"log tail:\n{_tail(self.paths.zygote_log)}"
+            )
+        if time.monotonic() - self._spawned_at > self.settings.zygote_start_timeout:
+            raise ZygoteError(
+                f"the leoflow zygote did not answer on {self.paths.socket} within "
+                f"[leoflow] zygote_start_timeout = {self.settings.zygote_start_timeout:g} s; "
+                f"log tail:\n{_tail(self.paths.zygote_log)}"
+            )
+        if self._connecting is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.connect(self.paths.socket)
-            except OSError as exc:
-                last_err = exc
+                sock.connect(self.paths.socket)  # a Unix socket connects at once or fails at once
+            except OSError:
                 sock.close()
-                time.sleep(0.05)
-                continue
-            sock.settimeout(self.settings.zygote_start_timeout)
-            try:
-                hello = sock.recv(65536)
-            except OSError as exc:
-                last_err = exc
-                sock.close()
-                time.sleep(0.05)
-                continue
-            if not hello:
-                last_err = ConnectionError("the zygote closed the connection")
-                sock.close()
-                time.sleep(0.05)
-                continue
+                return False
             sock.setblocking(False)
-            self._sock = sock
-            self._buf = protocol.LineBuffer()
-            for msg in self._buf.feed(hello):
-                if msg.get("ev") != "hello":
-                    log.error("unexpected first message from the zygote: %r", msg)
-            return
-        raise ZygoteError(
-            f"the leoflow zygote did not answer on {self.paths.socket} within "
-            f"[leoflow] zygote_start_timeout = {self.settings.zygote_start_timeout:g} s ({last_err}); "
-            f"log tail:\n{_tail(self.paths.zygote_log)}"
-        )
+            self._connecting = sock
+        try:
+            hello = self._connecting.recv(65536)
+        except BlockingIOError:
+            return False  # connected; the hello comes once the zygote accepts
+        except OSError:
+            hello = b""
+        if not hello:
+            self._connecting.close()
+            self._connecting = None
+            return False
+        self._sock, self._connecting = self._connecting, None
+        self._buf = protocol.LineBuffer()
+        for msg in self._buf.feed(hello):
+            if msg.get("ev") != protocol.Ev.HELLO:
+                log.error("unexpected first message from the zygote: %r", msg)
+        return True
+
+    @property
+    def starting(self) -> bool:
+        """True while a spawned zygote runs but has not answered yet."""
+        return self._sock is None and self._proc is not None and self._proc.poll() is None
 
     def alive(self) -> bool:
         """True when the zygote process runs and the connection is open."""
@@ -178,11 +199,37 @@ class LiteRuntime:
         """The zygote's exit code once it died, else ``None``."""
         return None if self._proc is None else self._proc.poll()
 
+    @property
+    def pid(self) -> int | None:
+        """The zygote's pid, or None before :meth:`start`."""
+        return None if self._proc is None else self._proc.pid
+
     def restart(self) -> None:
-        """Replace a dead zygote (launches in flight are reported back as failed by the caller)."""
+        """Replace a dead zygote (the caller reports its launches in flight back); returns at once.
+
+        :raises OSError: as :meth:`start`.
+        """
         self._close()
+        self.pending.clear()
         self.restarts += 1
         self.start()
+
+    def hang_up(self, timeout: float) -> list[dict[str, Any]]:
+        """Half-close the connection (the zygote exits on EOF and leaves its agents running) and return every
+        event it still sends until its EOF, or until ``timeout`` seconds pass."""
+        if self._sock is None:
+            return []
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        out: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while self._sock is not None and time.monotonic() < deadline:
+            out.extend(self.events())
+            if self._sock is not None:
+                time.sleep(0.02)
+        return out
 
     def stop(self, timeout: float = 10.0) -> None:
         """Hang up (the zygote exits and leaves running agents), then wait; SIGKILL after ``timeout`` s."""
@@ -206,30 +253,33 @@ class LiteRuntime:
             self._proc.wait()
 
     def _close(self) -> None:
+        if self._connecting is not None:
+            self._connecting.close()
+            self._connecting = None
         if self._sock is not None:
             self._sock.close()
             self._sock = None
 
     # --- messages -------------------------------------------------------------------------------------
-    def launch(self, message: dict[str, Any]) -> bool:
+    def launch(self, message: protocol.LaunchMessage) -> bool:
         """Send a ``launch`` message (see :mod:`leoflow_agent.protocol`); False when the zygote is gone."""
-        return self._send(dict(message, op="launch"), message["launch_id"])
+        return self._send(dict(message, op=protocol.Op.LAUNCH.value), message["launch_id"])
 
     def kill_launch(self, launch_id: str) -> bool:
         """Ask the zygote to kill one agent's subtree, or to drop the launch if it still holds it (it then
         answers ``launch_failed``); False when the zygote is gone."""
-        return self._send({"op": "kill", "launch_id": launch_id}, None)
+        return self._send({"op": protocol.Op.KILL.value, "launch_id": launch_id}, None)
 
     def set_limit(self, max_agents: int | None) -> bool:
         """Tell the zygote how many busy agents (forked, not yet reported or exited) it may have at once;
         it holds later launches and forks each the moment a busy agent reports or exits
         (:mod:`leoflow_agent.handoff`). ``None``: no limit. False when the zygote is gone."""
-        return self._send({"op": "limit", "max_agents": max_agents}, None)
+        return self._send({"op": protocol.Op.LIMIT.value, "max_agents": max_agents}, None)
 
     def retoken(self, launch_id: str, workload: str) -> bool:
         """Replace a held launch's workload JSON (same workload, fresh token); a launch already forked
         ignores it. False when the zygote is gone."""
-        return self._send({"op": "retoken", "launch_id": launch_id, "workload": workload}, None)
+        return self._send({"op": protocol.Op.RETOKEN.value, "launch_id": launch_id, "workload": workload}, None)
 
     def _send(self, message: dict[str, Any], launch_id: str | None) -> bool:
         if self._sock is None:
@@ -266,7 +316,7 @@ class LiteRuntime:
             log.error("bad message from the zygote: %s", err)
         self._buf.errors.clear()
         for ev in out:
-            if ev.get("ev") in ("launched", "launch_failed"):
+            if ev.get("ev") in (protocol.Ev.LAUNCHED, protocol.Ev.LAUNCH_FAILED):
                 self.pending.discard(ev.get("launch_id"))
         return out
 

@@ -1,4 +1,4 @@
-"""The Lite reapers: agent-lost and dispatch-lost (DESIGN §3 "Reap"), as pure decisions.
+"""The lost-agent reapers (DESIGN §3 "Reap"): agent-lost and dispatch-lost, pure decisions over presence.
 
 * **agent-lost**: the TI is RUNNING, its heartbeat (Airflow's ``last_heartbeat_at``) has been silent for more
   than ``[leoflow] agent_lost_threshold`` seconds, yet its agent process still exists: a hung supervisor.
@@ -8,24 +8,20 @@
   after leoflow dispatched it, and its agent never reached ``/run``. Kill it; the reconciler re-dispatches the
   same ``ti_id`` as epoch + 1 (at most ``[leoflow] redispatch_limit`` times).
 
-Three-valued presence: an agent that is alive defers to these rules, a dead one belongs to the reconciler,
-and only these rules ever kill a live agent.
+Three-valued presence (:class:`~leoflow_airflow.lifecycle.runtime.Presence`): a LIVE agent is subject to these
+rules, a GONE one belongs to the reconciler, an UNKNOWN one is left alone; only these rules ever kill a live
+agent.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from datetime import datetime
 
 from leoflow_airflow.ledger.states import AttemptRef
+from leoflow_airflow.lifecycle.runtime import Presence
 
-
-class Presence(enum.StrEnum):
-    """What is known of an attempt's agent process."""
-
-    LIVE = "live"
-    DEAD = "dead"
+__all__ = ["AttemptView", "KillAgent", "Presence", "ReapSettings", "decide"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +62,7 @@ def decide(snapshot: list[AttemptView], now: datetime, settings: ReapSettings) -
     actions: list[KillAgent] = []
     for view in snapshot:
         if view.presence != Presence.LIVE:
-            continue  # dead attempts belong to the reconciler
+            continue  # gone attempts belong to the reconciler; unknown ones are never reaped
         if view.ti_state == "running" and view.last_heartbeat_at is not None:
             silent = (now - view.last_heartbeat_at).total_seconds()
             if silent > settings.agent_lost_threshold:

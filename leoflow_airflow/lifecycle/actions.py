@@ -1,0 +1,77 @@
+"""What the lifecycle asks of Airflow (DESIGN §3): values the executor alone performs, so the lifecycle can be
+tested by reading its output. Pure module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ChangeState", "Fail", "Occupy", "Release", "Reoffer", "SchedulerAction", "SendCallback", "Succeed",
+           "TaskEvent"]
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """``executor.fail(key, reason)``, after ``running.discard(key)``: Airflow's killed-externally path."""
+
+    key: Any
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Succeed:
+    """``executor.success(key)``: a RESTARTING TI is re-run by Airflow at once."""
+
+    key: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Reoffer:
+    """Put ``workload`` back into ``queued_tasks`` (``callback``: ``queued_callbacks``) under ``key``; the
+    next ``trigger_tasks`` dispatches it through the normal path. Idempotent per key."""
+
+    key: Any
+    workload: Any
+    callback: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Occupy:
+    """``running.add(key)``: a TaskInstanceKey/CallbackKey, or an AttemptRef for an attempt still alive
+    whose key no longer owns the slot."""
+
+    key: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """``running.discard(key)``."""
+
+    key: Any
+
+
+@dataclass(frozen=True, slots=True)
+class SendCallback:
+    """``executor.send_callback(request)`` (a retry callback for a replayed ``up_for_retry``)."""
+
+    request: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeState:
+    """``executor.change_state(key, state)``: a callback workload's result."""
+
+    key: Any
+    state: Any
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEvent:
+    """``executor.log_task_event(event=…, extra=…, ti_key=key)``: a Log row an operator sees."""
+
+    key: Any
+    event: str
+    extra: str
+
+
+SchedulerAction = Fail | Succeed | Reoffer | Occupy | Release | SendCallback | ChangeState | TaskEvent

@@ -1,0 +1,124 @@
+"""What the lifecycle reads from and writes to Airflow, behind one small seam (:class:`AirflowPort`).
+
+:class:`AirflowIO` is the real thing (Airflow's metadata DB on non-scoped sessions, the Execution API for
+replays); unit tests pass a fake holding task-instance rows in a dict. Every method is synchronous I/O bounded
+by its own timeout; none runs inside a ledger transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from leoflow_agent.outcome import OutcomeRecord
+from leoflow_airflow.dispatch.guard import TIRow
+
+
+class AirflowPort(Protocol):
+    """The Airflow calls the lifecycle makes (DESIGN §2 "Settle mechanics", §3)."""
+
+    def ti_row_by_id(self, ti_id: str) -> TIRow | None:
+        """The ``task_instance`` row whose id is ``ti_id``, or None."""
+
+    def ti_row(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> TIRow | None:
+        """The live row of one logical TI (its id may differ from the attempt's), or None."""
+
+    def ti_liveness(self, ti_ids: list[str]) -> dict[str, tuple[str | None, Any]]:
+        """``{ti_id: (state, last_heartbeat_at)}`` for the live rows among ``ti_ids`` (one query)."""
+
+    def replay(self, record: OutcomeRecord) -> Any:
+        """PATCH the recorded terminal body; a ``settle.SettleResult`` (``settled``, ``applied``, ``detail``)."""
+
+    def infra_redrive(self, ti_id: str, reason: str) -> Any:
+        """Reset a RUNNING TI as a new try on the infra budget; a ``redrive.RedriveResult``."""
+
+    def lost_success_callback(self, *, ti_id: str, dag_id: str, run_id: str, task_id: str, map_index: int) -> None:
+        """Write the Log row saying a replayed success's on_success_callback was lost."""
+
+    def retry_callback(self, *, dag_id: str, run_id: str, task_id: str, map_index: int, msg: str) -> Any | None:
+        """The retry callback request for a replayed ``up_for_retry``, or None."""
+
+    def hold_off_purge(self, ti_id: str) -> bool:
+        """Refresh a RUNNING TI's ``last_heartbeat_at`` (guarded) while its recorded report cannot be replayed
+        yet, so Airflow's heartbeat purge does not fail it meanwhile; True if a row changed."""
+
+    def workload_from_json(self, workload_json: str) -> Any:
+        """Rebuild the ``ExecuteTask`` a ledger row stores (token stripped: one is minted at launch)."""
+
+    def task_key(self, dag_id: str, task_id: str, run_id: str, try_number: int, map_index: int) -> Any:
+        """Airflow's ``TaskInstanceKey``."""
+
+
+class AirflowIO:
+    """:class:`AirflowPort` on a real Airflow.
+
+    :param jwt_generator: ``BaseExecutor.jwt_generator`` (mints the replay's execution token).
+    :param server: ``server() -> str``, the Execution API URL.
+    :param settle_timeout: seconds for one replay call (``[leoflow] settle_timeout``).
+    :param infra_retry_budget: ``[leoflow] infra_retry_budget``.
+    """
+
+    def __init__(self, *, jwt_generator: Any, server: Any, settle_timeout: float, infra_retry_budget: int) -> None:
+        self._jwt, self._server = jwt_generator, server
+        self._timeout, self._budget = settle_timeout, infra_retry_budget
+
+    def ti_row_by_id(self, ti_id: str) -> TIRow | None:
+        """See :class:`AirflowPort`."""
+        from leoflow_airflow.airflow_db import load_ti_row_by_id
+
+        return load_ti_row_by_id(ti_id)
+
+    def ti_row(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> TIRow | None:
+        """See :class:`AirflowPort`."""
+        from leoflow_airflow.airflow_db import load_ti_row
+
+        return load_ti_row(dag_id, run_id, task_id, map_index)
+
+    def ti_liveness(self, ti_ids: list[str]) -> dict[str, tuple[str | None, Any]]:
+        """See :class:`AirflowPort`."""
+        from leoflow_airflow.airflow_db import load_ti_liveness
+
+        return load_ti_liveness(ti_ids)
+
+    def replay(self, record: OutcomeRecord) -> Any:
+        """See :class:`AirflowPort`."""
+        from leoflow_airflow.settle import replay_state
+
+        return replay_state(record, jwt_generator=self._jwt, server=self._server(), timeout=self._timeout)
+
+    def infra_redrive(self, ti_id: str, reason: str) -> Any:
+        """See :class:`AirflowPort`."""
+        from leoflow_airflow.redrive import infra_redrive
+
+        return infra_redrive(ti_id=ti_id, reason=reason, limit=self._budget)
+
+    def lost_success_callback(self, *, ti_id: str, dag_id: str, run_id: str, task_id: str, map_index: int) -> None:
+        """See :class:`AirflowPort`."""
+        from leoflow_airflow.callbacks import log_lost_success_callback
+
+        log_lost_success_callback(ti_id=ti_id, dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index)
+
+    def retry_callback(self, *, dag_id: str, run_id: str, task_id: str, map_index: int, msg: str) -> Any | None:
+        """See :class:`AirflowPort`."""
+        from leoflow_airflow.callbacks import retry_callback_request
+
+        return retry_callback_request(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index, msg=msg)
+
+    def hold_off_purge(self, ti_id: str) -> bool:
+        """See :class:`AirflowPort`: ``airflow_db.hold_off_purge`` once it exists there, else False."""
+        from leoflow_airflow import airflow_db
+
+        hold = getattr(airflow_db, "hold_off_purge", None)
+        return bool(hold(ti_id)) if hold is not None else False
+
+    def workload_from_json(self, workload_json: str) -> Any:
+        """See :class:`AirflowPort`."""
+        from airflow.executors.workloads import ExecuteTask
+
+        return ExecuteTask.model_validate({**json.loads(workload_json), "token": ""})
+
+    def task_key(self, dag_id: str, task_id: str, run_id: str, try_number: int, map_index: int) -> Any:
+        """See :class:`AirflowPort`."""
+        from airflow.models.taskinstancekey import TaskInstanceKey
+
+        return TaskInstanceKey(dag_id, task_id, run_id, try_number, map_index)

@@ -1,0 +1,604 @@
+"""The attempt lifecycle, written once over the Runtime seam (DESIGN §2, §3).
+
+dispatch -> events -> evidence -> reconcile -> settle -> adopt -> reap. :class:`Lifecycle` reads the ledger,
+asks the :class:`~leoflow_airflow.lifecycle.runtime.Runtime` what runs, asks Airflow (through
+:class:`~leoflow_airflow.lifecycle.airflow.AirflowPort`) what it knows, and returns
+:mod:`~leoflow_airflow.lifecycle.actions` for the executor to perform; it never calls the executor.
+
+Rules it keeps (``docs/DESIGN.md`` §2 "Lifecycle seam"):
+
+* **Dispatch never settles.** A previous epoch that is not CLOSED makes a dispatch DEFERRED; the cycle settles
+  it, and a re-dispatch is a ``Reoffer`` the next ``trigger_tasks`` dispatches through the normal path.
+* **UNKNOWN is never settled or reaped**; an attempt without a handle is looked up (``Runtime.locate``).
+* A SETTLING row not being settled by this process (its settler died) is settled again: the replay is
+  idempotent (200 = already so, 409 = moved on).
+* Settling stops for the pass at ``[leoflow] settle_budget`` settles, after ``[leoflow] settle_timeout``
+  seconds of wall clock, or after the first replay that did not settle.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from leoflow_agent.outcome import OutcomeRecord
+from leoflow_agent.protocol import callback_launch_id
+from leoflow_airflow import reconcile
+from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
+from leoflow_airflow.dispatch.guard import guard
+from leoflow_airflow.ledger.states import (
+    LIVE_STATES,
+    OPEN_STATES,
+    SETTLE_STATES,
+    AttemptRef,
+    AttemptState,
+    Resolution,
+)
+from leoflow_airflow.lifecycle.actions import (
+    ChangeState,
+    Fail,
+    Occupy,
+    Release,
+    Reoffer,
+    SchedulerAction,
+    SendCallback,
+    Succeed,
+    TaskEvent,
+)
+from leoflow_airflow.lifecycle.airflow import AirflowPort
+from leoflow_airflow.lifecycle.launches import Launch, LaunchTable
+from leoflow_airflow.lifecycle.runtime import (
+    MAX_DETAIL_CHARS,
+    CallbackDone,
+    Exited,
+    LaunchFailed,
+    LaunchSpec,
+    Presence,
+    Reported,
+    Runtime,
+    RuntimeEvent,
+    Started,
+    launch_id,
+)
+from leoflow_airflow.reap import lost as reapers
+from leoflow_airflow.reap.gate import SettlingGate
+
+if TYPE_CHECKING:
+    from leoflow_airflow.ledger.store import Attempt, LedgerStore
+    from leoflow_airflow.settings import LeoflowSettings
+
+log = logging.getLogger(__name__)
+
+_S = AttemptState
+
+
+class Lifecycle:
+    """One executor's attempt lifecycle.
+
+    :param ledger: the attempt ledger.
+    :param runtime: where attempts run.
+    :param airflow: Airflow's rows and APIs.
+    :param settings: the parsed ``[leoflow]`` section (seconds for durations).
+    :param job_id: the scheduler job id (the pre-launch guard's ``queued_by_job_id``), or None.
+    :param monotonic: ``monotonic() -> float`` seconds (injected by tests).
+    :param utcnow: ``utcnow() -> datetime`` tz-aware (injected by tests; the reapers' clock).
+    :param fault_for: TEST ONLY ``fault_for(workload, attempt_epoch) -> str | None``.
+    """
+
+    def __init__(self, *, ledger: LedgerStore, runtime: Runtime, airflow: AirflowPort, settings: LeoflowSettings,
+                 job_id: int | None = None, monotonic: Callable[[], float] = time.monotonic,
+                 utcnow: Callable[[], Any] | None = None,
+                 fault_for: Callable[[Any, int], str | None] | None = None) -> None:
+        from datetime import datetime, timezone
+
+        self.ledger, self.runtime, self.airflow, self.settings = ledger, runtime, airflow, settings
+        self.job_id = job_id
+        self.monotonic = monotonic
+        self.utcnow = utcnow or (lambda: datetime.now(timezone.utc))
+        self.fault_for = fault_for
+        self.table = LaunchTable()
+        self.gate = SettlingGate(grace=settings.reap_grace)
+        self.gate.reset(monotonic())
+        self._out: list[SchedulerAction] = []
+        self._settling: set[AttemptRef] = set()  # settles in flight in this process
+        self._later: list[tuple[float, Reoffer]] = []  # (due, re-offer): backed-off re-dispatches
+        self.draining = False  # end(): nothing new is dispatched
+
+    # --- output -----------------------------------------------------------------------------------------
+    def take(self) -> list[SchedulerAction]:
+        """The actions produced since the last call, in order, for the executor to perform."""
+        out, self._out = self._out, []
+        return out
+
+    def key_of(self, attempt: Attempt) -> Any:
+        """Airflow's ``TaskInstanceKey`` of ``attempt``."""
+        return self.airflow.task_key(attempt.dag_id, attempt.task_id, attempt.run_id, attempt.ref.try_number,
+                                     attempt.map_index)
+
+    def running_ages(self) -> list[float]:
+        """Seconds each slot-holding launch has run (for the runtime's queue-ahead)."""
+        now = self.monotonic()
+        return [now - l.launched_at for l in self.table.holders() if l.launched_at is not None]
+
+    def busy(self) -> bool:
+        """True while any launch of this process has not exited."""
+        return any(not launch.exited for launch in self.table.launches.values())
+
+    # --- dispatch ---------------------------------------------------------------------------------------
+    def dispatch_task(self, workload: Any) -> DispatchResult:
+        """Dispatch one ``ExecuteTask`` (DESIGN §3 "Dispatch"): guard, clear the previous epoch (never settling
+        it), claim an epoch, launch. DISPATCHED: its key holds a slot."""
+        if self.draining:
+            return DispatchResult(Disposition.DEFERRED, "the executor is shutting down")
+        if (refused := self.runtime.admit()) is not None:
+            return refused
+        ti = workload.ti
+        ti_id = str(ti.id)
+        if reason := guard(self.airflow.ti_row_by_id(ti_id), ti_id=ti_id, try_number=ti.try_number,
+                           job_id=self.job_id):
+            return DispatchResult(Disposition.STALE, reason)
+        previous = self.ledger.current(ti_id)
+        if previous is not None and previous.state != _S.CLOSED:
+            if (wait := self._clear_previous(previous)) is not None:
+                return wait
+        attempt = self.ledger.claim_epoch(
+            ti_id=ti_id, try_number=ti.try_number, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id,
+            map_index=ti.map_index, runtime=self.runtime.kind,
+            workload_json=workload.model_dump_json(exclude={"token"}), scheduler_job_id=self.job_id,
+            record_path_for=lambda epoch: self.runtime.record_path(ti_id, epoch),
+        )
+        ref = attempt.ref
+        fault = self.fault_for(workload, ref.attempt_epoch) if self.fault_for is not None else None
+        lid = launch_id(ref)
+        result = self.runtime.launch(LaunchSpec(lid, ref, workload, attempt.record_path, fault))
+        if result.disposition != Disposition.DISPATCHED:
+            self.ledger.transition(ref, expected=[_S.CLAIMED], to=_S.CLOSED, resolution=Resolution.LAUNCH_FAILED,
+                                   detail=result.reason[:MAX_DETAIL_CHARS])
+            return result
+        self.table.add(lid, Launch(workload.key, workload, ref))
+        return result
+
+    def _clear_previous(self, previous: Attempt) -> DispatchResult | None:
+        """None once the previous epoch of the ti_id is CLOSED; else DEFERRED (the cycle settles it)."""
+        ref = previous.ref
+        if previous.state == _S.CLAIMED:
+            launch = self.table.get(launch_id(ref))
+            if launch is not None and not launch.adopted:
+                return DispatchResult(Disposition.DEFERRED, f"epoch {ref.attempt_epoch} is on its way to the runtime")
+            if self.runtime.locate(previous) is not None:
+                return DispatchResult(Disposition.DEFERRED, f"epoch {ref.attempt_epoch}'s agent runs unrecorded")
+            if not self._close(previous, Resolution.ABANDONED, "never launched", expected=[_S.CLAIMED]):
+                return DispatchResult(Disposition.DEFERRED, f"epoch {ref.attempt_epoch} moved on; retrying")
+            return None
+        if previous.state in LIVE_STATES:
+            if self.runtime.observe([previous]).get(ref) != Presence.GONE:
+                return DispatchResult(Disposition.DEFERRED, f"epoch {ref.attempt_epoch} of {ref.ti_id} is still alive")
+            self.ledger.transition(ref, expected=LIVE_STATES, to=_S.EXITED)
+        return DispatchResult(Disposition.DEFERRED, f"epoch {ref.attempt_epoch} of {ref.ti_id} awaits settlement")
+
+    def dispatch_callback(self, workload: Any) -> DispatchResult:
+        """Dispatch one ``ExecuteCallback``; its result comes back as a ``ChangeState``."""
+        if self.draining:
+            return DispatchResult(Disposition.DEFERRED, "the executor is shutting down")
+        lid = callback_launch_id(workload.callback.id, time.monotonic_ns())
+        result = self.runtime.launch_callback(lid, workload)
+        if result.disposition == Disposition.DISPATCHED:
+            self.table.add(lid, Launch(workload.key, workload, None))
+        return result
+
+    # --- one sync() -----------------------------------------------------------------------------------
+    def cycle(self) -> list[SchedulerAction]:
+        """One ``sync()``: apply the runtime's events, reconcile, reap behind the settling gate, collect."""
+        self.apply(self.runtime.poll())
+        self._release_later()
+        self.reconcile()
+        self.gate.swept()
+        if self.gate.is_open(self.monotonic()):
+            self.reap()
+        try:
+            removed = self.runtime.collect(self._is_closed)
+        except Exception:  # noqa: BLE001 - GC must never break the scheduler loop
+            log.exception("leoflow record GC failed")
+        else:
+            if removed:
+                log.info("leoflow GC removed %d settled attempts' record directories", removed)
+        return self.take()
+
+    def _is_closed(self, ti_id: str, epoch: int) -> bool:
+        row = self.ledger.get_epoch(ti_id, epoch)
+        return row is None or row.state == _S.CLOSED
+
+    # --- events -----------------------------------------------------------------------------------------
+    def apply(self, events: Sequence[RuntimeEvent]) -> None:
+        """Turn runtime facts into guarded ledger writes and slot changes (facts only; nothing settles)."""
+        for event in events:
+            launch = self.table.get(event.launch_id)
+            if isinstance(event, Started):
+                self._started(event, launch)
+            elif launch is None:
+                log.debug("event for an unknown launch: %r", event)
+            elif isinstance(event, LaunchFailed):
+                self._launch_failed(event, launch)
+            elif isinstance(event, Reported):
+                if launch.ref is not None:
+                    self.ledger.transition(launch.ref, expected=[_S.DISPATCHED], to=_S.REPORTED,
+                                           reported_state=event.state)
+                self._free(event.launch_id, launch)  # the slot is freed at the terminal report
+            elif isinstance(event, Exited):
+                launch.exited = True
+                if launch.ref is not None:
+                    self.ledger.transition(launch.ref, expected=LIVE_STATES, to=_S.EXITED, exit_status=event.exit_code)
+            elif isinstance(event, CallbackDone):
+                self._free(event.launch_id, launch)
+                self.table.pop(event.launch_id)
+                state = launch.workload.success_state if event.ok else launch.workload.failure_state
+                if event.ok is None:
+                    log.warning("callback launch %s: its outcome is unknown; reporting it failed", event.launch_id)
+                self._out.append(ChangeState(launch.key, state))
+
+    def _started(self, event: Started, launch: Launch | None) -> None:
+        if launch is None:
+            log.warning("launch %s started but this executor does not know it; killing it", event.launch_id)
+            self.runtime.kill_launch(event.launch_id)
+            return
+        launch.launched_at = self.monotonic()
+        if launch.ref is not None:
+            if not self.ledger.transition(launch.ref, expected=[_S.CLAIMED], to=_S.DISPATCHED, **event.facts):
+                # revoked (or closed) while the launch was in flight: it must not run
+                log.info("attempt %s was closed before its agent started; killing it", launch.ref)
+                self.runtime.kill_launch(event.launch_id)
+
+    def _launch_failed(self, event: LaunchFailed, launch: Launch) -> None:
+        self._free(event.launch_id, launch)
+        self.table.pop(event.launch_id)
+        if launch.ref is not None:
+            self.ledger.transition(launch.ref, expected=[_S.CLAIMED], to=_S.CLOSED,
+                                   resolution=Resolution.LAUNCH_FAILED, detail=event.error[:MAX_DETAIL_CHARS])
+        if event.retryable and launch.workload is not None:
+            log.warning("launch %s failed transiently (%s); re-offering it", event.launch_id, event.error)
+            self._out.append(Reoffer(launch.key, launch.workload, callback=launch.ref is None))
+        else:
+            log.error("the runtime could not launch %s: %s", event.launch_id, event.error)
+            self._out.append(Fail(launch.key, f"leoflow could not launch the workload: {event.error}"))
+
+    def _free(self, lid: str, launch: Launch) -> None:
+        actions, held_for = self.table.free(lid, launch, self.monotonic())
+        self._out.extend(actions)
+        if held_for is not None:
+            self.runtime.slot_freed(held_for)
+
+    # --- reconcile --------------------------------------------------------------------------------------
+    def reconcile(self) -> None:
+        """Turn presence into attempt states and settle dead attempts within the pass's budget."""
+        attempts = self.ledger.open_attempts(runtime=self.runtime.kind)
+        live = [a for a in attempts if a.state in LIVE_STATES]
+        presence = self.runtime.observe(live) if live else {}
+        budget = _Budget(self.settings.settle_budget, self.monotonic() + self.settings.settle_timeout, self.monotonic)
+        for attempt in attempts:
+            if attempt.state == _S.CLAIMED:
+                self._claimed(attempt)
+                continue
+            if attempt.state in LIVE_STATES and presence.get(attempt.ref) == Presence.GONE:
+                if self.ledger.transition(attempt.ref, expected=LIVE_STATES, to=_S.EXITED):
+                    attempt = self.ledger.get(attempt.ref) or attempt
+            if attempt.state in SETTLE_STATES and attempt.ref not in self._settling and budget.take():
+                self._settle(attempt, budget)
+
+    def _claimed(self, attempt: Attempt) -> None:
+        """A CLAIMED row: ours and in flight is left alone; anything else is looked up, never presumed dead."""
+        lid = launch_id(attempt.ref)
+        launch = self.table.get(lid)
+        if launch is not None and not launch.adopted:
+            return  # ours, on its way: Started or LaunchFailed follows
+        if launch is None:
+            # not ours and not offered to adoption: another scheduler's claim in flight, or a leak; act only once
+            # Airflow no longer wants exactly this attempt queued
+            row = self.airflow.ti_row_by_id(attempt.ref.ti_id)
+            if row is not None and row.state == "queued" and row.try_number == attempt.ref.try_number:
+                return
+        facts = self.runtime.locate(attempt)
+        if facts:
+            if self.ledger.transition(attempt.ref, expected=[_S.CLAIMED], to=_S.DISPATCHED, **facts):
+                log.warning("attempt %s: found its agent (%s) running unrecorded; adopting it", attempt.ref, facts)
+                refreshed = self.ledger.get(attempt.ref)
+                if refreshed is not None:
+                    self.runtime.adopt(refreshed)
+            return
+        if self.runtime.observe([attempt]).get(attempt.ref) != Presence.GONE:
+            return  # no agent, but something of it may still run: looked at again next cycle
+        if launch is None:
+            self._close(attempt, Resolution.MOVED_ON, "never launched; the task instance moved on",
+                        expected=[_S.CLAIMED])
+            return
+        if self._close(attempt, Resolution.ABANDONED, "the previous scheduler never started its agent",
+                       expected=[_S.CLAIMED]):
+            self._reoffer_stored(attempt, "the previous scheduler never started its agent")
+
+    def _settle(self, attempt: Attempt, budget: _Budget) -> None:
+        """Act on DESIGN §2's table for one dead attempt (EXITED, or SETTLING whose settler died)."""
+        ref = attempt.ref
+        current = self.ledger.current(ref.ti_id)
+        if current is None or current.ref != ref:
+            self._close(attempt, Resolution.MOVED_ON, "a newer epoch exists")
+            return
+        record = self.runtime.evidence(attempt).record
+        ti = self.airflow.ti_row(attempt.dag_id, attempt.run_id, attempt.task_id, attempt.map_index)
+        action = reconcile.decide(ti_id=ref.ti_id, try_number=ref.try_number, record=record, ti=ti,
+                                  reported=attempt.reported_state is not None)
+        key = self.key_of(attempt)
+        log.debug("settling %s: %s (%s)", ref, action.act, action.why)
+        if action.act == reconcile.Act.CLOSE:
+            launch = self.table.get(launch_id(ref))
+            if self._close(attempt, action.resolution, action.why) and launch is not None and launch.adopted:
+                self._dispatch_stranded(attempt, ti)
+        elif action.act == reconcile.Act.RESTARTING_SUCCESS:
+            if self._close(attempt, action.resolution, action.why):
+                self._out.append(Succeed(key))
+        elif action.act == reconcile.Act.REPLAY:
+            assert record is not None
+            if not budget.replays_allowed:
+                return
+            self._replay(attempt, record, key, budget)
+        elif action.act == reconcile.Act.INFRA_REDRIVE:
+            self._infra_redrive(attempt, key, action.why)
+        elif action.act == reconcile.Act.REDISPATCH:
+            self._redispatch(attempt, key, action.why)
+
+    def _dispatch_stranded(self, attempt: Attempt, ti: Any) -> None:
+        """An adopted attempt closed while Airflow holds its TI QUEUED at the same ti_id and try (it handed off:
+        deferred, rescheduled, awaiting input): no executor will dispatch it, so re-offer its stored workload
+        rather than leave it to the stuck-in-queued timeout."""
+        ref = attempt.ref
+        if ti is not None and ti.id == ref.ti_id and ti.state == "queued" and ti.try_number == ref.try_number:
+            self._reoffer_stored(attempt, "its TI is queued again after a hand-off")
+
+    def _reoffer_stored(self, attempt: Attempt, why: str) -> None:
+        log.warning("attempt %s: %s; re-offering its stored workload", attempt.ref, why)
+        self._out.append(Reoffer(self.key_of(attempt), self.airflow.workload_from_json(attempt.workload_json)))
+
+    def _replay(self, attempt: Attempt, record: OutcomeRecord, key: Any, budget: _Budget) -> None:
+        """Replay a lost terminal report (settling mark committed first, no transaction across the call)."""
+        ref = attempt.ref
+        if attempt.state == _S.EXITED and not self.ledger.transition(ref, expected=[_S.EXITED], to=_S.SETTLING):
+            return
+        self._settling.add(ref)
+        try:
+            result = self.airflow.replay(record)
+        finally:
+            self._settling.discard(ref)
+        if not result.settled:
+            if not getattr(result, "retryable", True):  # 401/403/422: the same body will never land
+                log.warning("replay of %s was refused (%s); re-driving it as an infra loss", ref, result.detail)
+                self._infra_redrive(attempt, key, f"its recorded report was refused ({result.detail})",
+                                    expected=[_S.SETTLING])
+                return
+            budget.replays_allowed = False  # one stalled api-server call per pass at most
+            log.warning("replay of %s failed (%s); will retry", ref, result.detail)
+            self.ledger.transition(ref, expected=[_S.SETTLING], to=_S.EXITED, detail=result.detail[:MAX_DETAIL_CHARS])
+            self.airflow.hold_off_purge(ref.ti_id)  # the record is good: keep Airflow's purge from failing it
+            return
+        if not result.applied and result.detail[:3] in ("404", "410"):
+            ti = self.airflow.ti_row(attempt.dag_id, attempt.run_id, attempt.task_id, attempt.map_index)
+            if ti is not None and ti.state == "restarting" and ti.try_number == ref.try_number:
+                if self._close(attempt, Resolution.RESTARTING, "a user cleared the task while its report was replayed",
+                               expected=[_S.SETTLING]):
+                    self._out.append(Succeed(key))
+                return
+        log.warning("leoflow recovered the lost report of %s: %s (%s)", ref, reconcile.outcome_summary(record),
+                    result.detail)
+        if record.assets_dropped:
+            log.warning("the record of %s had its asset events dropped to fit its size budget", ref)
+        if not self._close(attempt, Resolution.REPLAYED if result.applied else Resolution.MOVED_ON, result.detail,
+                           expected=[_S.SETTLING]) or not result.applied:
+            return
+        where = dict(dag_id=attempt.dag_id, run_id=attempt.run_id, task_id=attempt.task_id,
+                     map_index=attempt.map_index)
+        if record.state == "success":
+            self.airflow.lost_success_callback(ti_id=ref.ti_id, **where)
+        elif record.state == "up_for_retry" and record.callbacks_pending:
+            request = self.airflow.retry_callback(
+                msg=f"leoflow replayed the lost up_for_retry report of attempt {ref}", **where)
+            if request is not None:
+                self._out.append(SendCallback(request))
+
+    def _infra_redrive(self, attempt: Attempt, key: Any, why: str,
+                       expected: Sequence[AttemptState] = tuple(SETTLE_STATES)) -> None:
+        """No usable evidence and the TI is RUNNING: a new try on the infra budget, else Airflow's own path."""
+        from leoflow_airflow.redrive import RedriveResult
+
+        result = self.airflow.infra_redrive(attempt.ref.ti_id, why)
+        if result == RedriveResult.REDRIVEN:
+            log.warning("attempt %s: %s; re-driven as a new try on the infra budget", attempt.ref, why)
+            self._close(attempt, Resolution.INFRA_REDRIVE, why, expected=expected)
+        elif result == RedriveResult.BUDGET_SPENT:
+            if self._close(attempt, Resolution.EXECUTOR_FAILED, f"{why}; infra budget spent", expected=expected):
+                log.warning("attempt %s: %s and the infra budget is spent; failing it through Airflow",
+                            attempt.ref, why)
+                self._out.append(Fail(key, f"{why}; leoflow's infra re-run budget is spent"))
+        else:
+            self._close(attempt, Resolution.MOVED_ON, "the task instance moved on before the re-drive",
+                        expected=expected)
+
+    def _redispatch(self, attempt: Attempt, key: Any, why: str) -> None:
+        """The agent died before /run (TI still QUEUED): close the epoch and re-offer the stored workload; the
+        next ``trigger_tasks`` dispatches it as epoch + 1 (never from inside a dispatch). ``[leoflow]
+        redispatch_limit`` counts the re-dispatches in a row of this dispatch cycle (an epoch that ran and handed
+        off starts a new cycle); the n-th one in a row waits ``redispatch_backoff(n)`` seconds."""
+        ref = attempt.ref
+        done = self._redispatches_in_a_row(ref)
+        if done >= self.settings.redispatch_limit:
+            if self._close(attempt, Resolution.EXECUTOR_FAILED, f"{why}; re-dispatched {done} times already"):
+                self._out.append(Fail(key, f"{why}; leoflow re-dispatched it {done} times already"))
+            return
+        if self._close(attempt, Resolution.REDISPATCHED, why):
+            delay = redispatch_backoff(done)
+            log.warning("attempt %s: %s; re-dispatching the same ti_id as epoch %d in %.0f s", ref, why,
+                        ref.attempt_epoch + 1, delay)
+            reoffer = Reoffer(key, self.airflow.workload_from_json(attempt.workload_json))
+            if delay > 0:
+                self._later.append((self.monotonic() + delay, reoffer))
+            else:
+                self._out.append(reoffer)
+
+    def _redispatches_in_a_row(self, ref: AttemptRef) -> int:
+        """How many epochs right before ``ref`` ended REDISPATCHED (counting stops past the limit)."""
+        count = 0
+        for epoch in range(ref.attempt_epoch - 1, 0, -1):
+            row = self.ledger.get_epoch(ref.ti_id, epoch)
+            if row is None or row.resolution != Resolution.REDISPATCHED or count > self.settings.redispatch_limit:
+                break
+            count += 1
+        return count
+
+    def _release_later(self) -> None:
+        """Emit the delayed re-offers that are due."""
+        now = self.monotonic()
+        due = [item for item in self._later if item[0] <= now]
+        self._later = [item for item in self._later if item[0] > now]
+        self._out.extend(reoffer for _, reoffer in due)
+
+    def _close(self, attempt: Attempt, resolution: Resolution, why: str, *,
+               expected: Sequence[AttemptState] = tuple(SETTLE_STATES)) -> bool:
+        """Guarded close; frees the attempt's slot and forgets its launch either way. True if a row changed."""
+        changed = self.ledger.transition(attempt.ref, expected=expected, to=_S.CLOSED, resolution=resolution,
+                                         detail=why[:MAX_DETAIL_CHARS])
+        lid = launch_id(attempt.ref)
+        launch = self.table.get(lid)
+        if launch is not None:
+            self._free(lid, launch)
+            self.table.pop(lid)
+        self.runtime.forget(attempt.ref)
+        return changed
+
+    # --- reap -------------------------------------------------------------------------------------------
+    def reap(self) -> None:
+        """Run the lost-agent reapers (pure decisions) on the LIVE dispatched attempts and kill what they name."""
+        live = [a for a in self.ledger.open_attempts(runtime=self.runtime.kind) if a.state == _S.DISPATCHED]
+        if not live:
+            return
+        presence = self.runtime.observe(live)
+        tis = self.airflow.ti_liveness([a.ref.ti_id for a in live])
+        snapshot = [
+            reapers.AttemptView(ref=a.ref, presence=presence.get(a.ref, Presence.UNKNOWN),
+                                ti_state=tis.get(a.ref.ti_id, (None, None))[0],
+                                last_heartbeat_at=tis.get(a.ref.ti_id, (None, None))[1], dispatched_at=a.dispatched_at)
+            for a in live
+        ]
+        settings = reapers.ReapSettings(self.settings.agent_lost_threshold, self.settings.dispatch_lost_threshold)
+        by_ref = {a.ref: a for a in live}
+        for action in reapers.decide(snapshot, self.utcnow(), settings):
+            attempt = by_ref[action.ref]
+            log.warning("leoflow %s reaper: killing attempt %s: %s", action.reaper, action.ref, action.why)
+            self._out.append(TaskEvent(self.key_of(attempt), f"leoflow {action.reaper}", action.why))
+            self.runtime.kill(attempt)
+
+    # --- adoption, revoke, shutdown ---------------------------------------------------------------------
+    def adopt(self, tis: Sequence[Any], now: Any) -> tuple[list[Any], list[Any]]:
+        """Adopt a predecessor's attempts from the ledger (DESIGN §3 "Adoption").
+
+        Returns ``(not_adopted, lost)``: the TIs not adopted, and those of them whose attempt died RUNNING with
+        no record (``lost``, a subset: the executor charges them to the infra budget in Airflow's transaction).
+
+        Makes no HTTP call (Airflow holds the TI rows ``FOR UPDATE``). A LIVE or UNKNOWN attempt is adopted and
+        keeps running; a CLAIMED one is adopted and looked up by the next cycle (never presumed dead). A GONE
+        one with an outcome record, a report, or a TI not RUNNING is adopted with ``last_heartbeat_at = now``
+        (the ORM row is changed in Airflow's transaction) so the purge waits for the next ``sync()`` to settle
+        it. A GONE RUNNING one without a record is returned, for the executor to charge the infra budget.
+        """
+        self.gate.reset(self.monotonic())  # no reaping from a half-built picture
+        not_adopted: list[Any] = []
+        lost: list[Any] = []
+        for ti in tis:
+            attempt = self.ledger.current(str(ti.id))
+            if attempt is None or attempt.state == _S.CLOSED or attempt.ref.try_number != ti.try_number:
+                not_adopted.append(ti)
+                continue
+            lid = launch_id(attempt.ref)
+            if lid in self.table.launches:
+                continue  # already ours (a stalled scheduler adopting its own tasks): nothing changes
+            if attempt.state == _S.CLAIMED:
+                self.table.add(lid, Launch(ti.key, None, attempt.ref, adopted=True))
+                self._out.append(Occupy(ti.key))
+                continue
+            presence = self.runtime.observe([attempt]).get(attempt.ref, Presence.UNKNOWN) \
+                if attempt.state in LIVE_STATES else Presence.GONE
+            if presence != Presence.GONE:
+                self.table.add(lid, Launch(ti.key, None, attempt.ref, adopted=True))
+                self.runtime.adopt(attempt)
+                self._out.append(Occupy(ti.key))
+                continue
+            record = self.runtime.evidence(attempt).record
+            if record is not None or attempt.reported_state is not None or str(ti.state) != "running":
+                ti.last_heartbeat_at = now
+                self.table.add(lid, Launch(ti.key, None, attempt.ref, adopted=True), owns_slot=False)
+                continue
+            not_adopted.append(ti)
+            lost.append(ti)
+        return not_adopted, lost
+
+    def revoke(self, ti_id: str, key: Any) -> None:
+        """Kill exactly that ti_id's attempts and forget them; never an Airflow state change."""
+        for attempt in self.ledger.open_attempts(runtime=self.runtime.kind):
+            if attempt.ref.ti_id != ti_id:
+                continue
+            gone = self.runtime.kill(attempt) == Presence.GONE
+            lid = launch_id(attempt.ref)
+            launch = self.table.get(lid)
+            if launch is not None:
+                self._free(lid, launch)
+                if not gone:
+                    self._out.append(Occupy(attempt.ref))  # still holds resources until it is gone
+            if gone:
+                self.ledger.transition(attempt.ref, expected=OPEN_STATES, to=_S.CLOSED, resolution=Resolution.REVOKED,
+                                       detail="revoked by the scheduler")
+                self.table.pop(lid)
+                self.runtime.forget(attempt.ref)
+        self._out.append(Release(key))
+
+    def terminate(self) -> None:
+        """Kill every live attempt of this runtime's whole subtree."""
+        for attempt in self.ledger.open_attempts(runtime=self.runtime.kind):
+            if attempt.state in LIVE_STATES:
+                self.runtime.kill(attempt)
+
+    def drain(self, timeout: float, sleep: Callable[[float], None] = time.sleep) -> list[SchedulerAction]:
+        """``end()``: dispatch nothing new, run cycles while launches run (at most ``timeout`` seconds), then
+        hang up on the runtime and apply the events it still owed (a ``Started`` records its agent's handle, so
+        a successor adopts it instead of guessing)."""
+        self.draining = True
+        deadline = self.monotonic() + timeout
+        while self.monotonic() < deadline and self.busy():
+            self.cycle()
+            sleep(0.2)
+        self.cycle()
+        self.apply(self.runtime.stop(timeout=max(1.0, self.settings.settle_timeout)))
+        return self.take()
+
+
+REDISPATCH_BACKOFF_SECONDS = 5.0
+"""The first back-off of a re-dispatch in a row, in seconds; doubled per further one, at most 60 s."""
+
+
+def redispatch_backoff(in_a_row: int) -> float:
+    """Seconds to wait before the re-dispatch that follows ``in_a_row`` re-dispatches in a row: 0 for the first,
+    then 5, 10, 20, 40, 60, 60, … (a dispatch that keeps dying before ``/run`` is not retried in a tight loop)."""
+    if in_a_row <= 0:
+        return 0.0
+    return min(60.0, REDISPATCH_BACKOFF_SECONDS * 2 ** (in_a_row - 1))
+
+
+class _Budget:
+    """One reconcile pass's settle budget: ``count`` settles and a ``deadline`` (``monotonic`` seconds)."""
+
+    def __init__(self, count: int, deadline: float, monotonic: Callable[[], float]) -> None:
+        self.count, self.deadline, self.monotonic = count, deadline, monotonic
+        self.replays_allowed = True
+
+    def take(self) -> bool:
+        """True (and one settle spent) while both the count and the wall clock allow another settle."""
+        if self.count <= 0 or self.monotonic() >= self.deadline:
+            return False
+        self.count -= 1
+        return True

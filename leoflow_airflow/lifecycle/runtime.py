@@ -1,0 +1,213 @@
+"""The seam between the attempt lifecycle and a runtime (DESIGN §1 "Runtimes").
+
+The lifecycle (:mod:`leoflow_airflow.lifecycle.core`) is written once against :class:`Runtime`;
+``leoflow_airflow.runtime.lite`` implements it structurally (Kubernetes is next). No method may block a
+scheduler loop on the network: ``observe``, ``locate`` and ``evidence`` answer from what the runtime already
+holds (Lite: the process table and the record file) and say UNKNOWN / "no record" otherwise. Events record
+facts; only the lifecycle's reconcile turns facts into settled attempts (DESIGN §2 Invariant 2).
+
+Pure module: standard library plus leoflow's own pure vocabulary; it imports no runtime and no Airflow.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+
+from leoflow_agent.outcome import OutcomeRecord
+from leoflow_agent.protocol import launch_id_for
+from leoflow_airflow.dispatch.disposition import DispatchResult
+from leoflow_airflow.ledger.states import AttemptRef
+
+if TYPE_CHECKING:
+    from leoflow_airflow.ledger.store import Attempt
+
+__all__ = [
+    "MAX_DETAIL_CHARS",
+    "CallbackDone",
+    "Evidence",
+    "Exited",
+    "LaunchFailed",
+    "LaunchSpec",
+    "Presence",
+    "Reported",
+    "Runtime",
+    "RuntimeEvent",
+    "RuntimeFacts",
+    "Started",
+    "launch_id",
+]
+
+MAX_DETAIL_CHARS = 500
+"""Untrusted text (an error, an HTTP detail) is cut to this many characters before it reaches the ledger."""
+
+
+def launch_id(ref: AttemptRef) -> str:
+    """The launch id of task attempt ``ref``: the one builder (``leoflow_agent.protocol.launch_id_for``)."""
+    return launch_id_for(ref.ti_id, ref.try_number, ref.attempt_epoch)
+
+
+class Presence(enum.StrEnum):
+    """What is known of an attempt's execution right now. Unlike ``AttemptState`` (what the ledger recorded),
+    presence is observed."""
+
+    LIVE = "live"
+    """Something of it may still run: never settle it, never claim a new epoch of its ti_id."""
+    GONE = "gone"
+    """Proven dead. Lite: no process of its subtree is left (the agent by pid + start time, and its leftovers
+    found by session and ``LEOFLOW_ATTEMPT`` marker)."""
+    UNKNOWN = "unknown"
+    """Cannot tell yet (the runtime has not reported the exit of its own launch; a launch still in flight).
+    Never settled, never reaped; adoption keeps it."""
+
+
+class RuntimeFacts(TypedDict, total=False):
+    """Ledger fact columns a runtime may set (a subset of ``ledger.store.FACT_COLUMNS``)."""
+
+    pid: int
+    proc_start_time: int
+    record_path: str
+    pod_name: str
+    pod_uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """One task attempt to start.
+
+    :param launch_id: ``leoflow_agent.protocol.launch_id_for(*ref)``.
+    :param ref: the claimed attempt.
+    :param workload: the Airflow ``ExecuteTask`` (its token is re-minted by the runtime at hand-off).
+    :param record_path: where the attempt's outcome record goes (the ledger row's ``record_path``), or None.
+    :param fault: TEST ONLY fault point (``leoflow_agent.protocol.FAULT_POINTS``) or None.
+    """
+
+    launch_id: str
+    ref: AttemptRef
+    workload: Any
+    record_path: str | None = None
+    fault: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What a dead attempt left: its outcome record decoded against its identity (``None``: no usable record;
+    reading never raises) and its exit code when the runtime knows it."""
+
+    record: OutcomeRecord | None
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The runtime started launch ``launch_id`` (Lite: the agent was forked); ``facts`` identify it."""
+
+    launch_id: str
+    facts: RuntimeFacts
+
+
+@dataclass(frozen=True, slots=True)
+class Reported:
+    """The agent's terminal ``PATCH …/state`` returned 2xx with ``state`` (the attempt's slot frees here)."""
+
+    launch_id: str
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    """The launch's process is gone and the runtime killed what was left of it (proof of death)."""
+
+    launch_id: str
+    exit_code: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchFailed:
+    """The runtime never started the launch. ``retryable``: a transient infra fault (a fork's EAGAIN/ENOMEM, a
+    runtime that died before it started the launch): the workload is re-offered and never failed."""
+
+    launch_id: str
+    error: str
+    retryable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackDone:
+    """A callback launch ended: ``ok`` True/False from its exit code, ``None`` when its outcome is unknown
+    (the runtime lost sight of it)."""
+
+    launch_id: str
+    ok: bool | None
+
+
+RuntimeEvent = Started | Reported | Exited | LaunchFailed | CallbackDone
+"""Facts a runtime reports from :meth:`Runtime.poll`, oldest first."""
+
+
+class Runtime(Protocol):
+    """Where attempts run. Implementations: ``leoflow_airflow.runtime.lite.LiteRuntime``; tests:
+    ``tests.fakes.runtime.FakeRuntime``. Every method returns promptly and never raises for a runtime fault
+    (it answers DEFERRED, UNKNOWN, or an event instead)."""
+
+    kind: str
+    """The ledger's ``runtime`` column value (``"lite"``)."""
+
+    def start(self) -> None:
+        """Begin bringing the runtime up; returns at once. Until it is up, :meth:`admit` answers DEFERRED."""
+
+    def stop(self, timeout: float) -> Sequence[RuntimeEvent]:
+        """Stop launching, hang up, and return the events still owed (read until the runtime's EOF or
+        ``timeout`` seconds). Started attempts keep running for a successor scheduler to adopt."""
+
+    def terminate(self) -> None:
+        """Kill the runtime itself at once (its attempts are killed by the lifecycle first)."""
+
+    def admit(self) -> DispatchResult | None:
+        """``None`` when a launch may be handed over now, else why not (DEFERRED/BACKPRESSURE)."""
+
+    def record_path(self, ti_id: str, attempt_epoch: int) -> str | None:
+        """Where this attempt's outcome record will be written, or None when the runtime keeps none."""
+
+    def launch(self, spec: LaunchSpec) -> DispatchResult:
+        """Hand one task attempt over. DISPATCHED: a ``Started`` or ``LaunchFailed`` event follows."""
+
+    def launch_callback(self, launch_id: str, workload: Any) -> DispatchResult:
+        """Hand one callback workload over. DISPATCHED: a ``CallbackDone`` event follows."""
+
+    def poll(self) -> Sequence[RuntimeEvent]:
+        """Every fact since the last call; never blocks. Also does the runtime's own upkeep (Lite: restart a
+        dead zygote, its busy limit, re-minting held tokens)."""
+
+    def observe(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, Presence]:
+        """The presence of each open attempt, batched, from what the runtime holds."""
+
+    def locate(self, attempt: Attempt) -> RuntimeFacts | None:
+        """Look up an attempt that has no recorded handle (a CLAIMED row not in flight here): its facts when
+        something of it runs, else None."""
+
+    def evidence(self, attempt: Attempt) -> Evidence:
+        """What a GONE attempt left (never raises)."""
+
+    def kill(self, attempt: Attempt) -> Presence:
+        """Kill everything of the attempt; GONE once nothing is left, UNKNOWN while a kill is in flight."""
+
+    def kill_launch(self, launch_id: str) -> None:
+        """Kill a launch the lifecycle does not know (a ``Started`` for a closed or unknown attempt)."""
+
+    def forget(self, ref: AttemptRef) -> None:
+        """The lifecycle closed ``ref``: drop whatever the runtime remembers of it."""
+
+    def adopt(self, attempt: Attempt) -> None:
+        """A predecessor's attempt that still runs: watch it (it counts against this runtime's capacity)."""
+
+    def collect(self, is_closed: Callable[[str, int], bool]) -> int:
+        """Remove what settled attempts left behind; the count removed."""
+
+    def extra_capacity(self, parallelism: int, running_ages: Sequence[float]) -> int:
+        """Workloads the runtime can hold beyond free slots right now (Lite: the adaptive queue-ahead)."""
+
+    def slot_freed(self, held_for: float) -> None:
+        """An attempt held its slot for ``held_for`` seconds (feeds :meth:`extra_capacity`)."""

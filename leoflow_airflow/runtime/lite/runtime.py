@@ -1,0 +1,387 @@
+"""``LiteRuntime``: the :class:`~leoflow_airflow.lifecycle.runtime.Runtime` of local agent processes.
+
+Presence (DESIGN §2 "proof of death"): an attempt whose agent (pid + kernel start time) lives is LIVE. Its own
+zygote reaps a dead agent and kills what is left of its subtree before it sends ``exited``: until then the
+attempt is UNKNOWN, after it GONE. An agent no zygote of ours watches (a predecessor's, or our zygote died)
+reparented its orphans to init: they are found by session and ``LEOFLOW_ATTEMPT`` marker, and the attempt is
+GONE only once none is left. ``observe`` finishes that orphan clean-up itself: it is the zygote's own reaping,
+done on the dead zygote's behalf, never a kill of a live agent (only the lifecycle's reapers and revoke kill
+those, through :meth:`LiteRuntime.kill`). An attempt without a pid is looked up by its agent's process-title
+marker (``leoflow_agent.protocol.agent_title_marker``), never presumed dead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from leoflow_agent import outcome, proc, protocol
+from leoflow_airflow.dispatch.ahead import QueueAhead, retoken_due
+from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
+from leoflow_airflow.errors import ZygoteError
+from leoflow_airflow.ledger.states import AttemptRef, AttemptState
+from leoflow_airflow.lifecycle.runtime import (
+    CallbackDone,
+    Evidence,
+    Exited,
+    LaunchFailed,
+    LaunchSpec,
+    Presence,
+    Reported,
+    RuntimeEvent,
+    RuntimeFacts,
+    Started,
+    launch_id,
+)
+from leoflow_airflow.runtime.lite.zygote_client import ZygoteClient
+from leoflow_airflow.settings import LeoflowSettings
+
+if TYPE_CHECKING:
+    from leoflow_airflow.ledger.store import Attempt
+
+log = logging.getLogger(__name__)
+
+GC_INTERVAL = 60.0
+"""Seconds between two passes of the record-file GC."""
+
+
+@dataclass
+class _Launch:
+    """What the Lite runtime remembers of one launch it handed to its zygote (in memory only)."""
+
+    ref: AttemptRef | None  # None for a callback
+    workload: Any  # ExecuteTask / ExecuteCallback; None for an adopted attempt
+    handed_at: float  # time.monotonic() when it (or its last retoken) was sent
+    agent: proc.ProcessIdentity | None = None  # from ``launched``
+    exited: bool = False
+    orphaned: bool = False  # its zygote died: no event will come for it, liveness is polled
+
+
+class LiteRuntime:
+    """Local agent processes forked by one zygote (``[leoflow] runtime = lite``).
+
+    :param settings: the parsed ``[leoflow]`` section.
+    :param parallelism: ``[core] parallelism`` of the executor (the zygote's busy-agent limit, less the agents
+        of a predecessor zygote still running).
+    :param mint: ``mint(workload, ti_id) -> str``: the task workload as JSON with a token minted now (DESIGN §3).
+    :param server: ``server() -> str``: the Execution API URL agents report to.
+    :param token_lifetime: seconds a workload token is valid (``[scheduler] task_queued_timeout``); held launches
+        are re-tokened every ``min(60, token_lifetime / 4)`` seconds.
+    :param fault_for: TEST ONLY ``fault_for(workload, attempt_epoch) -> str | None``.
+    :param environ: the scheduler's environment, filtered before it reaches the zygote.
+    """
+
+    kind = "lite"
+
+    def __init__(self, settings: LeoflowSettings, *, parallelism: int, mint: Callable[[Any, str], str],
+                 server: Callable[[], str], token_lifetime: float = 600.0,
+                 environ: dict[str, str] | None = None) -> None:
+        self.settings = settings
+        self.parallelism = parallelism
+        self.zygote = ZygoteClient(settings, environ)
+        self.paths = self.zygote.paths
+        self._mint = mint
+        self._server = server
+        self._launches: dict[str, _Launch] = {}
+        self._adopted: dict[AttemptRef, proc.ProcessIdentity | None] = {}
+        self._limit: int | None = None
+        self._limit_sent = False
+        self._retoken_after = min(60.0, token_lifetime / 4)
+        cap = settings.queue_ahead if settings.queue_ahead >= 0 else 4 * parallelism
+        self._ahead = QueueAhead(cap, horizon=min(60.0, token_lifetime / 10))
+        self._next_gc = 0.0
+        self._stopped = False
+
+    # --- the runtime itself -----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Spawn the zygote; returns at once (:meth:`admit` answers DEFERRED until it has answered).
+
+        :raises OSError: the zygote could not be spawned at all.
+        """
+        self.zygote.start()
+
+    def _up(self) -> bool:
+        """Advance a starting zygote; True once it is connected. A failed start is logged and retried."""
+        if self._stopped:
+            return False
+        if self.zygote.alive():
+            return True
+        try:
+            if self.zygote.starting:
+                return self.zygote.connect()
+        except ZygoteError as exc:
+            log.error("the leoflow zygote did not come up (will retry): %s", exc)
+            self.zygote.kill()
+        return False
+
+    def stop(self, timeout: float) -> list[RuntimeEvent]:
+        """Hang up on the zygote and return the events it still owed (read until its EOF, at most
+        ``timeout`` seconds); its agents keep running for a successor to adopt."""
+        self._stopped = True
+        events = self._typed(self.zygote.hang_up(timeout)) if self.zygote.alive() else []
+        self.zygote.stop()
+        return events
+
+    def terminate(self) -> None:
+        """Kill the zygote at once."""
+        self._stopped = True
+        self.zygote.kill()
+
+    # --- launching ----------------------------------------------------------------------------------------
+    def admit(self) -> DispatchResult | None:
+        """None when the zygote is up and its launch queue has room (``[leoflow] launch_queue_size``)."""
+        if not self._up():
+            return DispatchResult(Disposition.DEFERRED, "the zygote is not running")
+        if len(self.zygote.pending) >= self.settings.launch_queue_size:
+            return DispatchResult(Disposition.DEFERRED, "the zygote's launch queue is full")
+        return None
+
+    def record_path(self, ti_id: str, attempt_epoch: int) -> str:
+        """``<runtime_dir>/attempts/<ti_id>/<epoch>/record.json``."""
+        return self.paths.record_path(ti_id, attempt_epoch)
+
+    def launch(self, spec: LaunchSpec) -> DispatchResult:
+        """Send a ``launch`` with a token minted now; DEFERRED when the zygote connection broke."""
+        assert spec.record_path is not None
+        os.makedirs(os.path.dirname(spec.record_path), mode=0o700, exist_ok=True)
+        message: protocol.LaunchMessage = {
+            "launch_id": spec.launch_id,
+            "attempt_epoch": spec.ref.attempt_epoch,
+            "workload": self._mint(spec.workload, spec.ref.ti_id),
+            "server": self._server(),
+            "record_path": spec.record_path,
+            "fault": spec.fault,
+        }
+        return self._send(spec.launch_id, message, _Launch(spec.ref, spec.workload, time.monotonic()))
+
+    def launch_callback(self, launch_id: str, workload: Any) -> DispatchResult:
+        """Send a callback workload (no record, no token re-mint)."""
+        if (refused := self.admit()) is not None:
+            return refused
+        message: protocol.LaunchMessage = {
+            "launch_id": launch_id, "attempt_epoch": 0, "workload": workload.model_dump_json(),
+            "server": self._server(), "record_path": None, "fault": None,
+        }
+        return self._send(launch_id, message, _Launch(None, workload, time.monotonic()))
+
+    def _send(self, launch_id: str, message: protocol.LaunchMessage, launch: _Launch) -> DispatchResult:
+        if not self.zygote.launch(message):
+            return DispatchResult(Disposition.DEFERRED, "the zygote connection broke")
+        self._launches[launch_id] = launch
+        return DispatchResult(Disposition.DISPATCHED)
+
+    # --- facts ----------------------------------------------------------------------------------------
+    def poll(self) -> list[RuntimeEvent]:
+        """The zygote's events, typed; then the upkeep: restart a dead zygote (its launches in flight come
+        back as retryable ``LaunchFailed``; a callback it ran comes back as ``CallbackDone(ok=None)`` once
+        its agent is gone), keep the busy limit, re-token held launches."""
+        events = self._typed(self.zygote.events())  # also what a zygote that just died still had sent
+        if not self._stopped and not self.zygote.alive() and not self.zygote.starting:
+            events.extend(self._restart())
+        if self._up():
+            self._update_limit()
+            self._retoken_held()
+        events.extend(self._orphaned_callbacks())
+        return events
+
+    def _typed(self, raw: list[dict[str, Any]]) -> list[RuntimeEvent]:
+        out: list[RuntimeEvent] = []
+        for ev in raw:
+            kind, launch_id = ev.get("ev"), ev.get("launch_id")
+            if not isinstance(launch_id, str):
+                continue
+            launch = self._launches.get(launch_id)
+            if kind == protocol.Ev.LAUNCHED:
+                facts: RuntimeFacts = {}
+                if isinstance(ev.get("pid"), int) and isinstance(ev.get("start_time"), int):
+                    facts = {"pid": ev["pid"], "proc_start_time": ev["start_time"]}
+                    if launch is not None:
+                        launch.agent = proc.ProcessIdentity(ev["pid"], ev["start_time"])
+                out.append(Started(launch_id, facts))
+            elif kind == protocol.Ev.LAUNCH_FAILED:
+                self._launches.pop(launch_id, None)
+                out.append(LaunchFailed(launch_id, str(ev.get("error")), ev.get("retryable") is True))
+            elif kind == protocol.Ev.REPORTED:
+                out.append(Reported(launch_id, str(ev.get("state"))))
+            elif kind == protocol.Ev.EXITED:
+                code = ev.get("exit_code") if isinstance(ev.get("exit_code"), int) else None
+                if launch is not None and launch.ref is None:
+                    del self._launches[launch_id]
+                    out.append(CallbackDone(launch_id, code == 0))
+                else:
+                    if launch is not None:
+                        launch.exited = True
+                    out.append(Exited(launch_id, code))
+        return out
+
+    def _restart(self) -> list[RuntimeEvent]:
+        """The zygote died or its connection broke: report its launches in flight back, restart it."""
+        lost = [lid for lid in self.zygote.pending if lid in self._launches]
+        log.error("the leoflow zygote died or its connection broke (exit code %s); restarting it. %d launches it "
+                  "had not started are re-offered", self.zygote.exit_code, len(lost))
+        events: list[RuntimeEvent] = []
+        for launch_id in lost:
+            del self._launches[launch_id]
+            # the zygote may have forked the agent without telling us: never let it run beside its re-offer
+            for pid in proc.find_by_title(protocol.agent_title_marker(launch_id)):
+                log.warning("killing agent pid %d of launch %s that the dead zygote never reported", pid, launch_id)
+                proc.kill_tree(pid)
+            events.append(LaunchFailed(launch_id, "the zygote died before forking", retryable=True))
+        for launch in self._launches.values():
+            if not launch.exited:
+                launch.orphaned = True  # the dead zygote's agents run on, but no event will come for them
+        self._limit_sent = False  # a new zygote starts without one
+        try:
+            self.zygote.restart()
+        except OSError as exc:
+            log.error("could not restart the leoflow zygote (will retry at the next sync): %s", exc)
+            return events
+        log.warning("the leoflow zygote was restarted (restart #%d)", self.zygote.restarts)
+        return events
+
+    def _orphaned_callbacks(self) -> list[RuntimeEvent]:
+        """Callbacks whose zygote died: once their agent is gone, their outcome is unknown."""
+        out: list[RuntimeEvent] = []
+        for launch_id, launch in list(self._launches.items()):
+            if launch.ref is not None or not launch.orphaned:
+                continue
+            if launch.agent is not None and proc.is_alive(launch.agent):
+                continue
+            log.warning("callback launch %s ran under a zygote that died; its outcome is unknown", launch_id)
+            del self._launches[launch_id]
+            out.append(CallbackDone(launch_id, None))
+        return out
+
+    def _update_limit(self) -> None:
+        """Keep the zygote's busy-agent limit at ``parallelism`` less the agents of a predecessor zygote (or
+        of our own dead one) still running: the current zygote does not count them."""
+        foreign = sum(1 for ident in self._adopted.values() if ident is None or proc.is_alive(ident))
+        foreign += sum(1 for launch in self._launches.values()
+                       if launch.orphaned and launch.ref is not None and not launch.exited
+                       and launch.agent is not None and proc.is_alive(launch.agent))
+        limit = max(0, self.parallelism - foreign) if self.parallelism else None
+        if (limit != self._limit or not self._limit_sent) and self.zygote.set_limit(limit):
+            self._limit, self._limit_sent = limit, True
+
+    def _retoken_held(self) -> None:
+        """Re-mint the token of every task launch the zygote still holds once it is ``min(60, token lifetime
+        / 4)`` seconds old, so no workload token waits long enough to expire (DESIGN §3)."""
+        now = time.monotonic()
+        held = [(lid, launch.handed_at) for lid, launch in self._launches.items()
+                if launch.ref is not None and launch.agent is None and not launch.exited and not launch.orphaned]
+        for launch_id in retoken_due(held, now, self._retoken_after):
+            launch = self._launches[launch_id]
+            assert launch.ref is not None
+            if self.zygote.retoken(launch_id, self._mint(launch.workload, launch.ref.ti_id)):
+                launch.handed_at = now
+
+    # --- presence, evidence, kill ----------------------------------------------------------------------
+    def observe(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, Presence]:
+        """LIVE, GONE or UNKNOWN for each attempt (see the module docstring)."""
+        return {a.ref: self._presence(a) for a in attempts}
+
+    def _presence(self, attempt: Attempt) -> Presence:
+        lid = launch_id(attempt.ref)
+        launch = self._launches.get(lid)
+        if attempt.pid is None or attempt.proc_start_time is None:
+            if attempt.state != AttemptState.CLAIMED:
+                return Presence.GONE  # handed over without a handle: nothing of it can be found or run
+            if launch is not None and not launch.orphaned:
+                return Presence.UNKNOWN  # ours, on its way to the zygote: ``launched`` or ``launch_failed`` follows
+            return Presence.LIVE if self.locate(attempt) else Presence.GONE
+        agent = proc.ProcessIdentity(attempt.pid, int(attempt.proc_start_time))
+        if proc.is_alive(agent):
+            return Presence.LIVE
+        if launch is not None and not launch.orphaned:
+            if launch.exited:
+                return Presence.GONE  # the zygote killed what was left of the subtree before ``exited``
+            if self.zygote.alive():
+                return Presence.UNKNOWN  # ours: wait for the zygote's word
+        # no zygote of ours saw this agent die: its orphans reparented to init; finish the zygote's reaping
+        left = proc.attempt_leftovers(agent, lid)
+        if left:
+            log.warning("attempt %s: its agent is dead but %d of its processes are not (%s); killing them",
+                        attempt.ref, len(left), left)
+            for pid in left:
+                proc.kill_tree(pid)
+            if proc.attempt_leftovers(agent, lid):
+                return Presence.LIVE
+        return Presence.GONE
+
+    def locate(self, attempt: Attempt) -> RuntimeFacts | None:
+        """Find the agent of an attempt with no recorded pid by its process-title marker."""
+        lid = launch_id(attempt.ref)
+        for pid in proc.find_by_title(protocol.agent_title_marker(lid)):
+            ident = proc.identity(pid)
+            if ident is not None:
+                return {"pid": ident.pid, "proc_start_time": ident.start_time}
+        return None
+
+    def evidence(self, attempt: Attempt) -> Evidence:
+        """The attempt's record file, decoded against its identity (never raises)."""
+        record = None
+        if attempt.record_path:
+            record = outcome.read_record_file(attempt.record_path, expect=attempt.ref)
+        return Evidence(record, attempt.exit_status)
+
+    def kill(self, attempt: Attempt) -> Presence:
+        """SIGKILL the attempt's agent and whole subtree (GONE when nothing is left). Without a pid:
+        ask the zygote to drop or kill the launch, or kill the agent found by its title marker."""
+        lid = launch_id(attempt.ref)
+        if attempt.pid is None or attempt.proc_start_time is None:
+            launch = self._launches.get(lid)
+            if launch is not None and not launch.orphaned and self.zygote.alive():
+                # dropped if held; if it is being forked, its ``launched`` names an attempt no longer CLAIMED
+                # and the lifecycle kills it then: nothing of it can run on
+                self.zygote.kill_launch(lid)
+                return Presence.GONE
+            facts = self.locate(attempt)
+            if facts:
+                return Presence.GONE if proc.kill_tree(
+                    proc.ProcessIdentity(facts["pid"], facts["proc_start_time"])) else Presence.LIVE
+            return Presence.GONE
+        self._adopted.pop(attempt.ref, None)
+        gone = proc.kill_tree(proc.ProcessIdentity(attempt.pid, int(attempt.proc_start_time)))
+        return Presence.GONE if gone else Presence.LIVE
+
+    def kill_launch(self, launch_id: str) -> None:
+        """Kill a launch's agent through the zygote, and any agent carrying its title marker."""
+        self.zygote.kill_launch(launch_id)
+        for pid in proc.find_by_title(protocol.agent_title_marker(launch_id)):
+            proc.kill_tree(pid)
+
+    def adopt(self, attempt: Attempt) -> None:
+        """Watch a predecessor's agent; it lowers the zygote's busy limit while it runs."""
+        ident = None
+        if attempt.pid is not None and attempt.proc_start_time is not None:
+            ident = proc.ProcessIdentity(attempt.pid, int(attempt.proc_start_time))
+        self._adopted[attempt.ref] = ident
+
+    def forget(self, ref: AttemptRef) -> None:
+        """The lifecycle closed ``ref``: drop what is remembered of it."""
+        self._adopted.pop(ref, None)
+        self._launches.pop(launch_id(ref), None)
+
+    # --- housekeeping ------------------------------------------------------------------------------------
+    def collect(self, is_closed: Callable[[str, int], bool]) -> int:
+        """Remove closed attempts' record directories past ``[leoflow] record_retention`` (every 60 s)."""
+        from leoflow_airflow.runtime.lite import gc
+
+        now = time.monotonic()
+        if now < self._next_gc:
+            return 0
+        self._next_gc = now + GC_INTERVAL
+        return gc.collect(self.paths.root, retention=self.settings.record_retention, is_closed=is_closed)
+
+    def extra_capacity(self, parallelism: int, running_ages: Sequence[float]) -> int:
+        """The adaptive queue-ahead depth (:class:`~leoflow_airflow.dispatch.ahead.QueueAhead`)."""
+        return self._ahead.depth(parallelism, running_ages)
+
+    def slot_freed(self, held_for: float) -> None:
+        """Feed a finished attempt's slot time to the queue-ahead average."""
+        self._ahead.finished(held_for)
+

@@ -1,0 +1,1 @@
+"""TEST ONLY helpers of the control plane, used only when ``[leoflow] test_fault_injection`` is on."""

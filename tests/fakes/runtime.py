@@ -1,0 +1,195 @@
+"""``FakeRuntime`` and ``FakeAirflow``: the lifecycle's two seams, scripted by a test.
+
+``FakeRuntime`` implements :class:`leoflow_airflow.lifecycle.runtime.Runtime`: it records launches and kills,
+returns the events a test queued from :meth:`FakeRuntime.poll`, and answers ``observe``/``locate``/``evidence``
+from dicts the test sets (httpx's ``MockTransport`` at the runtime seam). ``FakeAirflow`` holds Airflow's
+task-instance rows in a dict and records replays and re-drives. Both pair with the real SQLite ``LedgerStore``
+and an injected clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from leoflow_agent.outcome import OutcomeRecord
+from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
+from leoflow_airflow.dispatch.guard import TIRow
+from leoflow_airflow.ledger.states import AttemptRef
+from leoflow_airflow.lifecycle.runtime import Evidence, LaunchSpec, Presence, RuntimeEvent, RuntimeFacts
+from leoflow_airflow.redrive import RedriveResult
+from leoflow_airflow.settle import SettleResult
+
+
+class FakeRuntime:
+    """A scripted runtime. Presence defaults to LIVE for an attempt with a handle, GONE without one."""
+
+    kind = "lite"
+
+    def __init__(self) -> None:
+        self.admit_result: DispatchResult | None = None
+        self.launch_result = DispatchResult(Disposition.DISPATCHED)
+        self.launched: list[LaunchSpec] = []
+        self.callbacks: list[tuple[str, Any]] = []
+        self.events: list[RuntimeEvent] = []
+        self.owed_at_stop: list[RuntimeEvent] = []
+        self.presence: dict[AttemptRef, Presence] = {}
+        self.located: dict[AttemptRef, RuntimeFacts] = {}
+        self.records: dict[AttemptRef, OutcomeRecord] = {}
+        self.killed: list[AttemptRef] = []
+        self.killed_launches: list[str] = []
+        self.adopted: list[AttemptRef] = []
+        self.forgotten: list[AttemptRef] = []
+        self.freed: list[float] = []
+        self.stopped = False
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def stop(self, timeout: float) -> Sequence[RuntimeEvent]:
+        """Return the events a test queued in ``owed_at_stop``."""
+        self.stopped = True
+        return list(self.owed_at_stop)
+
+    def terminate(self) -> None:
+        """Record the stop."""
+        self.stopped = True
+
+    def admit(self) -> DispatchResult | None:
+        """``admit_result`` (None: admit)."""
+        return self.admit_result
+
+    def record_path(self, ti_id: str, attempt_epoch: int) -> str:
+        """A path that is never read (evidence comes from ``records``)."""
+        return f"/fake/{ti_id}/{attempt_epoch}/record.json"
+
+    def launch(self, spec: LaunchSpec) -> DispatchResult:
+        """Record the spec; ``launch_result``."""
+        self.launched.append(spec)
+        return self.launch_result
+
+    def launch_callback(self, launch_id: str, workload: Any) -> DispatchResult:
+        """Record the callback."""
+        self.callbacks.append((launch_id, workload))
+        return self.launch_result
+
+    def poll(self) -> Sequence[RuntimeEvent]:
+        """The queued events, then none."""
+        out, self.events = self.events, []
+        return out
+
+    def observe(self, attempts: Sequence[Any]) -> dict[AttemptRef, Presence]:
+        """From ``presence``; unset: LIVE with a handle (a pid, or ``located``), GONE without (Lite's answer)."""
+        return {a.ref: self.presence.get(a.ref, Presence.LIVE if a.pid is not None or a.ref in self.located
+                                         else Presence.GONE) for a in attempts}
+
+    def locate(self, attempt: Any) -> RuntimeFacts | None:
+        """From ``located``."""
+        return self.located.get(attempt.ref)
+
+    def evidence(self, attempt: Any) -> Evidence:
+        """From ``records``."""
+        return Evidence(self.records.get(attempt.ref), attempt.exit_status)
+
+    def kill(self, attempt: Any) -> Presence:
+        """Record the kill; the attempt is GONE afterwards."""
+        self.killed.append(attempt.ref)
+        self.presence[attempt.ref] = Presence.GONE
+        self.located.pop(attempt.ref, None)
+        return Presence.GONE
+
+    def kill_launch(self, launch_id: str) -> None:
+        """Record the kill."""
+        self.killed_launches.append(launch_id)
+
+    def forget(self, ref: AttemptRef) -> None:
+        """Record it."""
+        self.forgotten.append(ref)
+
+    def adopt(self, attempt: Any) -> None:
+        """Record it."""
+        self.adopted.append(attempt.ref)
+
+    def collect(self, is_closed: Callable[[str, int], bool]) -> int:
+        """Nothing to collect."""
+        return 0
+
+    def extra_capacity(self, parallelism: int, running_ages: Sequence[float]) -> int:
+        """No queue-ahead."""
+        return 0
+
+    def slot_freed(self, held_for: float) -> None:
+        """Record it."""
+        self.freed.append(held_for)
+
+
+@dataclass
+class FakeAirflow:
+    """Airflow's task-instance rows (by id) and the calls the lifecycle made.
+
+    ``replay_result(record) -> SettleResult`` and ``redrive_result`` script the answers; ``on_replay`` runs
+    inside each replay (a test advances its clock there)."""
+
+    rows: dict[str, TIRow] = field(default_factory=dict)
+    logical: dict[tuple[str, str, str, int], str] = field(default_factory=dict)
+    replays: list[OutcomeRecord] = field(default_factory=list)
+    replay_result: Callable[[OutcomeRecord], SettleResult] = lambda r: SettleResult(True, True, "204: applied")
+    on_replay: Callable[[], None] = lambda: None
+    redrives: list[str] = field(default_factory=list)
+    redrive_result: RedriveResult = RedriveResult.REDRIVEN
+    lost_success: list[str] = field(default_factory=list)
+    held_off: list[str] = field(default_factory=list)
+    retry_requests: list[str] = field(default_factory=list)
+
+    def put(self, ti_id: str, state: str | None, *, try_number: int = 1, logical: tuple = ("dag", "run", "task", -1),
+            queued_by_job_id: int | None = None) -> None:
+        """Set the row of ``ti_id`` and make it the current row of its logical TI."""
+        self.rows[ti_id] = TIRow(id=ti_id, state=state, try_number=try_number, max_tries=1,
+                                 queued_by_job_id=queued_by_job_id)
+        self.logical[logical] = ti_id
+
+    def set_state(self, ti_id: str, state: str | None) -> None:
+        """Change one row's state."""
+        self.rows[ti_id] = replace(self.rows[ti_id], state=state)
+
+    def ti_row_by_id(self, ti_id: str) -> TIRow | None:
+        return self.rows.get(ti_id)
+
+    def ti_row(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> TIRow | None:
+        ti_id = self.logical.get((dag_id, run_id, task_id, map_index))
+        return None if ti_id is None else self.rows.get(ti_id)
+
+    def ti_liveness(self, ti_ids: list[str]) -> dict[str, tuple[str | None, Any]]:
+        return {i: (self.rows[i].state, None) for i in ti_ids if i in self.rows}
+
+    def replay(self, record: OutcomeRecord) -> SettleResult:
+        self.replays.append(record)
+        self.on_replay()
+        return self.replay_result(record)
+
+    def infra_redrive(self, ti_id: str, reason: str) -> RedriveResult:
+        self.redrives.append(ti_id)
+        return self.redrive_result
+
+    def lost_success_callback(self, *, ti_id: str, **_: Any) -> None:
+        self.lost_success.append(ti_id)
+
+    def retry_callback(self, *, msg: str, **_: Any) -> Any:
+        self.retry_requests.append(msg)
+        return {"retry_callback": msg}
+
+    def hold_off_purge(self, ti_id: str) -> bool:
+        self.held_off.append(ti_id)
+        return True
+
+    def workload_from_json(self, workload_json: str) -> Any:
+        from airflow.executors.workloads import ExecuteTask
+
+        return ExecuteTask.model_validate({**json.loads(workload_json), "token": ""})
+
+    def task_key(self, dag_id: str, task_id: str, run_id: str, try_number: int, map_index: int) -> Any:
+        from airflow.models.taskinstancekey import TaskInstanceKey
+
+        return TaskInstanceKey(dag_id, task_id, run_id, try_number, map_index)

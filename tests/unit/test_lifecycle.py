@@ -1,0 +1,542 @@
+"""The attempt lifecycle through ``FakeRuntime`` + the real SQLite ledger + an injected clock.
+
+Every row of DESIGN §2's table end to end: dispatch -> Started -> Exited -> evidence -> settle -> what Airflow is
+told; then the lifecycle holes of issue 8 (10, 1, 6, 9, 11, 8, 16, 2) as a user would notice them: epochs
+claimed, rows closed, and the actions the executor performs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import sqlalchemy as sa
+
+from fakes.runtime import FakeAirflow, FakeRuntime
+from leoflow_agent import outcome
+from leoflow_airflow import settings as leoflow_settings
+from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
+from leoflow_airflow.ledger.models import metadata
+from leoflow_airflow.ledger.states import AttemptState, Resolution
+from leoflow_airflow.ledger.store import LedgerStore
+from leoflow_airflow.lifecycle.actions import (
+    ChangeState, Fail, Occupy, Release, Reoffer, SendCallback, Succeed, TaskEvent,
+)
+from leoflow_airflow.lifecycle.core import Lifecycle, launch_id
+from leoflow_airflow.lifecycle.runtime import CallbackDone, Exited, LaunchFailed, Presence, Reported, Started
+from leoflow_airflow.redrive import RedriveResult
+from leoflow_airflow.settle import SettleResult
+
+S = AttemptState
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+PAYLOADS = {
+    "success": {"state": "success", "end_date": "2025-01-01T00:00:00Z", "task_outlets": [], "outlet_events": []},
+    "up_for_retry": {"state": "up_for_retry", "end_date": "2025-01-01T00:00:00Z"},
+    "deferred": {"state": "deferred", "classpath": "x.Trigger", "trigger_kwargs": {}, "next_method": "resume"},
+}
+
+
+class Clock:
+    """Monotonic seconds and aware-UTC wall time, advanced together by the test."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def utcnow(self) -> datetime:
+        return T0 + timedelta(seconds=self.t)
+
+    def tick(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class World:
+    """One lifecycle with its fakes, and helpers that play the scheduler's part."""
+
+    def __init__(self, tmp_path, **options: str) -> None:
+        self.clock = Clock()
+        self.engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+        metadata.create_all(self.engine)
+        self.ledger = LedgerStore(self.engine, clock=self.clock.utcnow)
+        conf = {"runtime_dir": str(tmp_path / "rt"), "reap_grace": "0", **options}
+        self.settings = leoflow_settings.load(get=lambda section, key, fallback: conf.get(key, fallback))
+        self.runtime = FakeRuntime()
+        self.airflow = FakeAirflow()
+        self.life = self.new_lifecycle()
+
+    def new_lifecycle(self) -> Lifecycle:
+        return Lifecycle(ledger=self.ledger, runtime=self.runtime, airflow=self.airflow, settings=self.settings,
+                         job_id=None, monotonic=self.clock.monotonic, utcnow=self.clock.utcnow)
+
+    def workload(self, ti_id: str | None = None, *, try_number: int = 1, task_id: str = "task"):
+        from airflow.executors.workloads import BundleInfo, ExecuteTask
+        from airflow.executors.workloads.task import TaskInstanceDTO
+
+        ti = TaskInstanceDTO(id=uuid.UUID(ti_id) if ti_id else uuid.uuid4(), task_id=task_id, dag_id="dag",
+                             run_id="run", try_number=try_number, dag_version_id=uuid.uuid4(), map_index=-1,
+                             pool_slots=1, priority_weight=1, queue="default")
+        return ExecuteTask(token="", dag_rel_path="dag.py", bundle_info=BundleInfo(name="dags"), log_path="x.log",
+                           ti=ti)
+
+    def queued(self, **kw):
+        """A workload whose TI Airflow holds QUEUED."""
+        w = self.workload(**kw)
+        self.airflow.put(str(w.ti.id), "queued", try_number=w.ti.try_number, logical=("dag", "run", w.ti.task_id, -1))
+        return w
+
+    def dispatched(self, **kw):
+        """Dispatch a queued workload and start its agent; returns (workload, ref)."""
+        w = self.queued(**kw)
+        assert self.life.dispatch_task(w).disposition == Disposition.DISPATCHED
+        ref = self.runtime.launched[-1].ref
+        self.runtime.events.append(Started(launch_id(ref), {"pid": 4242, "proc_start_time": 77}))
+        self.life.cycle()
+        return w, ref
+
+    def record(self, ref, state: str) -> outcome.OutcomeRecord:
+        ident = outcome.AttemptIdentity(ref.ti_id, ref.try_number, ref.attempt_epoch)
+        if state == "heartbeat_lost":
+            rec = outcome.heartbeat_lost(ident)
+        else:
+            rec = outcome.record_for_state(state, PAYLOADS[state], attempt=ident, api_version="2025-09-23")
+        self.runtime.records[ref] = rec
+        return rec
+
+    def exit(self, ref, code: int = 0) -> list:
+        """The agent is gone: the runtime reports the exit; one cycle runs; its actions."""
+        self.runtime.presence[ref] = Presence.GONE
+        self.runtime.events.append(Exited(launch_id(ref), code))
+        return self.life.cycle()
+
+    def row(self, ref):
+        return self.ledger.get(ref)
+
+    def claim_only(self, w):
+        """A CLAIMED epoch of ``w`` that no launch of this process carries (a predecessor's, or another
+        scheduler's)."""
+        return self.ledger.claim_epoch(ti_id=str(w.ti.id), try_number=w.ti.try_number, dag_id="dag",
+                                       task_id=w.ti.task_id, run_id="run", map_index=-1, runtime="lite",
+                                       workload_json=w.model_dump_json(exclude={"token"}), scheduler_job_id=1)
+
+    @staticmethod
+    def adoptable(w, state: str):
+        """The ORM TaskInstance Airflow offers to ``try_adopt_task_instances`` (the fields adoption reads)."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(id=w.ti.id, try_number=w.ti.try_number, key=w.key, state=state,
+                               last_heartbeat_at=None)
+
+    def epochs(self, ti_id: str) -> list:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.text("select attempt_epoch, state from leoflow_attempt where ti_id = :t "
+                                        "order by attempt_epoch"), {"t": ti_id}).all()
+
+
+@pytest.fixture
+def world(tmp_path) -> World:
+    w = World(tmp_path)
+    yield w
+    w.engine.dispose()
+
+
+# --- DESIGN §2's table ------------------------------------------------------------------------------------
+def test_normal_path_reported_then_exited_closes_reported_and_tells_airflow_nothing(world):
+    w, ref = world.dispatched()
+    assert world.row(ref).state == S.DISPATCHED and world.row(ref).pid == 4242
+    world.runtime.events.append(Reported(launch_id(ref), "success"))
+    actions = world.life.cycle()
+    assert Release(w.key) in actions  # the slot frees at the terminal report
+    world.airflow.set_state(ref.ti_id, "success")
+    actions = world.exit(ref)
+    row = world.row(ref)
+    assert (row.state, row.resolution) == (S.CLOSED, Resolution.REPORTED)
+    assert not [a for a in actions if isinstance(a, (Fail, Succeed, Reoffer))]
+    assert world.airflow.replays == []
+
+
+def test_lost_success_report_is_replayed_and_the_lost_callback_logged(world):
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "success")
+    world.exit(ref)
+    row = world.row(ref)
+    assert (row.state, row.resolution) == (S.CLOSED, Resolution.REPLAYED)
+    assert [r.state for r in world.airflow.replays] == ["success"]
+    assert world.airflow.lost_success == [ref.ti_id]
+
+
+def test_replayed_up_for_retry_sends_the_retry_callback(world):
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "up_for_retry")
+    actions = world.exit(ref)
+    assert world.row(ref).resolution == Resolution.REPLAYED
+    assert [a for a in actions if isinstance(a, SendCallback)]
+
+
+@pytest.mark.parametrize("evidence", ["heartbeat_lost", None])
+def test_running_ti_without_usable_record_is_redriven_on_the_infra_budget(world, evidence):
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    if evidence:
+        world.record(ref, evidence)
+    actions = world.exit(ref, code=-9)
+    assert world.airflow.redrives == [ref.ti_id]
+    assert world.row(ref).resolution == Resolution.INFRA_REDRIVE
+    assert not [a for a in actions if isinstance(a, Fail)]
+
+
+def test_spent_infra_budget_fails_through_airflow(world):
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.airflow.redrive_result = RedriveResult.BUDGET_SPENT
+    actions = world.exit(ref, code=-9)
+    assert world.row(ref).resolution == Resolution.EXECUTOR_FAILED
+    assert [a.key for a in actions if isinstance(a, Fail)] == [w.key]
+
+
+def test_agent_dead_before_run_is_reoffered_then_dispatched_as_the_next_epoch(world):
+    w, ref = world.dispatched()
+    actions = world.exit(ref, code=1)  # TI still queued, no record
+    assert world.row(ref).resolution == Resolution.REDISPATCHED
+    (reoffer,) = [a for a in actions if isinstance(a, Reoffer)]
+    assert reoffer.key == w.key and str(reoffer.workload.ti.id) == ref.ti_id
+    assert world.life.dispatch_task(reoffer.workload).disposition == Disposition.DISPATCHED
+    assert world.epochs(ref.ti_id) == [(1, "closed"), (2, "claimed")]
+
+
+def test_redispatch_limit_fails_through_airflow(tmp_path):
+    world = World(tmp_path, redispatch_limit="0")
+    w, ref = world.dispatched()
+    actions = world.exit(ref, code=1)
+    assert world.row(ref).resolution == Resolution.EXECUTOR_FAILED
+    assert [a.key for a in actions if isinstance(a, Fail)] == [w.key]
+
+
+def test_cleared_running_task_gets_success_once(world):
+    w, ref = world.dispatched()
+    new_id = str(uuid.uuid4())
+    world.airflow.put(new_id, "restarting")  # a clear gives the logical TI a new id
+    actions = world.exit(ref, code=-9)
+    assert world.row(ref).resolution == Resolution.RESTARTING
+    assert [a for a in actions if isinstance(a, Succeed)] == [Succeed(w.key)]
+    assert [a for a in world.life.cycle() if isinstance(a, Succeed)] == []
+
+
+def test_terminal_ti_is_closed_moved_on(world):
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "failed")
+    actions = world.exit(ref, code=1)
+    assert world.row(ref).resolution == Resolution.MOVED_ON
+    assert not [a for a in actions if isinstance(a, (Fail, Succeed, Reoffer))]
+
+
+def test_unknown_presence_is_never_settled_or_reaped(tmp_path):
+    world = World(tmp_path, agent_lost_threshold="1")
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.runtime.presence[ref] = Presence.UNKNOWN
+    world.clock.tick(3600)
+    world.life.cycle()
+    assert world.row(ref).state == S.DISPATCHED
+    assert world.runtime.killed == []
+
+
+def test_callback_result_is_the_workloads_own_state(world):
+    class Callback:
+        key = "cb-key"
+        success_state, failure_state = "success", "failed"
+
+        class callback:  # noqa: N801 - the shape of ExecuteCallback.callback
+            id = "c1"
+
+    assert world.life.dispatch_callback(Callback()).disposition == Disposition.DISPATCHED
+    lid = world.runtime.callbacks[-1][0]
+    world.runtime.events.append(CallbackDone(lid, False))
+    actions = world.life.cycle()
+    assert ChangeState("cb-key", "failed") in actions and Release("cb-key") in actions
+
+
+# --- hole 10: dispatch never settles ----------------------------------------------------------------------
+def test_reoffer_of_a_ti_whose_previous_epoch_is_dead_claims_one_epoch(world):
+    """A re-offered workload whose previous epoch is dead and unsettled: dispatch answers DEFERRED (never
+    settling inline); the cycle settles and re-offers; exactly one new epoch is claimed."""
+    w, ref = world.dispatched()
+    world.runtime.presence[ref] = Presence.GONE  # dead, but no Exited event yet
+    result = world.life.dispatch_task(w)
+    assert result.disposition == Disposition.DEFERRED
+    assert world.airflow.replays == [] and world.epochs(ref.ti_id) == [(1, "exited")]
+    actions = world.life.cycle()
+    (reoffer,) = [a for a in actions if isinstance(a, Reoffer)]
+    assert world.life.dispatch_task(reoffer.workload).disposition == Disposition.DISPATCHED
+    assert world.epochs(ref.ti_id) == [(1, "closed"), (2, "claimed")]
+
+
+# --- hole 1: an unrecorded launch is looked up, never presumed dead ----------------------------------------
+def test_adopted_claimed_attempt_whose_agent_runs_is_recorded_not_redispatched(world):
+    w = world.queued()
+    attempt = world.claim_only(w)
+    world.runtime.located[attempt.ref] = {"pid": 5151, "proc_start_time": 9}
+
+    ti = world.adoptable(w, "queued")
+    not_adopted, lost = world.life.adopt([ti], now=T0)
+    assert (not_adopted, lost) == ([], [])
+    actions = world.life.cycle()
+    row = world.row(attempt.ref)
+    assert (row.state, row.pid) == (S.DISPATCHED, 5151)
+    assert not [a for a in actions if isinstance(a, Reoffer)] and world.runtime.launched == []
+    assert world.runtime.adopted == [attempt.ref]
+
+
+def test_adopted_claimed_attempt_without_agent_is_reoffered_without_spending_a_redispatch(world):
+    w = world.queued()
+    ti_id = str(w.ti.id)
+    attempt = world.claim_only(w)
+
+    ti = world.adoptable(w, "queued")
+    world.life.adopt([ti], now=T0)
+    actions = world.life.cycle()
+    assert world.row(attempt.ref).resolution == Resolution.ABANDONED
+    assert [a.key for a in actions if isinstance(a, Reoffer)] == [w.key]
+    assert world.ledger.count_resolution(ti_id, Resolution.REDISPATCHED) == 0
+
+
+def test_claimed_attempt_the_runtime_cannot_see_yet_is_left_alone(world):
+    w = world.queued()
+    attempt = world.claim_only(w)
+    world.runtime.presence[attempt.ref] = Presence.UNKNOWN
+    world.life.adopt([world.adoptable(w, "queued")], now=T0)
+    actions = world.life.cycle()
+    assert world.row(attempt.ref).state == S.CLAIMED
+    assert not [a for a in actions if isinstance(a, Reoffer)]
+
+
+def test_started_event_for_an_unknown_launch_kills_that_agent(world):
+    world.runtime.events.append(Started("stranger:1:1", {"pid": 1, "proc_start_time": 1}))
+    world.life.cycle()
+    assert world.runtime.killed_launches == ["stranger:1:1"]
+
+
+def test_end_dispatches_nothing_and_records_the_agents_the_runtime_still_reports(world):
+    w = world.queued()
+    assert world.life.dispatch_task(w).disposition == Disposition.DISPATCHED
+    ref = world.runtime.launched[-1].ref
+    world.runtime.owed_at_stop = [Started(launch_id(ref), {"pid": 6161, "proc_start_time": 3})]
+    world.life.drain(timeout=0, sleep=lambda s: None)
+    assert world.runtime.stopped
+    assert (world.row(ref).state, world.row(ref).pid) == (S.DISPATCHED, 6161)
+    later = world.queued()
+    assert world.life.dispatch_task(later).disposition == Disposition.DEFERRED
+    assert len(world.runtime.launched) == 1
+
+
+# --- hole 6: a SETTLING row has a way out -----------------------------------------------------------------
+def test_settling_row_left_by_a_dead_settler_is_settled_again(world):
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "success")
+    world.runtime.presence[ref] = Presence.GONE
+    assert world.ledger.transition(ref, expected=[S.DISPATCHED], to=S.EXITED)
+    assert world.ledger.transition(ref, expected=[S.EXITED], to=S.SETTLING)  # then the scheduler died
+    fresh = world.new_lifecycle()  # a new scheduler process
+    fresh.cycle()
+    row = world.row(ref)
+    assert (row.state, row.resolution) == (S.CLOSED, Resolution.REPLAYED)
+    assert len(world.airflow.replays) == 1
+
+
+# --- hole 9: adoption of a QUEUED TI whose last epoch handed off -----------------------------------------
+def test_adopted_queued_ti_whose_epoch_deferred_is_dispatched_again(world):
+    w, ref = world.dispatched()
+    world.record(ref, "deferred")  # it deferred; the trigger fired; Airflow queued the same ti_id again
+    world.runtime.presence[ref] = Presence.GONE
+    fresh_runtime = world.runtime
+    world.life = world.new_lifecycle()  # the scheduler restarted
+
+    ti = world.adoptable(w, "queued")
+    not_adopted, _ = world.life.adopt([ti], now=T0)
+    assert not_adopted == []
+    actions = world.life.cycle()
+    assert world.row(ref).resolution == Resolution.REPORTED
+    (reoffer,) = [a for a in actions if isinstance(a, Reoffer)]
+    assert reoffer.key == w.key
+    assert world.life.dispatch_task(reoffer.workload).disposition == Disposition.DISPATCHED
+    assert fresh_runtime.launched[-1].ref.attempt_epoch == 2
+
+
+# --- hole 11: the settle budget is wall-clock time -------------------------------------------------------
+def test_one_stalled_replay_stops_replaying_for_the_pass(tmp_path):
+    world = World(tmp_path, settle_timeout="10")
+    refs = []
+    for n in range(3):
+        w, ref = world.dispatched(task_id=f"t{n}")
+        world.airflow.set_state(ref.ti_id, "running")
+        world.record(ref, "success")
+        refs.append(ref)
+    for ref in refs:
+        world.runtime.presence[ref] = Presence.GONE
+    world.airflow.replay_result = lambda r: SettleResult(False, False, "transport error: ReadTimeout")
+    world.airflow.on_replay = lambda: world.clock.tick(10)
+    world.life.cycle()
+    assert len(world.airflow.replays) == 1
+    assert {world.row(r).state for r in refs} == {S.EXITED}
+    world.airflow.replay_result = lambda r: SettleResult(True, True, "204: applied")
+    world.airflow.on_replay = lambda: world.clock.tick(1)
+    world.life.cycle()
+    world.life.cycle()
+    assert {world.row(r).resolution for r in refs} == {Resolution.REPLAYED}
+
+
+# --- hole 8: a transient fork failure re-offers ----------------------------------------------------------
+@pytest.mark.parametrize("retryable", [True, False])
+def test_launch_failure_reoffers_when_retryable_and_fails_otherwise(world, retryable):
+    w = world.queued()
+    world.life.dispatch_task(w)
+    ref = world.runtime.launched[-1].ref
+    error = "fork failed: Resource temporarily unavailable" if retryable else "malformed launch message"
+    world.runtime.events.append(LaunchFailed(launch_id(ref), error, retryable))
+    actions = world.life.cycle()
+    assert world.row(ref).resolution == Resolution.LAUNCH_FAILED
+    assert [a.key for a in actions if isinstance(a, Reoffer)] == ([w.key] if retryable else [])
+    assert [a.key for a in actions if isinstance(a, Fail)] == ([] if retryable else [w.key])
+    assert world.life.table.launches == {}  # hole 16: the launch is popped, no leak
+
+
+# --- hole 16 -------------------------------------------------------------------------------------------
+def test_claimed_row_never_offered_to_adoption_is_closed_once_the_ti_moved_on(world):
+    w = world.queued()
+    ti_id = str(w.ti.id)
+    attempt = world.claim_only(w)
+    world.life.cycle()
+    assert world.row(attempt.ref).state == S.CLAIMED  # queued at that try: its owner or adoption decides
+    world.airflow.set_state(ti_id, "success")
+    world.life.cycle()
+    assert (world.row(attempt.ref).state, world.row(attempt.ref).resolution) == (S.CLOSED, Resolution.MOVED_ON)
+
+
+def test_replay_404_while_a_user_cleared_the_task_gives_success_once(world):
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "success")
+    new_id = str(uuid.uuid4())
+
+    def cleared_meanwhile(record):
+        world.airflow.put(new_id, "restarting")
+        return SettleResult(True, False, "404: the attempt's ti_id is archived")
+
+    world.airflow.replay_result = cleared_meanwhile
+    actions = world.exit(ref)
+    assert world.row(ref).resolution == Resolution.RESTARTING
+    assert [a for a in actions if isinstance(a, Succeed)] == [Succeed(w.key)]
+
+
+def test_reaper_kills_a_live_agent_whose_heartbeat_went_silent(tmp_path):
+    world = World(tmp_path, agent_lost_threshold="60")
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.airflow.ti_liveness = lambda ids: {i: ("running", world.clock.utcnow() - timedelta(seconds=120)) for i in ids}
+    actions = world.life.cycle()
+    assert world.runtime.killed == [ref]
+    assert [a.event for a in actions if isinstance(a, TaskEvent)] == ["leoflow agent-lost"]
+
+
+# --- hole 2 (part): adopting what this process already runs changes nothing ----------------------------
+def test_adopting_an_attempt_this_process_runs_changes_nothing(world):
+    w, ref = world.dispatched()
+
+    ti = world.adoptable(w, "running")
+
+    not_adopted, _ = world.life.adopt([ti], now=T0)
+    assert not_adopted == []
+    assert world.life.take() == []
+    assert not world.life.table.get(launch_id(ref)).adopted
+    assert world.runtime.launched[-1].ref == ref and len(world.runtime.launched) == 1
+
+
+def test_revoke_kills_closes_and_releases(world):
+    w, ref = world.dispatched()
+    world.life.take()
+    world.life.revoke(ref.ti_id, w.key)
+    actions = world.life.take()
+    assert world.runtime.killed == [ref]
+    assert world.row(ref).resolution == Resolution.REVOKED
+    assert Release(w.key) in actions and not [a for a in actions if isinstance(a, (Fail, Occupy))]
+
+
+def test_dispatch_answers_deferred_while_the_runtime_is_not_up(world):
+    world.runtime.admit_result = DispatchResult(Disposition.DEFERRED, "the zygote is not running")
+    w = world.queued()
+    assert world.life.dispatch_task(w).disposition == Disposition.DEFERRED
+    assert world.epochs(str(w.ti.id)) == []
+
+
+# --- hole 4: re-dispatch backs off, and its limit counts per dispatch cycle ---------------------------------
+def test_a_second_redispatch_in_a_row_waits_its_backoff(tmp_path):
+    world = World(tmp_path, redispatch_limit="3")
+    w, ref = world.dispatched()
+    (first,) = [a for a in world.exit(ref, code=1) if isinstance(a, Reoffer)]  # the first: at once
+    world.life.dispatch_task(first.workload)
+    ref2 = world.runtime.launched[-1].ref
+    world.runtime.events.append(Started(launch_id(ref2), {"pid": 4243, "proc_start_time": 78}))
+    assert not [a for a in world.exit(ref2, code=1) if isinstance(a, Reoffer)]
+    world.clock.tick(4)
+    assert not [a for a in world.life.cycle() if isinstance(a, Reoffer)]
+    world.clock.tick(1)
+    assert [a.key for a in world.life.cycle() if isinstance(a, Reoffer)] == [w.key]
+
+
+def test_redispatch_limit_counts_per_dispatch_cycle_not_over_the_ti_ids_life(tmp_path):
+    world = World(tmp_path, redispatch_limit="1")
+    w, ref = world.dispatched()
+    (reoffer,) = [a for a in world.exit(ref, code=1) if isinstance(a, Reoffer)]  # one re-dispatch: the limit
+    world.life.dispatch_task(reoffer.workload)
+    ref2 = world.runtime.launched[-1].ref
+    world.runtime.events.append(Started(launch_id(ref2), {"pid": 4243, "proc_start_time": 78}))
+    world.life.cycle()
+    world.record(ref2, "deferred")  # epoch 2 ran and deferred; the trigger fired; the same ti_id is queued again
+    world.runtime.events.append(Reported(launch_id(ref2), "deferred"))
+    world.exit(ref2)
+    assert world.row(ref2).resolution == Resolution.REPORTED
+    world.life.dispatch_task(w)
+    ref3 = world.runtime.launched[-1].ref
+    world.runtime.events.append(Started(launch_id(ref3), {"pid": 4244, "proc_start_time": 79}))
+    world.life.cycle()
+    actions = world.exit(ref3, code=1)  # a new dispatch cycle: its first re-dispatch is allowed
+    assert world.row(ref3).resolution == Resolution.REDISPATCHED
+    assert [a.key for a in actions if isinstance(a, Reoffer)] == [w.key]
+    assert not [a for a in actions if isinstance(a, Fail)]
+
+
+# --- Task D's interfaces: a refused replay is re-driven; an unreplayable current record holds the purge off --
+def test_replay_refused_for_good_is_redriven_with_its_detail(world):
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Refused:
+        settled: bool = False
+        applied: bool = False
+        detail: str = "HTTP 422"
+        retryable: bool = False
+
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "success")
+    world.airflow.replay_result = lambda r: Refused()
+    world.exit(ref)
+    row = world.row(ref)
+    assert (row.state, row.resolution) == (S.CLOSED, Resolution.INFRA_REDRIVE)
+    assert "HTTP 422" in row.detail and world.airflow.redrives == [ref.ti_id]
+
+
+def test_replay_that_cannot_land_yet_holds_off_airflows_purge(world):
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "success")
+    world.airflow.replay_result = lambda r: SettleResult(False, False, "transport error: ConnectError")
+    world.exit(ref)
+    assert world.row(ref).state == S.EXITED
+    assert world.airflow.held_off == [ref.ti_id]
