@@ -379,7 +379,7 @@ def test_one_stalled_replay_stops_replaying_for_the_pass(tmp_path):
         refs.append(ref)
     for ref in refs:
         world.runtime.presence[ref] = Presence.GONE
-    world.airflow.replay_result = lambda r: SettleResult(False, False, "transport error: ReadTimeout")
+    world.airflow.replay_result = lambda r: SettleResult(False, False, "transport error: ReadTimeout", retryable=True)
     world.airflow.on_replay = lambda: world.clock.tick(10)
     world.life.cycle()
     assert len(world.airflow.replays) == 1
@@ -536,7 +536,7 @@ def test_replay_that_cannot_land_yet_holds_off_airflows_purge(world):
     w, ref = world.dispatched()
     world.airflow.set_state(ref.ti_id, "running")
     world.record(ref, "success")
-    world.airflow.replay_result = lambda r: SettleResult(False, False, "transport error: ConnectError")
+    world.airflow.replay_result = lambda r: SettleResult(False, False, "transport error: ConnectError", retryable=True)
     world.exit(ref)
     assert world.row(ref).state == S.EXITED
     assert world.airflow.held_off == [ref.ti_id]
