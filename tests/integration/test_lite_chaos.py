@@ -120,8 +120,9 @@ def _inject(stack: FaultStack, fault: str, wave: dict[str, tuple[str, str]], for
         return ""
     if fault in ("scheduler_sigkill", "scheduler_sigterm"):
         wait_until(queued, 120, "a queued TI of the wave", poll=0.1)
+        at_signal = _tis_in(stack, runs, ("queued",))
         _restart_scheduler(stack, signal.SIGKILL if fault == "scheduler_sigkill" else signal.SIGTERM)
-        return f"{_tis_in(stack, runs, ('queued',))} TIs queued at the signal"
+        return f"{at_signal} TIs queued at the signal"
     if fault == "scheduler_sigstop":
         wait_until(lambda: _tis_in(stack, runs, ("queued", "running")) > 0, 120, "a queued or running TI",
                    poll=0.1)
