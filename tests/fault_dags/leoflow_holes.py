@@ -27,12 +27,12 @@ _line = body_line
 
 
 def _body(ti, seconds: float, *, until: Path | None = None, fault_point: bool = False) -> None:
-    """``start``; when ``until`` is given, wait (at most 120 s) for that file; then, when ``fault_point`` and
+    """``start``; when ``until`` is given, wait (at most 300 s) for that file; then, when ``fault_point`` and
     the agent armed ``mid_task``, touch its marker and tick until the agent's death takes this body down; then
     tick for ``seconds``; ``end``."""
     _line(ti, "start")
     if until is not None:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not until.exists():
             _line(ti, "tick")
             time.sleep(0.2)
@@ -49,7 +49,7 @@ def _body(ti, seconds: float, *, until: Path | None = None, fault_point: bool = 
 
 # hole 1: a1/a2 hold the two slots until released; b is then held by the zygote (queue-ahead), c waits in the
 # executor's queued_tasks (``[leoflow] launch_queue_size`` 1). Priorities fix the dispatch order a1, a2, b, c.
-# b and c work until ``go.<run_id>`` exists (at most 120 s), so they still run when a new scheduler adopts.
+# b and c work until ``go.<run_id>`` exists (at most 300 s), so they still run when a new scheduler adopts.
 with DAG(dag_id="lf_h1", schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
          max_active_tasks=8, default_args={"retries": 0, "weight_rule": "absolute"}):
     for name, weight in (("a1", 40), ("a2", 30)):
