@@ -24,6 +24,12 @@ class ProcessIdentity:
     pid: int
     start_time: int
 
+    def __post_init__(self) -> None:
+        # pid 0 is no process and pid 1 is init: a session id or subtree of either covers the whole host,
+        # so an identity naming them would make proof of death or a kill reach every process
+        if self.pid <= 1:
+            raise ValueError(f"refusing a process identity for pid {self.pid}")
+
 
 def _read_stat(pid: int) -> tuple[str, int, int] | None:
     """Return ``(state, ppid, starttime)`` of ``pid`` or ``None`` when it does not exist.
@@ -52,6 +58,8 @@ def start_time(pid: int) -> int | None:
 
 def identity(pid: int) -> ProcessIdentity | None:
     """Return the :class:`ProcessIdentity` of a live ``pid``, or ``None`` if it is gone or a zombie."""
+    if pid <= 1:
+        return None  # never name pid 0 or init (see ProcessIdentity)
     stat = _read_stat(pid)
     if stat is None or stat[0] in ("Z", "X"):
         return None
@@ -395,6 +403,8 @@ def kill_tree(root: ProcessIdentity | int, *, include_root: bool = True, timeout
         subtree that outlive ``root`` (reparented elsewhere once it exited) are still killed.
     :returns: True when no member is left alive (zombies awaiting their parent's wait count as gone).
     """
+    if (root.pid if isinstance(root, ProcessIdentity) else root) <= 1:
+        raise ValueError("refusing to kill the subtree of pid 0 or 1 (that is every process on the host)")
     ident = identity(root) if isinstance(root, int) else root
     if ident is None or not is_alive(ident):
         return True

@@ -276,3 +276,14 @@ def test_kill_tree_with_a_grace_lets_the_task_run_on_kill_first(tmp_path, grace)
     finally:
         proc.kill_tree(p.pid)
         p.wait()
+
+
+def test_pid_0_and_init_are_never_a_process_identity_or_a_kill_target() -> None:
+    """A made-up identity of pid 0 once made proof of death take every session-0 process on the host as an
+    attempt's leftovers, and its kill reached init's subtree: both are refused outright."""
+    for pid in (0, 1):
+        with pytest.raises(ValueError):
+            proc.ProcessIdentity(pid, 1)
+        with pytest.raises(ValueError):
+            proc.kill_tree(pid)
+        assert proc.identity(pid) is None
