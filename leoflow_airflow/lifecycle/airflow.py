@@ -105,11 +105,10 @@ class AirflowIO:
         return retry_callback_request(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index, msg=msg)
 
     def hold_off_purge(self, ti_id: str) -> bool:
-        """See :class:`AirflowPort`: ``airflow_db.hold_off_purge`` once it exists there, else False."""
+        """See :class:`AirflowPort`: :func:`leoflow_airflow.airflow_db.hold_off_purge`."""
         from leoflow_airflow import airflow_db
 
-        hold = getattr(airflow_db, "hold_off_purge", None)
-        return bool(hold(ti_id)) if hold is not None else False
+        return airflow_db.hold_off_purge(ti_id)
 
     def workload_from_json(self, workload_json: str) -> Any:
         """See :class:`AirflowPort`."""

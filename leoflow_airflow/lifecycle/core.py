@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from leoflow_agent.outcome import OutcomeRecord
 from leoflow_agent.protocol import callback_launch_id
-from leoflow_airflow import reconcile
+from leoflow_airflow import airflow_db, reconcile
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.dispatch.guard import guard
 from leoflow_airflow.ledger.states import (
@@ -339,6 +339,7 @@ class Lifecycle:
         elif action.act == reconcile.Act.REPLAY:
             assert record is not None
             if not budget.replays_allowed:
+                self._hold_off_purge(attempt)  # not tried this pass: still keep the purge off its TI
                 return
             self._replay(attempt, record, key, budget)
         elif action.act == reconcile.Act.INFRA_REDRIVE:
@@ -358,6 +359,14 @@ class Lifecycle:
         log.warning("attempt %s: %s; re-offering its stored workload", attempt.ref, why)
         self._out.append(Reoffer(self.key_of(attempt), self.airflow.workload_from_json(attempt.workload_json)))
 
+    def _hold_off_purge(self, attempt: Attempt) -> None:
+        """Keep Airflow's heartbeat purge off the RUNNING TI of ``attempt``, whose recorded report waits for a
+        replay, for at most ``[leoflow] replay_holdoff_max_seconds`` after the attempt was found dead (issue 8
+        hole 7; :func:`leoflow_airflow.airflow_db.purge_holdoff_allowed`); past that Airflow's own path applies."""
+        if airflow_db.purge_holdoff_allowed(since=attempt.exited_at, now=self.utcnow(),
+                                            max_seconds=self.settings.replay_holdoff_max_seconds):
+            self.airflow.hold_off_purge(attempt.ref.ti_id)
+
     def _replay(self, attempt: Attempt, record: OutcomeRecord, key: Any, budget: _Budget) -> None:
         """Replay a lost terminal report (settling mark committed first, no transaction across the call)."""
         ref = attempt.ref
@@ -369,7 +378,7 @@ class Lifecycle:
         finally:
             self._settling.discard(ref)
         if not result.settled:
-            if not getattr(result, "retryable", True):  # 401/403/422: the same body will never land
+            if not result.retryable:  # 401/403/422: the same body will never land
                 log.warning("replay of %s was refused (%s); re-driving it as an infra loss", ref, result.detail)
                 self._infra_redrive(attempt, key, f"its recorded report was refused ({result.detail})",
                                     expected=[_S.SETTLING])
@@ -377,7 +386,7 @@ class Lifecycle:
             budget.replays_allowed = False  # one stalled api-server call per pass at most
             log.warning("replay of %s failed (%s); will retry", ref, result.detail)
             self.ledger.transition(ref, expected=[_S.SETTLING], to=_S.EXITED, detail=result.detail[:MAX_DETAIL_CHARS])
-            self.airflow.hold_off_purge(ref.ti_id)  # the record is good: keep Airflow's purge from failing it
+            self._hold_off_purge(attempt)  # the record is good: keep Airflow's purge from failing it
             return
         if not result.applied and result.detail[:3] in ("404", "410"):
             ti = self.airflow.ti_row(attempt.dag_id, attempt.run_id, attempt.task_id, attempt.map_index)

@@ -13,8 +13,7 @@ task_instance_heartbeat_timeout`` lowered to 60 s here, the resilience ladder's 
   replay gets 422 once it is back. A 422 cannot change by retrying: leoflow must take the infra re-drive path
   at once (a new try on the infra budget, ``max_tries`` + 1) instead of retrying until the purge.
 
-Both need the lifecycle to call ``hold_off_purge`` / honour ``SettleResult.retryable`` (Task A's wiring of
-this branch's interfaces); until then they are expected to fail (strict xfail).
+Both failed before the lifecycle called ``airflow_db.hold_off_purge`` and honoured ``SettleResult.retryable``.
 """
 
 from __future__ import annotations
@@ -34,8 +33,6 @@ DAG, TASK = "lf_fence", "work"
 INFRA = "leoflow infra re-drive"
 HEARTBEAT_TIMEOUT = 60.0
 DETECTION_INTERVAL = 5.0
-NEEDS_WIRING = pytest.mark.xfail(
-    strict=True, reason="needs the lifecycle to call airflow_db.hold_off_purge and honour SettleResult.retryable")
 
 OUTAGE_ENV = {
     # a short purge, and the ladder's terms that must fit under it:
@@ -91,7 +88,6 @@ def _outlast_the_purge(stack: FaultStack, run: str, t_down: float) -> None:
         time.sleep(1)
 
 
-@NEEDS_WIRING
 def test_a_recorded_success_survives_an_outage_longer_than_the_purge(stack: FaultStack) -> None:
     run, _, _, t_down = _lost_report_during_outage(stack, "holdoff")
     try:
@@ -108,7 +104,6 @@ def test_a_recorded_success_survives_an_outage_longer_than_the_purge(stack: Faul
     assert INFRA not in stack.log_events(DAG, run, TASK)
 
 
-@NEEDS_WIRING
 def test_a_replay_answered_422_is_re_driven_not_retried_until_the_purge(stack: FaultStack) -> None:
     run, attempt, record, t_down = _lost_report_during_outage(stack, "final4xx")
     invalid = dataclasses.replace(record, payload={**record.payload, "end_date": "not a date"})

@@ -540,3 +540,23 @@ def test_replay_that_cannot_land_yet_holds_off_airflows_purge(world):
     world.exit(ref)
     assert world.row(ref).state == S.EXITED
     assert world.airflow.held_off == [ref.ti_id]
+
+
+def test_purge_hold_off_ends_after_replay_holdoff_max_seconds(tmp_path):
+    """The hold-off is bounded: past ``[leoflow] replay_holdoff_max_seconds`` after the attempt was found dead,
+    Airflow's own purge applies again (a replay that never lands cannot keep a TI RUNNING for ever)."""
+    world = World(tmp_path, replay_holdoff_max_seconds="100")
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "success")
+    world.airflow.replay_result = lambda r: SettleResult(False, False, "transport error: ConnectError", retryable=True)
+    world.exit(ref)
+    assert world.airflow.held_off == [ref.ti_id]
+    world.clock.tick(60)
+    world.life.cycle()
+    assert world.airflow.held_off == [ref.ti_id] * 2
+    world.clock.tick(60)
+    world.life.cycle()
+    assert world.airflow.held_off == [ref.ti_id] * 2, "held off past replay_holdoff_max_seconds"
+    assert world.row(ref).state == S.EXITED
+    world.engine.dispose()

@@ -337,7 +337,7 @@ class LiteRuntime:
             if launch is not None and not launch.orphaned and self.zygote.alive():
                 # dropped if held; if it is being forked, its ``launched`` names an attempt no longer CLAIMED
                 # and the lifecycle kills it then: nothing of it can run on
-                self.zygote.kill_launch(lid)
+                self.zygote.kill_launch(lid, grace=0)
                 return Presence.GONE
             facts = self.locate(attempt)
             if facts:
@@ -349,8 +349,9 @@ class LiteRuntime:
         return Presence.GONE if gone else Presence.LIVE
 
     def kill_launch(self, launch_id: str) -> None:
-        """Kill a launch's agent through the zygote, and any agent carrying its title marker."""
-        self.zygote.kill_launch(launch_id)
+        """Kill a launch's agent through the zygote at once (no grace: it must not run at all), and any agent
+        carrying its title marker."""
+        self.zygote.kill_launch(launch_id, grace=0)
         for pid in proc.find_by_title(protocol.agent_title_marker(launch_id)):
             proc.kill_tree(pid)
 

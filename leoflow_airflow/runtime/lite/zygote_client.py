@@ -265,10 +265,18 @@ class ZygoteClient:
         """Send a ``launch`` message (see :mod:`leoflow_agent.protocol`); False when the zygote is gone."""
         return self._send(dict(message, op=protocol.Op.LAUNCH.value), message["launch_id"])
 
-    def kill_launch(self, launch_id: str) -> bool:
+    def kill_launch(self, launch_id: str, *, grace: float | None = None) -> bool:
         """Ask the zygote to kill one agent's subtree, or to drop the launch if it still holds it (it then
-        answers ``launch_failed``); False when the zygote is gone."""
-        return self._send({"op": protocol.Op.KILL.value, "launch_id": launch_id}, None)
+        answers ``launch_failed``); False when the zygote is gone.
+
+        :param grace: seconds between the agent's SIGTERM (forwarded to the task, so ``on_kill`` runs) and the
+            subtree's SIGKILL; 0 kills at once; ``None``: the zygote's default, ``[core]
+            killed_task_cleanup_time``. The zygote escalates on its own loop: this never blocks.
+        """
+        message: dict[str, object] = {"op": protocol.Op.KILL.value, "launch_id": launch_id}
+        if grace is not None:
+            message["grace"] = grace
+        return self._send(message, None)
 
     def set_limit(self, max_agents: int | None) -> bool:
         """Tell the zygote how many busy agents (forked, not yet reported or exited) it may have at once;
