@@ -87,6 +87,25 @@ def sdk_tls_options() -> dict[str, Any]:
     return options
 
 
+def api_reachable(*, server: str, timeout: float) -> bool:
+    """Whether the Execution API answers now: ``GET {server}/health`` returns 2xx within ``timeout`` seconds.
+
+    Issue 8 hole 4: an agent that dies before ``/run`` while the api-server is down says nothing about the
+    workload, so its re-dispatch waits until this is True instead of spending ``[leoflow] redispatch_limit``
+    inside the outage. The route is Airflow's own (``execution_api/routes/health.py``), over the Task SDK's
+    TLS settings (:func:`sdk_tls_options`). Never raises: any transport error, unusable TLS settings or a
+    non-2xx answer is False.
+
+    :param server: the Execution API base URL (``.../execution/``).
+    :param timeout: seconds, httpx's per-phase timeout.
+    """
+    try:
+        response = httpx.get(server.rstrip("/") + "/health", timeout=timeout, **sdk_tls_options())
+    except (httpx.HTTPError, OSError, ValueError):
+        return False
+    return response.is_success
+
+
 def replay_state(record: OutcomeRecord, *, jwt_generator: Any, server: str, timeout: float) -> SettleResult:
     """PATCH the recorded ``/state`` body for ``record.ti_id``.
 

@@ -14,6 +14,10 @@ from leoflow_agent.outcome import OutcomeRecord
 from leoflow_airflow.dispatch.guard import TIRow
 
 
+
+API_PROBE_SECONDS = 5.0
+"""Seconds a health probe of the Execution API is reused before the next one."""
+
 class AirflowPort(Protocol):
     """The Airflow calls the lifecycle makes (DESIGN §2 "Settle mechanics", §3)."""
 
@@ -38,6 +42,9 @@ class AirflowPort(Protocol):
     def retry_callback(self, *, dag_id: str, run_id: str, task_id: str, map_index: int, msg: str) -> Any | None:
         """The retry callback request for a replayed ``up_for_retry``, or None."""
 
+    def api_reachable(self) -> bool:
+        """Whether the Execution API answers now (a re-dispatch waits while it does not)."""
+
     def hold_off_purge(self, ti_id: str) -> bool:
         """Refresh a RUNNING TI's ``last_heartbeat_at`` (guarded) while its recorded report cannot be replayed
         yet, so Airflow's heartbeat purge does not fail it meanwhile; True if a row changed."""
@@ -61,6 +68,7 @@ class AirflowIO:
     def __init__(self, *, jwt_generator: Any, server: Any, settle_timeout: float, infra_retry_budget: int) -> None:
         self._jwt, self._server = jwt_generator, server
         self._timeout, self._budget = settle_timeout, infra_retry_budget
+        self._probed: tuple[float, bool] | None = None  # (monotonic seconds, answer) of the last health probe
 
     def ti_row_by_id(self, ti_id: str) -> TIRow | None:
         """See :class:`AirflowPort`."""
@@ -103,6 +111,18 @@ class AirflowIO:
         from leoflow_airflow.callbacks import retry_callback_request
 
         return retry_callback_request(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index, msg=msg)
+
+    def api_reachable(self) -> bool:
+        """See :class:`AirflowPort`: :func:`leoflow_airflow.settle.api_reachable`, at most one probe per
+        ``API_PROBE_SECONDS`` (its answer is reused in between, so a scheduler loop never waits on it twice)."""
+        import time
+
+        from leoflow_airflow.settle import api_reachable
+
+        now = time.monotonic()
+        if self._probed is None or now - self._probed[0] >= API_PROBE_SECONDS:
+            self._probed = (now, api_reachable(server=self._server(), timeout=min(self._timeout, 2.0)))
+        return self._probed[1]
 
     def hold_off_purge(self, ti_id: str) -> bool:
         """See :class:`AirflowPort`: :func:`leoflow_airflow.airflow_db.hold_off_purge`."""

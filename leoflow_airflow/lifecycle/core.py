@@ -94,6 +94,7 @@ class Lifecycle:
         from datetime import datetime, timezone
 
         self.ledger, self.runtime, self.airflow, self.settings = ledger, runtime, airflow, settings
+        self._waiting_for_api: set[AttemptRef] = set()  # re-dispatches waiting for the Execution API (hole 4)
         self.job_id = job_id
         self.monotonic = monotonic
         self.utcnow = utcnow or (lambda: datetime.now(timezone.utc))
@@ -436,6 +437,14 @@ class Lifecycle:
         redispatch_limit`` counts the re-dispatches in a row of this dispatch cycle (an epoch that ran and handed
         off starts a new cycle); the n-th one in a row waits ``redispatch_backoff(n)`` seconds."""
         ref = attempt.ref
+        if not self.airflow.api_reachable():
+            # an agent that died before /run while the Execution API is down says nothing about the workload:
+            # leave the epoch EXITED (settled again next pass) and spend nothing of redispatch_limit (hole 4)
+            if ref not in self._waiting_for_api:
+                log.warning("attempt %s: %s; the Execution API does not answer, so its re-dispatch waits", ref, why)
+                self._waiting_for_api.add(ref)
+            return
+        self._waiting_for_api.discard(ref)
         done = self._redispatches_in_a_row(ref)
         if done >= self.settings.redispatch_limit:
             if self._close(attempt, Resolution.EXECUTOR_FAILED, f"{why}; re-dispatched {done} times already"):
@@ -479,6 +488,7 @@ class Lifecycle:
             self._free(lid, launch)
             self.table.pop(lid)
         self.runtime.forget(attempt.ref)
+        self._waiting_for_api.discard(attempt.ref)
         return changed
 
     # --- reap -------------------------------------------------------------------------------------------

@@ -137,6 +137,7 @@ class FakeAirflow:
     replays: list[OutcomeRecord] = field(default_factory=list)
     replay_result: Callable[[OutcomeRecord], SettleResult] = lambda r: SettleResult(True, True, "204: applied")
     on_replay: Callable[[], None] = lambda: None
+    api_up: bool = True  # what ``api_reachable`` answers
     redrives: list[str] = field(default_factory=list)
     redrive_result: RedriveResult = RedriveResult.REDRIVEN
     lost_success: list[str] = field(default_factory=list)
@@ -179,6 +180,9 @@ class FakeAirflow:
     def retry_callback(self, *, msg: str, **_: Any) -> Any:
         self.retry_requests.append(msg)
         return {"retry_callback": msg}
+
+    def api_reachable(self) -> bool:
+        return self.api_up
 
     def hold_off_purge(self, ti_id: str) -> bool:
         self.held_off.append(ti_id)

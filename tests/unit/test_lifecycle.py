@@ -217,6 +217,24 @@ def test_redispatch_limit_fails_through_airflow(tmp_path):
     assert [a.key for a in actions if isinstance(a, Fail)] == [w.key]
 
 
+def test_redispatch_waits_while_the_execution_api_does_not_answer(tmp_path):
+    """Hole 4: agents that die before /run during an api-server outage spend no re-dispatch; the epoch waits
+    EXITED (nothing re-offered, nothing failed) and is re-dispatched once the Execution API answers."""
+    world = World(tmp_path, redispatch_limit="0")
+    w, ref = world.dispatched()
+    world.airflow.api_up = False
+    actions = world.exit(ref, code=1)
+    assert [a for a in actions if isinstance(a, (Reoffer, Fail))] == []
+    for _ in range(3):
+        world.clock.tick(30)
+        assert [a for a in world.life.cycle() if isinstance(a, (Reoffer, Fail))] == []
+    assert world.row(ref).state == S.EXITED
+    world.airflow.api_up = True
+    world.clock.tick(30)
+    actions = world.life.cycle()
+    assert [a.key for a in actions if isinstance(a, Fail)] == [w.key], "redispatch_limit 0 applies once it answers"
+
+
 def test_cleared_running_task_gets_success_once(world):
     w, ref = world.dispatched()
     new_id = str(uuid.uuid4())
