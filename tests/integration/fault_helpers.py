@@ -70,18 +70,17 @@ class FaultStack(AirflowStack):
         if faults:
             self.add_faults({f"{dag_id}/{run_id}/{key}": point for key, point in faults.items()})
         body = {"dag_run_id": run_id, "logical_date": datetime.now(timezone.utc).isoformat(), "conf": {}}
-        for attempt in range(attempts):
+        for attempt in range(1, attempts + 1):
             try:
                 self._call("POST", f"/dags/{dag_id}/dagRuns", json=body)
                 return run_id
             except StackError as exc:
-                created = attempt > 0 and " answered 409" in str(exc)
-                if created:
-                    return run_id
-                if attempt == attempts - 1 or " answered 4" in str(exc):
+                if attempt > 1 and " answered 409" in str(exc):
+                    return run_id  # the earlier call created it
+                if attempt == attempts or " answered 4" in str(exc):
                     raise
-            time.sleep(2 * (attempt + 1))
-        raise AssertionError("unreachable")
+            time.sleep(2 * attempt)
+        return run_id  # not reached: the last attempt returns or raises
 
     def release(self, run_id: str, kind: str = "release") -> None:
         """Write ``traces/<kind>.<run_id>`` (bodies waiting on it go on)."""
@@ -165,10 +164,6 @@ class FaultStack(AirflowStack):
     def continue_component(self, name: str) -> None:
         """SIGCONT the leader of component ``name`` (after :meth:`stop_component`)."""
         os.kill(self.pid_of(name), signal.SIGCONT)
-
-    def scheduler_jobs(self) -> list[tuple[int, str]]:
-        """``(id, state)`` of every SchedulerJob row, oldest first."""
-        return self.db("select id, state from job where job_type = 'SchedulerJob' order by id")
 
     def start_component(self, name: str) -> None:
         """Start component ``name`` again (same arguments, log appended); returns at once."""
