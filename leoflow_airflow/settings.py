@@ -116,6 +116,9 @@ OPTIONS: tuple[Option, ...] = (
            "point (docs/DESIGN.md §3). Never enable in production."),
     Option("test_fault_plan", "string", "", "TEST ONLY (with test_fault_injection): a JSON file mapping "
            "`dag_id/run_id/task_id/try_number/attempt_epoch` to a fault point, read at each dispatch."),
+    Option("test_host", "string", "", "TEST ONLY (with test_fault_injection): the host string stamped on "
+           "this scheduler's attempts instead of `<hostname>/<boot id>`, to simulate a second host on one "
+           "machine."),
 )
 
 
@@ -171,6 +174,8 @@ class LeoflowSettings:
     """Honour per-attempt fault points."""
     test_fault_plan: str
     """JSON file of fault points keyed ``dag_id/run_id/task_id/try_number/attempt_epoch``."""
+    test_host: str
+    """The host stamp to use instead of the real one (only with ``test_fault_injection``)."""
 
 
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from leoflow_agent.outcome import OutcomeRecord
 from leoflow_agent.protocol import callback_launch_id
-from leoflow_airflow import reconcile
+from leoflow_airflow import hosts, reconcile
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.dispatch.guard import guard
 from leoflow_airflow.ledger.states import (
@@ -147,7 +147,7 @@ class Lifecycle:
             ti_id=ti_id, try_number=ti.try_number, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id,
             map_index=ti.map_index, runtime=self.runtime.kind,
             workload_json=workload.model_dump_json(exclude={"token"}), scheduler_job_id=self.job_id,
-            record_path_for=lambda epoch: self.runtime.record_path(ti_id, epoch),
+            record_path_for=lambda epoch: self.runtime.record_path(ti_id, epoch), host=self.runtime.host,
         )
         ref = attempt.ref
         fault = self.fault_for(workload, ref.attempt_epoch) if self.fault_for is not None else None
@@ -167,7 +167,7 @@ class Lifecycle:
             launch = self.table.get(launch_id(ref))
             if launch is not None and not launch.adopted:
                 return DispatchResult(Disposition.DEFERRED, f"epoch {ref.attempt_epoch} is on its way to the runtime")
-            if self.runtime.locate(previous) is not None:
+            if self.runtime.observe([previous]).get(ref) != Presence.GONE:  # found running, or another host's
                 return DispatchResult(Disposition.DEFERRED, f"epoch {ref.attempt_epoch}'s agent runs unrecorded")
             if not self._close(previous, Resolution.ABANDONED, "never launched", expected=[_S.CLAIMED]):
                 return DispatchResult(Disposition.DEFERRED, f"epoch {ref.attempt_epoch} moved on; retrying")
@@ -274,7 +274,9 @@ class Lifecycle:
         """Turn presence into attempt states and settle dead attempts within the pass's budget."""
         attempts = self.ledger.open_attempts(runtime=self.runtime.kind)
         live = [a for a in attempts if a.state in LIVE_STATES]
-        presence = self.runtime.observe(live) if live else {}
+        presence = dict(self.runtime.observe(live)) if live else {}
+        for ref in self._silent_foreign(live, presence):
+            presence[ref] = Presence.GONE  # settled from DB-only evidence below
         budget = _Budget(self.settings.settle_budget, self.monotonic() + self.settings.settle_timeout, self.monotonic)
         for attempt in attempts:
             if attempt.state == _S.CLAIMED:
@@ -285,6 +287,22 @@ class Lifecycle:
                     attempt = self.ledger.get(attempt.ref) or attempt
             if attempt.state in SETTLE_STATES and attempt.ref not in self._settling and budget.take():
                 self._settle(attempt, budget)
+
+    def _silent_foreign(self, live: Sequence[Attempt], presence: dict[AttemptRef, Presence]) -> list[AttemptRef]:
+        """Another host's live attempts that may be settled here (``hosts.decide_foreign``: TI heartbeat silent
+        past ``agent_lost_threshold`` and owner scheduler job not alive); only once the settling gate is open."""
+        foreign = [a for a in live if presence.get(a.ref) == Presence.UNKNOWN
+                   and hosts.is_foreign(a.host, self.runtime.host)]
+        if not foreign or not self.gate.is_open(self.monotonic()):
+            return []
+        tis = self.airflow.ti_liveness([a.ref.ti_id for a in foreign])
+        alive = self.airflow.jobs_alive({a.scheduler_job_id for a in foreign if a.scheduler_job_id is not None})
+        views = [hosts.ForeignView(a.ref, *tis.get(a.ref.ti_id, (None, None)), owner_alive=a.scheduler_job_id in alive)
+                 for a in foreign]
+        decisions = hosts.decide_foreign(views, self.utcnow(), self.settings.agent_lost_threshold)
+        for decision in decisions:
+            log.warning("attempt %s: %s; settling it from the database", decision.ref, decision.why)
+        return [decision.ref for decision in decisions]
 
     def _claimed(self, attempt: Attempt) -> None:
         """A CLAIMED row: ours and in flight is left alone; anything else is looked up, never presumed dead."""
@@ -558,9 +576,11 @@ class Lifecycle:
         self._out.append(Release(key))
 
     def terminate(self) -> None:
-        """Kill every live attempt of this runtime's whole subtree."""
+        """Kill every live attempt of this scheduler: its own (``scheduler_job_id``), those it adopted, and
+        unowned rows; never a peer scheduler's (issue 8 hole 14)."""
         for attempt in self.ledger.open_attempts(runtime=self.runtime.kind):
-            if attempt.state in LIVE_STATES:
+            mine = attempt.scheduler_job_id in (None, self.job_id) or launch_id(attempt.ref) in self.table.launches
+            if attempt.state in LIVE_STATES and mine:
                 self.runtime.kill(attempt)
 
     def drain(self, timeout: float, sleep: Callable[[float], None] = time.sleep) -> list[SchedulerAction]:
