@@ -246,6 +246,10 @@ class Lifecycle:
         launch.launched_at = self.monotonic()
         if launch.ref is not None:
             if not self.ledger.transition(launch.ref, expected=[_S.CLAIMED], to=_S.DISPATCHED, **event.facts):
+                row = self.ledger.get(launch.ref)
+                if row is not None and row.state in LIVE_STATES and event.facts and \
+                        (row.pid, row.proc_start_time) == (event.facts.get("pid"), event.facts.get("proc_start_time")):
+                    return  # this very agent was recorded already (found by its title marker): it runs on
                 # revoked (or closed) while the launch was in flight: it must not run
                 log.info("attempt %s was closed before its agent started; killing it", launch.ref)
                 self.runtime.kill_launch(event.launch_id)
@@ -312,7 +316,11 @@ class Lifecycle:
             return  # ours, on its way: Started or LaunchFailed follows
         if launch is None:
             # not ours and not offered to adoption: another scheduler's claim in flight, or a leak; act only once
-            # Airflow no longer wants exactly this attempt queued
+            # its owner scheduler is not alive (its ``Started`` may be on its way: issue 8 hole 14) and Airflow no
+            # longer wants exactly this attempt queued
+            owner = attempt.scheduler_job_id
+            if owner is not None and owner != self.job_id and owner in self.airflow.jobs_alive({owner}):
+                return
             row = self.airflow.ti_row_by_id(attempt.ref.ti_id)
             if row is not None and row.state == "queued" and row.try_number == attempt.ref.try_number:
                 return

@@ -20,7 +20,7 @@ from leoflow_airflow import settings as leoflow_settings
 from leoflow_airflow.ledger.models import metadata
 from leoflow_airflow.ledger.states import AttemptRef, AttemptState, Resolution
 from leoflow_airflow.ledger.store import LedgerStore
-from leoflow_airflow.lifecycle.runtime import Presence
+from leoflow_airflow.lifecycle.runtime import Presence, Started, launch_id
 from leoflow_airflow.runtime.lite import LiteRuntime, ZygoteClient
 from leoflow_airflow.runtime.lite.zygote_client import zygote_dir_for
 from test_lifecycle import World
@@ -196,3 +196,37 @@ def test_each_scheduler_starts_its_own_zygote_and_stops_only_a_dead_owners(tmp_p
         for p in (peer_owner, peer_zygote):
             p.kill()
             p.wait()
+
+
+# --- a peer scheduler's claim in flight on this host ------------------------------------------------
+def test_a_live_peers_claim_in_flight_is_left_to_it_even_once_its_agent_runs(tmp_path):
+    """Seen in the two-scheduler test: the peer's zygote forked the agent, the TI went RUNNING, but the peer
+    had not recorded its ``Started`` yet. This scheduler must not record (and adopt) the agent it finds by
+    title: the peer's ``Started`` then found the row moved on and killed its own agent (an infra re-drive)."""
+    world = World(tmp_path)
+    world.life.job_id = 1
+    w = world.queued()
+    peer = world.claim_only(w)
+    with world.engine.begin() as conn:  # claimed by the peer scheduler's job 2, which heartbeats
+        conn.execute(sa.text("update leoflow_attempt set scheduler_job_id = 2"))
+    world.airflow.alive_jobs.add(2)
+    world.airflow.set_state(str(w.ti.id), "running")
+    world.runtime.located[peer.ref] = {"pid": 4242, "proc_start_time": 77}
+    world.life.cycle()
+    assert world.row(peer.ref).state == AttemptState.CLAIMED
+    assert world.runtime.adopted == [] and world.runtime.killed == []
+
+
+def test_a_started_agent_recorded_already_is_kept(tmp_path):
+    """The other half of that race: the owner's ``Started`` for an agent someone recorded (same pid and start
+    time) keeps it running instead of killing it."""
+    world = World(tmp_path)
+    w = world.queued()
+    assert world.life.dispatch_task(w).disposition.value == "dispatched"
+    ref = world.runtime.launched[-1].ref
+    facts = {"pid": 4242, "proc_start_time": 77}
+    assert world.ledger.transition(ref, expected=[AttemptState.CLAIMED], to=AttemptState.DISPATCHED, **facts)
+    world.runtime.events.append(Started(launch_id(ref), facts))
+    world.life.cycle()
+    assert world.runtime.killed_launches == []
+    assert world.row(ref).state == AttemptState.DISPATCHED
