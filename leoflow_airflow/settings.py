@@ -60,8 +60,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("runtime", "string", "lite", "Where attempts run: `lite` (local agent processes forked by a "
            "pre-imported zygote) or `kubernetes` (a pod per attempt; not in this release).",
            lambda v: None if v in ("lite", "kubernetes") else "must be `lite` or `kubernetes`"),
-    Option("runtime_dir", "string", "", "Directory for the Lite zygote socket, pidfile and per-attempt "
-           "record files. Empty: `$AIRFLOW_HOME/leoflow`."),
+    Option("runtime_dir", "string", "", "Directory for the Lite per-attempt record files (`attempts/`) and, "
+           "one directory per scheduler process (`zygotes/<scheduler pid>/`), the zygote socket, pidfile and "
+           "log, so several schedulers on one host each run their own zygote. Empty: `$AIRFLOW_HOME/leoflow`."),
     Option("agent_lost_threshold", "float", "120", "Seconds after which an attempt whose heartbeat went "
            "silent is treated as lost by leoflow. Must sit inside the recovery window (docs/DESIGN.md §2; `airflow leoflow check` shows it).", _positive),
     Option("maintenance_interval", "float", "5", "Upper bound, in seconds, between two reconcile passes "

@@ -10,7 +10,8 @@ host string (``[leoflow] test_host``, honoured only with ``test_fault_injection`
 attempts as another host's (UNKNOWN; never judged by local pids, killed, settled or re-driven while the owner
 heartbeats).
 
-Asserted: both zygotes the schedulers started are alive at the end (never killed or restarted), the run
+Asserted: both zygotes the schedulers started are alive at the end (never killed or restarted; neither log
+says it removed a "stale" zygote or restarted its own), the run
 succeeds, every task's body started once, ended, on try 1, the attempts were claimed by both scheduler jobs
 with the expected host stamps, none was closed as an infra loss, re-dispatch, launch failure or abandonment,
 and no "leoflow infra re-drive" Log row exists.
@@ -29,7 +30,7 @@ from devtools import procs
 from devtools.stack import AirflowStack
 from fault_helpers import EXECUTOR, FAULT_DAGS, executions
 from leoflow_airflow.hosts import this_host
-from lite_procs import spawn_in_stack, wait_for, zygotes
+from lite_procs import log_text, spawn_in_stack, wait_for, zygotes
 
 PG_URL = os.environ.get("LEOFLOW_TEST_PG_URL")
 
@@ -98,6 +99,9 @@ def test_two_schedulers_share_one_ledger_without_killing_or_redriving_each_other
             final = stack.wait_for_run(DAG, run, timeout=420)
 
             assert sorted(z.pid for z in zygotes(stack)) == started, "a scheduler's zygote was killed or restarted"
+            for name in ("scheduler", "scheduler-2"):
+                text = log_text(stack, name)
+                assert "removing a stale leoflow zygote" not in text and "zygote was restarted" not in text, name
             assert final == "success", stack.task_states(DAG, run)
             for task in TASKS:
                 execs = executions(stack, DAG, task, run)
