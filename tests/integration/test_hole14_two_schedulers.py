@@ -106,15 +106,22 @@ def test_two_schedulers_share_one_ledger_without_killing_or_redriving_each_other
             for task in TASKS:
                 execs = executions(stack, DAG, task, run)
                 assert len(execs) == 1 and execs[0].ended and execs[0].try_number == 1, (task, execs)
+
+            def attempts() -> list:
+                with engine.connect() as conn:
+                    return conn.execute(sa.text(
+                        "select task_id, scheduler_job_id, host, state, resolution from leoflow_attempt "
+                        "where dag_id = :d and run_id = :r order by task_id"), {"d": DAG, "r": run}).all()
+
+            # a run succeeds at the last terminal report; each attempt closes once its agent has exited
+            rows = wait_for(lambda: (found := attempts()) and all(r.state == "closed" for r in found) and found, 120,
+                            "every attempt closed")
             with engine.connect() as conn:
-                rows = conn.execute(sa.text(
-                    "select task_id, scheduler_job_id, host, state, resolution from leoflow_attempt "
-                    "where dag_id = :d and run_id = :r"), {"d": DAG, "r": run}).all()
                 redrives = conn.execute(sa.text(
                     "select count(*) from log where dag_id = :d and run_id = :r and event = 'leoflow infra re-drive'"),
                     {"d": DAG, "r": run}).scalar_one()
             assert sorted(r.task_id for r in rows) == TASKS, rows  # one attempt per task
-            assert {r.state for r in rows} == {"closed"} and not {r.resolution for r in rows} & BAD_ENDINGS, rows
+            assert not {r.resolution for r in rows} & BAD_ENDINGS, rows
             assert len({r.scheduler_job_id for r in rows}) == 2, f"one scheduler ran every attempt: {rows}"
             expected_hosts = {this_host()} if second_host is None else {this_host(), second_host}
             assert {r.host for r in rows} == expected_hosts, rows
