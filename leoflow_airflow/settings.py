@@ -60,8 +60,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("runtime", "string", "lite", "Where attempts run: `lite` (local agent processes forked by a "
            "pre-imported zygote) or `kubernetes` (a pod per attempt; not in this release).",
            lambda v: None if v in ("lite", "kubernetes") else "must be `lite` or `kubernetes`"),
-    Option("runtime_dir", "string", "", "Directory for the Lite zygote socket, pidfile and per-attempt "
-           "record files. Empty: `$AIRFLOW_HOME/leoflow`."),
+    Option("runtime_dir", "string", "", "Directory for the Lite per-attempt record files (`attempts/`) and, "
+           "one directory per scheduler process (`zygotes/<scheduler pid>/`), the zygote socket, pidfile and "
+           "log, so several schedulers on one host each run their own zygote. Empty: `$AIRFLOW_HOME/leoflow`."),
     Option("agent_lost_threshold", "float", "120", "Seconds after which an attempt whose heartbeat went "
            "silent is treated as lost by leoflow. Must sit inside the recovery window (docs/DESIGN.md §2; `airflow leoflow check` shows it).", _positive),
     Option("maintenance_interval", "float", "5", "Upper bound, in seconds, between two reconcile passes "
@@ -116,6 +117,9 @@ OPTIONS: tuple[Option, ...] = (
            "point (docs/DESIGN.md §3). Never enable in production."),
     Option("test_fault_plan", "string", "", "TEST ONLY (with test_fault_injection): a JSON file mapping "
            "`dag_id/run_id/task_id/try_number/attempt_epoch` to a fault point, read at each dispatch."),
+    Option("test_host", "string", "", "TEST ONLY (with test_fault_injection): the host string stamped on "
+           "this scheduler's attempts instead of `<hostname>/<boot id>`, to simulate a second host on one "
+           "machine."),
 )
 
 
@@ -171,6 +175,8 @@ class LeoflowSettings:
     """Honour per-attempt fault points."""
     test_fault_plan: str
     """JSON file of fault points keyed ``dag_id/run_id/task_id/try_number/attempt_epoch``."""
+    test_host: str
+    """The host stamp to use instead of the real one (only with ``test_fault_injection``)."""
 
 
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}

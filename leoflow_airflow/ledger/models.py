@@ -26,10 +26,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["ID_LEN", "UtcDateTime", "attempt_table", "infra_budget_table", "metadata"]
+__all__ = ["HOST_LEN", "ID_LEN", "UtcDateTime", "attempt_table", "infra_budget_table", "metadata"]
 
 ID_LEN = 250
 """Length of dag_id / task_id / run_id columns: Airflow's own limit for these ids."""
+
+HOST_LEN = 300
+"""Length of ``leoflow_attempt.host``: a hostname (at most 253) + ``/`` + a boot id (36)."""
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -103,6 +106,7 @@ attempt_table = Table(
     Column("runtime", String(20), nullable=False),
     Column("workload_json", Text, nullable=False),
     Column("scheduler_job_id", Integer, nullable=True),
+    Column("host", String(HOST_LEN), nullable=True),
     Column("pid", Integer, nullable=True),
     Column("proc_start_time", BigInteger, nullable=True),
     Column("record_path", Text, nullable=True),
@@ -126,6 +130,8 @@ attempt_table = Table(
 """One row per attempt (ti_id, attempt_epoch); ``try_number`` is carried for the guard.
 
 The unique key (ti_id, attempt_epoch) is what makes epoch claims atomic (``LedgerStore.claim_epoch``).
+``host`` (revision 0003) is ``<hostname>/<boot id>`` of the claiming scheduler (``leoflow_airflow.hosts``);
+NULL in rows written before it, which count as this host's.
 """
 
 infra_budget_table = Table(

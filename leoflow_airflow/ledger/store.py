@@ -72,7 +72,9 @@ class LedgerConflict(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """One ledger row, read-only. Timestamps are timezone-aware UTC; ``proc_start_time`` is the agent's kernel
-    start time (``/proc/<pid>/stat`` starttime, clock ticks since boot: pid + start time is its identity); ``workload_json`` never holds a token."""
+    start time (``/proc/<pid>/stat`` starttime, clock ticks since boot: pid + start time is its identity); ``workload_json`` never holds a token.
+    ``host`` is ``<hostname>/<boot id>`` of the claiming scheduler (``leoflow_airflow.hosts``), None in rows
+    written before ledger revision 0003 (treated as this host's)."""
 
     ref: AttemptRef
     dag_id: str
@@ -83,6 +85,7 @@ class Attempt:
     runtime: str
     workload_json: str
     scheduler_job_id: int | None
+    host: str | None
     pid: int | None
     proc_start_time: int | None
     record_path: str | None
@@ -112,6 +115,7 @@ class Attempt:
             runtime=row["runtime"],
             workload_json=row["workload_json"],
             scheduler_job_id=row["scheduler_job_id"],
+            host=row["host"],
             pid=row["pid"],
             proc_start_time=row["proc_start_time"],
             record_path=row["record_path"],
@@ -243,11 +247,13 @@ class LedgerStore:
         workload_json: str,
         scheduler_job_id: int | None,
         record_path_for: Callable[[int], str] | None = None,
+        host: str | None = None,
     ) -> Attempt:
         """Claim the next epoch of ``ti_id`` (its highest epoch + 1, or 1) and insert it as CLAIMED.
 
         ``record_path_for(epoch)``, when given, names the attempt's record file, stored in the same insert
-        (the path depends on the epoch, which is only known inside the claim).
+        (the path depends on the epoch, which is only known inside the claim). ``host``: where the attempt
+        will run (``leoflow_airflow.hosts.this_host()``; None leaves it unstamped).
 
         Atomic through the unique key (ti_id, attempt_epoch): a concurrent claimer that took the same
         epoch makes the insert fail; this method then re-reads and retries, up to ``CLAIM_ATTEMPTS``
@@ -277,6 +283,7 @@ class LedgerStore:
                             runtime=runtime,
                             workload_json=workload_json,
                             scheduler_job_id=scheduler_job_id,
+                            host=host,
                             record_path=record_path_for(epoch) if record_path_for is not None else None,
                             created_at=now,
                             updated_at=now,

@@ -30,6 +30,10 @@ class AirflowPort(Protocol):
     def ti_liveness(self, ti_ids: list[str]) -> dict[str, tuple[str | None, Any]]:
         """``{ti_id: (state, last_heartbeat_at)}`` for the live rows among ``ti_ids`` (one query)."""
 
+    def jobs_alive(self, job_ids: set[int]) -> set[int]:
+        """The ids among ``job_ids`` whose Airflow ``Job`` row is alive (``Job.is_alive``: state running and a
+        heartbeat within the job type's health-check threshold); a missing row is not alive (one query)."""
+
     def replay(self, record: OutcomeRecord) -> Any:
         """PATCH the recorded terminal body; a ``settle.SettleResult`` (``settled``, ``applied``, ``detail``)."""
 
@@ -87,6 +91,18 @@ class AirflowIO:
         from leoflow_airflow.airflow_db import load_ti_liveness
 
         return load_ti_liveness(ti_ids)
+
+    def jobs_alive(self, job_ids: set[int]) -> set[int]:
+        """See :class:`AirflowPort`."""
+        from sqlalchemy import select
+
+        from airflow.jobs.job import Job
+        from airflow.utils.session import create_session
+
+        if not job_ids:
+            return set()
+        with create_session(scoped=False) as session:
+            return {job.id for job in session.scalars(select(Job).where(Job.id.in_(sorted(job_ids)))) if job.is_alive()}
 
     def replay(self, record: OutcomeRecord) -> Any:
         """See :class:`AirflowPort`."""

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from leoflow_agent.outcome import OutcomeRecord
 from leoflow_agent.protocol import callback_launch_id
-from leoflow_airflow import airflow_db, reconcile
+from leoflow_airflow import airflow_db, hosts, reconcile
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.dispatch.guard import guard
 from leoflow_airflow.ledger.states import (
@@ -148,7 +148,7 @@ class Lifecycle:
             ti_id=ti_id, try_number=ti.try_number, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id,
             map_index=ti.map_index, runtime=self.runtime.kind,
             workload_json=workload.model_dump_json(exclude={"token"}), scheduler_job_id=self.job_id,
-            record_path_for=lambda epoch: self.runtime.record_path(ti_id, epoch),
+            record_path_for=lambda epoch: self.runtime.record_path(ti_id, epoch), host=self.runtime.host,
         )
         ref = attempt.ref
         fault = self.fault_for(workload, ref.attempt_epoch) if self.fault_for is not None else None
@@ -168,7 +168,7 @@ class Lifecycle:
             launch = self.table.get(launch_id(ref))
             if launch is not None and not launch.adopted:
                 return DispatchResult(Disposition.DEFERRED, f"epoch {ref.attempt_epoch} is on its way to the runtime")
-            if self.runtime.locate(previous) is not None:
+            if self.runtime.observe([previous]).get(ref) != Presence.GONE:  # found running, or another host's
                 return DispatchResult(Disposition.DEFERRED, f"epoch {ref.attempt_epoch}'s agent runs unrecorded")
             if not self._close(previous, Resolution.ABANDONED, "never launched", expected=[_S.CLAIMED]):
                 return DispatchResult(Disposition.DEFERRED, f"epoch {ref.attempt_epoch} moved on; retrying")
@@ -247,6 +247,10 @@ class Lifecycle:
         launch.launched_at = self.monotonic()
         if launch.ref is not None:
             if not self.ledger.transition(launch.ref, expected=[_S.CLAIMED], to=_S.DISPATCHED, **event.facts):
+                row = self.ledger.get(launch.ref)
+                if row is not None and row.state in LIVE_STATES and event.facts and \
+                        (row.pid, row.proc_start_time) == (event.facts.get("pid"), event.facts.get("proc_start_time")):
+                    return  # this very agent was recorded already (found by its title marker): it runs on
                 # revoked (or closed) while the launch was in flight: it must not run
                 log.info("attempt %s was closed before its agent started; killing it", launch.ref)
                 self.runtime.kill_launch(event.launch_id)
@@ -275,7 +279,9 @@ class Lifecycle:
         """Turn presence into attempt states and settle dead attempts within the pass's budget."""
         attempts = self.ledger.open_attempts(runtime=self.runtime.kind)
         live = [a for a in attempts if a.state in LIVE_STATES]
-        presence = self.runtime.observe(live) if live else {}
+        presence = dict(self.runtime.observe(live)) if live else {}
+        for ref in self._silent_foreign(live, presence):
+            presence[ref] = Presence.GONE  # settled from DB-only evidence below
         budget = _Budget(self.settings.settle_budget, self.monotonic() + self.settings.settle_timeout, self.monotonic)
         for attempt in attempts:
             if attempt.state == _S.CLAIMED:
@@ -287,6 +293,22 @@ class Lifecycle:
             if attempt.state in SETTLE_STATES and attempt.ref not in self._settling and budget.take():
                 self._settle(attempt, budget)
 
+    def _silent_foreign(self, live: Sequence[Attempt], presence: dict[AttemptRef, Presence]) -> list[AttemptRef]:
+        """Another host's live attempts that may be settled here (``hosts.decide_foreign``: TI heartbeat silent
+        past ``agent_lost_threshold`` and owner scheduler job not alive); only once the settling gate is open."""
+        foreign = [a for a in live if presence.get(a.ref) == Presence.UNKNOWN
+                   and hosts.is_foreign(a.host, self.runtime.host)]
+        if not foreign or not self.gate.is_open(self.monotonic()):
+            return []
+        tis = self.airflow.ti_liveness([a.ref.ti_id for a in foreign])
+        alive = self.airflow.jobs_alive({a.scheduler_job_id for a in foreign if a.scheduler_job_id is not None})
+        views = [hosts.ForeignView(a.ref, *tis.get(a.ref.ti_id, (None, None)), owner_alive=a.scheduler_job_id in alive)
+                 for a in foreign]
+        decisions = hosts.decide_foreign(views, self.utcnow(), self.settings.agent_lost_threshold)
+        for decision in decisions:
+            log.warning("attempt %s: %s; settling it from the database", decision.ref, decision.why)
+        return [decision.ref for decision in decisions]
+
     def _claimed(self, attempt: Attempt) -> None:
         """A CLAIMED row: ours and in flight is left alone; anything else is looked up, never presumed dead."""
         lid = launch_id(attempt.ref)
@@ -295,7 +317,11 @@ class Lifecycle:
             return  # ours, on its way: Started or LaunchFailed follows
         if launch is None:
             # not ours and not offered to adoption: another scheduler's claim in flight, or a leak; act only once
-            # Airflow no longer wants exactly this attempt queued
+            # its owner scheduler is not alive (its ``Started`` may be on its way: issue 8 hole 14) and Airflow no
+            # longer wants exactly this attempt queued
+            owner = attempt.scheduler_job_id
+            if owner is not None and owner != self.job_id and owner in self.airflow.jobs_alive({owner}):
+                return
             row = self.airflow.ti_row_by_id(attempt.ref.ti_id)
             if row is not None and row.state == "queued" and row.try_number == attempt.ref.try_number:
                 return
@@ -577,9 +603,11 @@ class Lifecycle:
         self._out.append(Release(key))
 
     def terminate(self) -> None:
-        """Kill every live attempt of this runtime's whole subtree."""
+        """Kill every live attempt of this scheduler: its own (``scheduler_job_id``), those it adopted, and
+        unowned rows; never a peer scheduler's (issue 8 hole 14)."""
         for attempt in self.ledger.open_attempts(runtime=self.runtime.kind):
-            if attempt.state in LIVE_STATES:
+            mine = attempt.scheduler_job_id in (None, self.job_id) or launch_id(attempt.ref) in self.table.launches
+            if attempt.state in LIVE_STATES and mine:
                 self.runtime.kill(attempt)
 
     def drain(self, timeout: float, sleep: Callable[[float], None] = time.sleep) -> list[SchedulerAction]:

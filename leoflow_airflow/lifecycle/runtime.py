@@ -155,6 +155,10 @@ class Runtime(Protocol):
     kind: str
     """The ledger's ``runtime`` column value (``"lite"``)."""
 
+    host: str | None
+    """The host stamp written on every attempt claimed for this runtime (``leoflow_airflow.hosts.this_host``;
+    ``None``: unstamped). ``observe`` answers UNKNOWN for an attempt stamped with another host."""
+
     def start(self) -> None:
         """Begin bringing the runtime up; returns at once. Until it is up, :meth:`admit` answers DEFERRED."""
 

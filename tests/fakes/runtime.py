@@ -27,6 +27,7 @@ class FakeRuntime:
     """A scripted runtime. Presence defaults to LIVE for an attempt with a handle, GONE without one."""
 
     kind = "lite"
+    host = None  # unstamped attempts: judged as this host's
 
     def __init__(self) -> None:
         self.admit_result: DispatchResult | None = None
@@ -143,6 +144,7 @@ class FakeAirflow:
     lost_success: list[str] = field(default_factory=list)
     held_off: list[str] = field(default_factory=list)
     retry_requests: list[str] = field(default_factory=list)
+    alive_jobs: set[int] = field(default_factory=set)
 
     def put(self, ti_id: str, state: str | None, *, try_number: int = 1, logical: tuple = ("dag", "run", "task", -1),
             queued_by_job_id: int | None = None) -> None:
@@ -161,6 +163,9 @@ class FakeAirflow:
     def ti_row(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> TIRow | None:
         ti_id = self.logical.get((dag_id, run_id, task_id, map_index))
         return None if ti_id is None else self.rows.get(ti_id)
+
+    def jobs_alive(self, job_ids: set[int]) -> set[int]:
+        return set(job_ids) & self.alive_jobs
 
     def ti_liveness(self, ti_ids: list[str]) -> dict[str, tuple[str | None, Any]]:
         return {i: (self.rows[i].state, None) for i in ti_ids if i in self.rows}

@@ -1,4 +1,4 @@
-"""Test DAGs for issue 8's executor-level holes (1, 2, 3, 4, 9), one DAG per hole.
+"""Test DAGs for issue 8's executor-level holes (1, 2, 3, 4, 9, 14), one DAG per hole.
 
 Bodies write the timestamped trace lines of ``leoflow_more.py`` (``<run_id> <try> <event> <unix time> <pid>``
 in ``$AIRFLOW_HOME/traces/<dag>.<task>.body``; ``event`` is ``start``, ``tick`` every 0.2 s, ``end``), so a
@@ -87,6 +87,8 @@ def _fan_out(dag_id: str, count: int, seconds: float, width: int) -> DAG:
 lf_h2 = _fan_out("lf_h2", 9, 25, 1)
 # hole 3: a burst of 24 short tasks with retries=0
 lf_h3 = _fan_out("lf_h3", 24, 2, 2)
+# hole 14: eight 15 s tasks shared by two schedulers
+lf_h14 = _fan_out("lf_h14", 8, 15, 1)
 
 
 # hole 4: one retry; the body waits for ``go.<run_id>`` before its fault point, so a test can stop the

@@ -234,13 +234,16 @@ class ForkLimit:
 
 
 def zygote_pid(stack: AirflowStack) -> int | None:
-    """The pid of the stack's running Lite zygote (from its pidfile in the default ``runtime_dir``), or
-    ``None`` when there is none."""
-    try:
-        pid = int(json.loads((stack.home / "leoflow" / "zygote.pid").read_text())["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return pid if pid_alive(pid) else None
+    """The pid of the stack's running Lite zygote (from the pidfiles of the per-scheduler zygote directories
+    in the default ``runtime_dir``), or ``None`` when there is none."""
+    for pidfile in sorted((stack.home / "leoflow" / "zygotes").glob("*/zygote.pid")):
+        try:
+            pid = int(json.loads(pidfile.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if pid_alive(pid):
+            return pid
+    return None
 
 
 def _pgid(p: psutil.Process) -> int | None:

@@ -114,6 +114,14 @@ def scheduler(stack: AirflowStack) -> Proc:
     return found[0]
 
 
+def zygote_file(stack: AirflowStack, name: str, scheduler_pid: int | None = None) -> Path:
+    """``name`` (``zygote.log``, ``zygote.pid``, ``zygote.sock``) in the zygote directory of the stack's
+    scheduler (``runtime_dir/zygotes/<scheduler pid>``, the default ``runtime_dir``); ``scheduler_pid`` picks
+    one scheduler when the stack runs several."""
+    pid = scheduler(stack).pid if scheduler_pid is None else scheduler_pid
+    return stack.home / "leoflow" / "zygotes" / str(pid) / name
+
+
 def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
     """Poll until ``predicate()`` is truthy and return it; ``AssertionError`` naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout

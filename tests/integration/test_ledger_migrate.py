@@ -172,3 +172,36 @@ def test_budget_clear_number_migration_up_and_down_on_sqlite(tmp_path):
             assert conn.execute(sa.text("SELECT spent, seen_max_tries FROM leoflow_infra_budget")).all() == [(2, 5)]
     finally:
         engine.dispose()
+
+
+@pytest.mark.airflow
+def test_attempt_host_migration_up_and_down_on_sqlite(tmp_path):
+    """Revision 0003 (issue 8 hole 14): a ledger at 0.2.0's first head holding an open attempt is upgraded by a
+    plain ``airflow db migrate`` to the models' schema with the row kept and ``host`` NULL (judged as this
+    host's); downgrading drops the column and keeps the row."""
+    db_url = f"sqlite:///{tmp_path / 'airflow.db'}"
+    env = airflow_env(tmp_path, db_url)
+    before = "8c3d2e4f6a71"
+    run([AIRFLOW, "db", "migrate"], env)
+    run([sys.executable, "-c", DOWNGRADE_SCRIPT, before], env)
+    engine = sa.create_engine(db_url, poolclass=sa.NullPool)
+    try:
+        with engine.connect() as conn:
+            assert "host" not in {c["name"] for c in sa.inspect(conn).get_columns("leoflow_attempt")}
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO leoflow_attempt (ti_id, try_number, attempt_epoch, dag_id, task_id, run_id, map_index, "
+                "state, runtime, workload_json, pid, created_at, updated_at) VALUES ('t1', 1, 1, 'd', 't', 'r', -1, "
+                "'dispatched', 'lite', '{}', 42, '2026-12-01 00:00:00', '2026-12-01 00:00:00')"))
+        run([AIRFLOW, "db", "migrate"], env)
+        assert schema_diff(db_url) == []
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT ti_id, state, pid, host FROM leoflow_attempt")).all() \
+                == [("t1", "dispatched", 42, None)]
+            assert [r[0] for r in conn.execute(sa.text("SELECT version_num FROM leoflow_alembic_version"))] == [HEAD]
+        run([sys.executable, "-c", DOWNGRADE_SCRIPT, before], env)
+        with engine.connect() as conn:
+            assert "host" not in {c["name"] for c in sa.inspect(conn).get_columns("leoflow_attempt")}
+            assert conn.execute(sa.text("SELECT ti_id, state, pid FROM leoflow_attempt")).all() == [("t1", "dispatched", 42)]
+    finally:
+        engine.dispose()

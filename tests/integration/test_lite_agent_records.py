@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from fault_helpers import FaultStack, executions, pid_alive, wait_until
+from lite_procs import zygote_file
 from leoflow_agent import outcome
 
 pytestmark = pytest.mark.airflow
@@ -150,7 +151,7 @@ def test_heartbeat_loss_after_the_success_was_recorded_replays_it(stack: FaultSt
     run = stack.trigger_with("lf_rec", prefix="outage")
     attempt = _started(stack, "lf_rec", "work", run)
     expect = outcome.AttemptIdentity(attempt["ti_id"], attempt["try_number"], attempt["attempt_epoch"])
-    zygote_log = stack.home / "leoflow" / "zygote.log"
+    zygote_log = zygote_file(stack, "zygote.log")
     seen = zygote_log.stat().st_size
     retrying = f"heartbeat of {attempt['ti_id']}: trying again after 1 failed in a row"
     pgid = stack.pid_of("api-server")

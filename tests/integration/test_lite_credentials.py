@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from lite_procs import all_procs, descendants, lite_stack, scheduler, wait_for, zygotes
+from lite_procs import all_procs, descendants, lite_stack, scheduler, wait_for, zygote_file, zygotes
 
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(300)]
 
@@ -144,6 +144,6 @@ def test_no_credential_reaches_zygote_tasks_or_any_command_line(tmp_path):
                 assert key not in seen and value not in values, (name, key)
         # the workload token the agent used is a JWT minted at launch: it never appears in the zygote log
         # (the agent's stdout/stderr) either
-        zlog = (stack.home / "leoflow" / "zygote.log").read_bytes()
+        zlog = zygote_file(stack, "zygote.log").read_bytes()
         assert jwt_secret not in zlog and b"eyJ" not in zlog
     print(f"credentials test took {time.monotonic() - t0:.1f}s, {scans} scans")

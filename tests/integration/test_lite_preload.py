@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lite_procs import lite_stack
+from lite_procs import lite_stack, zygote_file
 
 DAG = "leoflow_test_preloaded"
 
@@ -25,5 +25,5 @@ def test_zygote_preload_reaches_every_task_and_a_bad_name_is_skipped(tmp_path):
         unlisted = stack.trigger(DAG, conf={"module": "imaplib"})
         assert stack.wait_for_run(DAG, listed, timeout=120) == "success", stack.task_states(DAG, listed)
         assert stack.wait_for_run(DAG, unlisted, timeout=120) == "failed", stack.task_states(DAG, unlisted)
-        zlog = (stack.home / "leoflow" / "zygote.log").read_text()
+        zlog = zygote_file(stack, "zygote.log").read_text()
         assert "zygote_preload: could not import leoflow_no_such_module" in zlog, zlog[-2000:]

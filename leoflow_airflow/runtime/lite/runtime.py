@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from leoflow_agent import outcome, proc, protocol
+from leoflow_airflow import hosts
 from leoflow_airflow.dispatch.ahead import QueueAhead, retoken_due
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.errors import ZygoteError
@@ -37,7 +38,7 @@ from leoflow_airflow.lifecycle.runtime import (
     Started,
     launch_id,
 )
-from leoflow_airflow.runtime.lite.zygote_client import ZygoteClient
+from leoflow_airflow.runtime.lite.zygote_client import LitePaths, ZygoteClient
 from leoflow_airflow.settings import LeoflowSettings
 
 if TYPE_CHECKING:
@@ -77,13 +78,18 @@ class LiteRuntime:
 
     kind = "lite"
 
+    @property
+    def paths(self) -> LitePaths:
+        """Where this runtime keeps its files (the zygote's directory is fixed at :meth:`start`)."""
+        return self.zygote.paths
+
     def __init__(self, settings: LeoflowSettings, *, parallelism: int, mint: Callable[[Any, str], str],
                  server: Callable[[], str], token_lifetime: float = 600.0,
                  environ: dict[str, str] | None = None) -> None:
         self.settings = settings
         self.parallelism = parallelism
         self.zygote = ZygoteClient(settings, environ)
-        self.paths = self.zygote.paths
+        self.host = hosts.this_host(settings.test_host if settings.test_fault_injection else None)
         self._mint = mint
         self._server = server
         self._launches: dict[str, _Launch] = {}
@@ -281,10 +287,13 @@ class LiteRuntime:
 
     # --- presence, evidence, kill ----------------------------------------------------------------------
     def observe(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, Presence]:
-        """LIVE, GONE or UNKNOWN for each attempt (see the module docstring)."""
+        """LIVE, GONE or UNKNOWN for each attempt (see the module docstring); always UNKNOWN for an attempt
+        stamped with another host (``leoflow_airflow.hosts``)."""
         return {a.ref: self._presence(a) for a in attempts}
 
     def _presence(self, attempt: Attempt) -> Presence:
+        if hosts.is_foreign(attempt.host, self.host):
+            return Presence.UNKNOWN  # another host's pids mean nothing here (issue 8 hole 14)
         lid = launch_id(attempt.ref)
         launch = self._launches.get(lid)
         if attempt.pid is None or attempt.proc_start_time is None:
@@ -313,7 +322,10 @@ class LiteRuntime:
         return Presence.GONE
 
     def locate(self, attempt: Attempt) -> RuntimeFacts | None:
-        """Find the agent of an attempt with no recorded pid by its process-title marker."""
+        """Find the agent of an attempt with no recorded pid by its process-title marker (None for another
+        host's attempt: it cannot be looked up here)."""
+        if hosts.is_foreign(attempt.host, self.host):
+            return None
         lid = launch_id(attempt.ref)
         for pid in proc.find_by_title(protocol.agent_title_marker(lid)):
             ident = proc.identity(pid)
@@ -330,7 +342,10 @@ class LiteRuntime:
 
     def kill(self, attempt: Attempt) -> Presence:
         """SIGKILL the attempt's agent and whole subtree (GONE when nothing is left). Without a pid:
-        ask the zygote to drop or kill the launch, or kill the agent found by its title marker."""
+        ask the zygote to drop or kill the launch, or kill the agent found by its title marker. Another host's
+        attempt is never killed from here (UNKNOWN): its pid may name an unrelated local process."""
+        if hosts.is_foreign(attempt.host, self.host):
+            return Presence.UNKNOWN
         lid = launch_id(attempt.ref)
         if attempt.pid is None or attempt.proc_start_time is None:
             launch = self._launches.get(lid)

@@ -29,24 +29,37 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LitePaths:
-    """Where the Lite runtime keeps its files, all under ``[leoflow] runtime_dir`` (mode 0700)."""
+    """Where the Lite runtime keeps its files, all under ``[leoflow] runtime_dir`` (mode 0700).
+
+    Record files (``attempts/…``) are shared by every scheduler on the host, so a successor adopting an attempt
+    reads its record at the path the ledger stores. The zygote's socket, pidfile and log live in ``zygote_dir``,
+    one directory per scheduler process (:func:`zygote_dir_for`), so two schedulers on one host each run their
+    own zygote (issue 8 hole 14); ``None`` puts them directly under ``root`` (tools and tests).
+    """
 
     root: str
+    zygote_dir: str | None = None
+
+    @property
+    def zygote_home(self) -> str:
+        """The directory of the zygote's socket, pidfile and log (``zygote_dir``, else ``root``)."""
+        return self.zygote_dir or self.root
 
     @property
     def socket(self) -> str:
         """The zygote's Unix socket."""
-        return os.path.join(self.root, "zygote.sock")
+        return os.path.join(self.zygote_home, "zygote.sock")
 
     @property
     def pidfile(self) -> str:
-        """JSON ``{"pid": int, "start_time": int}`` of the running zygote."""
-        return os.path.join(self.root, "zygote.pid")
+        """JSON ``{"pid": int, "start_time": int, "owner_pid": int, "owner_start_time": int}``: the running
+        zygote and the scheduler process that spawned it (its owner)."""
+        return os.path.join(self.zygote_home, "zygote.pid")
 
     @property
     def zygote_log(self) -> str:
         """The zygote's (and its agents') stdout/stderr."""
-        return os.path.join(self.root, "zygote.log")
+        return os.path.join(self.zygote_home, "zygote.log")
 
     def attempt_dir(self, ti_id: str, attempt_epoch: int) -> str:
         """Per-attempt directory: ``attempts/<ti_id>/<epoch>``."""
@@ -55,6 +68,18 @@ class LitePaths:
     def record_path(self, ti_id: str, attempt_epoch: int) -> str:
         """The attempt's Lite outcome-record file."""
         return os.path.join(self.attempt_dir(ti_id, attempt_epoch), "record.json")
+
+
+ZYGOTES_DIR = "zygotes"
+"""Sub-directory of ``runtime_dir`` holding one directory per scheduler process."""
+
+
+def zygote_dir_for(root: str, owner_pid: int) -> str:
+    """``<root>/zygotes/<owner_pid>``: the zygote directory of the scheduler process ``owner_pid``. A pid is
+    stable for the process's life and short (the socket path must fit ``sun_path``'s 108 bytes); a later
+    process that reuses the pid finds a pidfile whose owner start time differs, i.e. a stale zygote of its own
+    directory."""
+    return os.path.join(root, ZYGOTES_DIR, str(int(owner_pid)))
 
 
 class ZygoteClient:
@@ -67,7 +92,7 @@ class ZygoteClient:
 
     def __init__(self, settings: LeoflowSettings, environ: dict[str, str] | None = None) -> None:
         self.settings = settings
-        self.paths = LitePaths(settings.runtime_dir)
+        self.paths = LitePaths(settings.runtime_dir, zygote_dir_for(settings.runtime_dir, os.getpid()))
         self._environ = dict(os.environ if environ is None else environ)
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
@@ -79,12 +104,16 @@ class ZygoteClient:
 
     # --- zygote lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        """Remove a stale zygote and spawn a fresh one; returns at once (:meth:`connect` finishes the start).
+        """Remove a stale zygote of this process's own zygote directory (and of any directory whose owner
+        scheduler is dead; never a live peer's) and spawn a fresh one; returns at once (:meth:`connect`
+        finishes the start).
 
         :raises OSError: the zygote could not be spawned (runtime_dir not writable, no interpreter).
         """
+        self.paths = LitePaths(self.paths.root, zygote_dir_for(self.paths.root, os.getpid()))
         os.makedirs(self.paths.root, mode=0o700, exist_ok=True)
         os.chmod(self.paths.root, 0o700)
+        os.makedirs(self.paths.zygote_home, mode=0o700, exist_ok=True)
         self._remove_stale()
         try:  # a dead zygote's socket file: connecting to it must fail until the new zygote listens
             os.unlink(self.paths.socket)
@@ -114,8 +143,10 @@ class ZygoteClient:
             if ident is not None:
                 break
             time.sleep(0.01)
+        owner = proc.identity(os.getpid())
         with open(self.paths.pidfile + ".tmp", "w") as fh:
-            json.dump({"pid": self._proc.pid, "start_time": ident.start_time if ident else None}, fh)
+            json.dump({"pid": self._proc.pid, "start_time": ident.start_time if ident else None,
+                       "owner_pid": os.getpid(), "owner_start_time": owner.start_time if owner else None}, fh)
         os.replace(self.paths.pidfile + ".tmp", self.paths.pidfile)
 
     def start_and_wait(self) -> None:
@@ -128,15 +159,30 @@ class ZygoteClient:
             time.sleep(0.05)
 
     def _remove_stale(self) -> None:
-        try:
-            with open(self.paths.pidfile) as fh:
-                data = json.load(fh)
-            ident = proc.ProcessIdentity(int(data["pid"]), int(data["start_time"]))
-        except (OSError, ValueError, KeyError, TypeError):
+        """Terminate the zygote of our own directory (ours that lost its connection, or a dead earlier process's
+        that had our pid), then the zygote of every sibling directory whose owner scheduler is dead. A live
+        peer scheduler's zygote is never touched."""
+        stale = _read_pidfile(self.paths.pidfile)
+        if stale is not None and proc.is_alive(stale[0]):
+            log.warning("removing a stale leoflow zygote pid=%d of this scheduler's directory", stale[0].pid)
+            _terminate(stale[0])
+        if self.paths.zygote_dir is None:
             return
-        if proc.is_alive(ident):
-            log.warning("removing a stale leoflow zygote pid=%d left by an earlier scheduler", ident.pid)
-            _terminate(ident)
+        parent = os.path.dirname(self.paths.zygote_dir)
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            return
+        for name in names:
+            other = os.path.join(parent, name)
+            if other == self.paths.zygote_home:
+                continue
+            found = _read_pidfile(os.path.join(other, "zygote.pid"))
+            if found is None or found[1] is None or proc.is_alive(found[1]):
+                continue  # a live peer's (or one still being written): never ours to stop
+            if proc.is_alive(found[0]):
+                log.warning("removing leoflow zygote pid=%d: its scheduler pid=%d is gone", found[0].pid, found[1].pid)
+                _terminate(found[0])
 
     def connect(self) -> bool:
         """Advance the connection to a spawned zygote without blocking; True once it said hello.
@@ -327,6 +373,22 @@ class ZygoteClient:
             if ev.get("ev") in (protocol.Ev.LAUNCHED, protocol.Ev.LAUNCH_FAILED):
                 self.pending.discard(ev.get("launch_id"))
         return out
+
+
+def _read_pidfile(path: str) -> tuple[proc.ProcessIdentity, proc.ProcessIdentity | None] | None:
+    """``(zygote, owner)`` identities from a zygote pidfile (owner None in a pidfile without one), or None
+    when it is missing or unreadable."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+        zygote = proc.ProcessIdentity(int(data["pid"]), int(data["start_time"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        owner = proc.ProcessIdentity(int(data["owner_pid"]), int(data["owner_start_time"]))
+    except (KeyError, ValueError, TypeError):
+        owner = None
+    return zygote, owner
 
 
 def _terminate(ident: proc.ProcessIdentity, timeout: float = 5.0) -> None:
