@@ -81,7 +81,8 @@ _S = AttemptState
 
 TRANSITIONS: Mapping[AttemptState, frozenset[AttemptState]] = MappingProxyType(
     {
-        _S.CLAIMED: frozenset({_S.DISPATCHED, _S.CLOSED}),
+        # CLAIMED -> EXITED: its agent ran unrecorded (Airflow's TI shows it reached /run) and is gone
+        _S.CLAIMED: frozenset({_S.DISPATCHED, _S.EXITED, _S.CLOSED}),
         _S.DISPATCHED: frozenset({_S.REPORTED, _S.EXITED, _S.CLOSED}),
         _S.REPORTED: frozenset({_S.EXITED, _S.CLOSED}),
         _S.EXITED: frozenset({_S.SETTLING, _S.CLOSED}),

@@ -335,10 +335,16 @@ class Lifecycle:
             return
         if self.runtime.observe([attempt]).get(attempt.ref) != Presence.GONE:
             return  # no agent, but something of it may still run: looked at again next cycle
-        if launch is None:
-            self._close(attempt, Resolution.MOVED_ON, "never launched; the task instance moved on",
-                        expected=[_S.CLAIMED])
+        row = self.airflow.ti_row_by_id(attempt.ref.ti_id)
+        if row is None or row.state != "queued" or row.try_number != attempt.ref.try_number:
+            # Airflow no longer holds exactly this attempt queued: its agent may have run (reached /run, even
+            # written its record) before it died unrecorded, e.g. a scheduler killed right after the fork. Its
+            # evidence decides, through DESIGN §2's table, never a close that drops it
+            if self.ledger.transition(attempt.ref, expected=[_S.CLAIMED], to=_S.EXITED):
+                log.warning("attempt %s: its agent ran unrecorded and is gone; settling it from its evidence",
+                            attempt.ref)
             return
+        # adopted, and Airflow holds exactly this attempt QUEUED: its agent never reached /run
         if self._close(attempt, Resolution.ABANDONED, "the previous scheduler never started its agent",
                        expected=[_S.CLAIMED]):
             self._reoffer_stored(attempt, "the previous scheduler never started its agent")

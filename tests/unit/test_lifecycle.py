@@ -432,8 +432,39 @@ def test_claimed_row_never_offered_to_adoption_is_closed_once_the_ti_moved_on(wo
     world.life.cycle()
     assert world.row(attempt.ref).state == S.CLAIMED  # queued at that try: its owner or adoption decides
     world.airflow.set_state(ti_id, "success")
+    world.life.cycle()  # not queued at that try any more: settled through DESIGN §2's table
     world.life.cycle()
-    assert (world.row(attempt.ref).state, world.row(attempt.ref).resolution) == (S.CLOSED, Resolution.MOVED_ON)
+    assert world.row(attempt.ref).state == S.CLOSED
+    assert world.row(attempt.ref).resolution in (Resolution.MOVED_ON, Resolution.REPORTED)
+    assert world.airflow.redrives == []
+
+
+def test_claimed_row_whose_agent_ran_unrecorded_is_settled_from_its_record(world):
+    """A scheduler killed right after the fork leaves a CLAIMED row whose agent reached /run (TI RUNNING),
+    wrote its success record and died: the row is settled from that record (replayed), never closed as
+    "never launched" (which let Airflow reset the TI as a new try, spending a user retry: chaos, CI)."""
+    w = world.queued()
+    ti_id = str(w.ti.id)
+    attempt = world.claim_only(w)
+    world.airflow.set_state(ti_id, "running")
+    world.record(attempt.ref, "success")
+    world.life.cycle()
+    world.life.cycle()
+    row = world.row(attempt.ref)
+    assert (row.state, row.resolution) == (S.CLOSED, Resolution.REPLAYED)
+    assert world.airflow.redrives == []
+
+
+def test_claimed_row_whose_agent_ran_without_a_record_is_redriven_on_the_infra_budget(world):
+    w = world.queued()
+    ti_id = str(w.ti.id)
+    attempt = world.claim_only(w)
+    world.airflow.set_state(ti_id, "running")
+    world.life.cycle()
+    world.life.cycle()
+    row = world.row(attempt.ref)
+    assert (row.state, row.resolution) == (S.CLOSED, Resolution.INFRA_REDRIVE)
+    assert world.airflow.redrives == [ti_id]
 
 
 def test_replay_404_while_a_user_cleared_the_task_gives_success_once(world):
