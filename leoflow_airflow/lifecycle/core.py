@@ -609,11 +609,15 @@ class Lifecycle:
         self._out.append(Release(key))
 
     def terminate(self) -> None:
-        """Kill every live attempt of this scheduler: its own (``scheduler_job_id``), those it adopted, and
-        unowned rows; never a peer scheduler's (issue 8 hole 14)."""
-        for attempt in self.ledger.open_attempts(runtime=self.runtime.kind):
-            mine = attempt.scheduler_job_id in (None, self.job_id) or launch_id(attempt.ref) in self.table.launches
-            if attempt.state in LIVE_STATES and mine:
+        """Kill every live attempt of this scheduler: its own (``scheduler_job_id``), those it adopted, unowned
+        rows, and those whose owner job is no longer alive (orphans this scheduler would adopt); never a live
+        peer scheduler's (issue 8 hole 14). Another host's attempt is never signalled (the runtime answers
+        UNKNOWN for it)."""
+        live = [a for a in self.ledger.open_attempts(runtime=self.runtime.kind) if a.state in LIVE_STATES]
+        owners = {a.scheduler_job_id for a in live} - {None, self.job_id}
+        peers = self.airflow.jobs_alive(owners) if owners else set()
+        for attempt in live:
+            if attempt.scheduler_job_id not in peers or launch_id(attempt.ref) in self.table.launches:
                 self.runtime.kill(attempt)
 
     def drain(self, timeout: float, sleep: Callable[[float], None] = time.sleep) -> list[SchedulerAction]:

@@ -156,8 +156,10 @@ def test_terminate_kills_only_this_schedulers_attempts(tmp_path):
     world.life.job_id = 1
     peer = _foreign_running(world, silent=0, owner=2)  # a peer scheduler's live attempt
     world.runtime.presence[peer] = Presence.LIVE
+    world.airflow.alive_jobs.add(2)
+    orphan = _foreign_running(world, silent=0, owner=3)  # its scheduler is gone: this one would adopt it
     world.life.terminate()
-    assert world.runtime.killed == [mine]
+    assert world.runtime.killed == [mine, orphan]
 
 
 # --- one zygote per scheduler, on real processes ------------------------------------------------------
