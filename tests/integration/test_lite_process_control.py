@@ -132,8 +132,8 @@ def test_end_leaves_agents_revoke_and_terminate_leave_nothing(tmp_path):
         wait_for(lambda: proc.identity(sched.pid) is None, 60, "the scheduler to exit")
         assert not proc.is_alive(zygote_ident) and zygotes(stack) == []
         assert "leoflow zygote stopped; 4 agents left running" in log_text(stack, "scheduler")
-        for t, members in idents.items():
-            assert alive(members) == members, f"{t}: end() killed part of a running attempt"
+        for t in FOREVER:  # "short" may end on its own while the scheduler exits: its success below proves it ran on
+            assert alive(idents[t]) == idents[t], f"{t}: end() killed part of a running attempt"
 
         # ... and the agents carry on: the short task still reports success with no scheduler running
         wait_for(lambda: stack.task_states(DAG, run_id).get("short") == "success", 90,

@@ -60,3 +60,33 @@ def test_claimed_attempt_with_no_agent_is_gone(claimed):
     attempt, runtime = claimed
     assert runtime.locate(attempt) is None
     assert runtime.observe([attempt]) == {attempt.ref: Presence.GONE}
+
+
+def test_claimed_attempt_whose_task_outlived_its_agent_is_killed_before_it_is_gone(claimed):
+    """A scheduler SIGKILLed right after the fork takes the zygote with it; the agent dies (a fault), but its
+    task child runs on in the attempt's cgroup with no agent and no title marker. Observing the CLAIMED row
+    kills what the cgroup holds before it answers GONE, so no new try can run beside that body (the chaos
+    loop's double run in CI)."""
+    attempt, runtime = claimed
+    hierarchy = proc.probe_cgroup()
+    if hierarchy is None:
+        pytest.skip("this host allows no attempt cgroup")
+    lid = launch_id(attempt.ref)
+    body = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, sys, time
+        from leoflow_agent import proc
+        if proc.join_attempt_cgroup(proc.CgroupHierarchy(**{hierarchy.__dict__!r}), {lid!r}) is None:
+            sys.exit(3)
+        os.setsid()
+        print("in", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert body.stdout.readline().strip() == "in", body.poll()
+        assert runtime.observe([attempt]) == {attempt.ref: Presence.GONE}
+        assert body.wait(timeout=10) == -9
+        assert proc.attempt_cgroups(lid) == []
+    finally:
+        if body.poll() is None:
+            body.kill()
+        body.wait()

@@ -297,11 +297,12 @@ class LiteRuntime:
         lid = launch_id(attempt.ref)
         launch = self._launches.get(lid)
         if attempt.pid is None or attempt.proc_start_time is None:
-            if attempt.state != AttemptState.CLAIMED:
-                return Presence.GONE  # handed over without a handle: nothing of it can be found or run
-            if launch is not None and not launch.orphaned:
-                return Presence.UNKNOWN  # ours, on its way to the zygote: ``launched`` or ``launch_failed`` follows
-            return Presence.LIVE if self.locate(attempt) else Presence.GONE
+            if attempt.state == AttemptState.CLAIMED:
+                if launch is not None and not launch.orphaned:
+                    return Presence.UNKNOWN  # ours, on its way to the zygote: ``launched`` or ``launch_failed`` follows
+                if self.locate(attempt):
+                    return Presence.LIVE
+            return self._no_agent_left(attempt, lid)
         agent = proc.ProcessIdentity(attempt.pid, int(attempt.proc_start_time))
         if proc.is_alive(agent):
             return Presence.LIVE
@@ -320,6 +321,20 @@ class LiteRuntime:
             if proc.attempt_leftovers(agent, lid):
                 return Presence.LIVE
         return Presence.GONE
+
+    def _no_agent_left(self, attempt: Attempt, lid: str) -> Presence:
+        """An attempt with no recorded agent and none found by its title: its task child may still run (the
+        agent and the zygote died, e.g. with a SIGKILLed scheduler, before its ``launched`` event was read).
+        Kill what its attempt cgroup still holds (:func:`leoflow_agent.proc.attempt_cgroups`) before answering
+        GONE, as the zygote would have; LIVE while anything of it is left. Without an attempt cgroup (a host
+        that allows none) nothing more can be found: GONE."""
+        groups = proc.attempt_cgroups(lid)
+        left = sorted({pid for path in groups for pid in proc.cgroup_members(path)})
+        if not left:
+            return Presence.GONE
+        log.warning("attempt %s: no agent is left but %d of its processes are (%s); killing them", attempt.ref,
+                    len(left), left)
+        return Presence.GONE if all([proc.kill_cgroup(path) for path in groups]) else Presence.LIVE
 
     def locate(self, attempt: Attempt) -> RuntimeFacts | None:
         """Find the agent of an attempt with no recorded pid by its process-title marker (None for another
