@@ -47,8 +47,15 @@ def test_scheduler_restart_adopts_live_agents_and_redrives_the_dead_one(
         stack.up(["lf_adopt"])
         run = stack.trigger_with("lf_adopt")
         wait_until(lambda: all(executions(stack, "lf_adopt", t, run) for t in TASKS), 240, "all five bodies to start")
-        attempts = {t: stack.attempts("lf_adopt", run, t) for t in TASKS}
-        assert all(len(a) == 1 and a[0]["state"] == "dispatched" and a[0]["pid"] for a in attempts.values()), attempts
+
+        # a body can start before the scheduler's next sync() reads its agent's ``launched`` event: wait for the
+        # ledger to hold every agent's pid (the state the restart must find), never assert it at once
+        def recorded() -> dict[str, list[dict]] | None:
+            got = {t: stack.attempts("lf_adopt", run, t) for t in TASKS}
+            ok = all(len(a) == 1 and a[0]["state"] == "dispatched" and a[0]["pid"] for a in got.values())
+            return got if ok else None
+
+        attempts = wait_until(recorded, 60, "every agent's launch to be recorded in the ledger")
         old_job = {stack.ti_row("lf_adopt", run, t)["queued_by_job_id"] for t in TASKS}
         assert len(old_job) == 1, old_job
         (old_job,) = old_job
