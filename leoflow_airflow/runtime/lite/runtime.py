@@ -203,23 +203,23 @@ class LiteRuntime:
     def _typed(self, raw: list[dict[str, Any]]) -> list[RuntimeEvent]:
         out: list[RuntimeEvent] = []
         for ev in raw:
-            kind, launch_id = ev.get("ev"), ev.get("launch_id")
+            kind, launch_id = protocol.ev_of(ev), ev.get("launch_id")
             if not isinstance(launch_id, str):
                 continue
             launch = self._launches.get(launch_id)
-            if kind == protocol.Ev.LAUNCHED:
+            if kind is protocol.Ev.LAUNCHED:
                 facts: RuntimeFacts = {}
                 if isinstance(ev.get("pid"), int) and isinstance(ev.get("start_time"), int):
                     facts = {"pid": ev["pid"], "proc_start_time": ev["start_time"]}
                     if launch is not None:
                         launch.agent = proc.ProcessIdentity(ev["pid"], ev["start_time"])
                 out.append(Started(launch_id, facts))
-            elif kind == protocol.Ev.LAUNCH_FAILED:
+            elif kind is protocol.Ev.LAUNCH_FAILED:
                 self._launches.pop(launch_id, None)
                 out.append(LaunchFailed(launch_id, str(ev.get("error")), ev.get("retryable") is True))
-            elif kind == protocol.Ev.REPORTED:
+            elif kind is protocol.Ev.REPORTED:
                 out.append(Reported(launch_id, str(ev.get("state"))))
-            elif kind == protocol.Ev.EXITED:
+            elif kind is protocol.Ev.EXITED:
                 code = ev.get("exit_code") if isinstance(ev.get("exit_code"), int) else None
                 if launch is not None and launch.ref is None:
                     del self._launches[launch_id]
