@@ -273,7 +273,10 @@ class ProcessTable:
         return self._markers[ident.pid]
 
     def by_title(self, title: str) -> list[ProcessIdentity]:
-        """Live processes whose title is ``title`` or starts with ``title`` and a space, oldest first."""
+        """Live processes whose title is ``title`` or starts with ``title`` and a space, oldest first. An empty
+        ``title`` names nothing (a kernel thread's command line is empty)."""
+        if not title.strip():
+            return []
         wanted = title.encode()
         found = [e.ident for e in self.entries()
                  if (t := self.title(e.ident)) is not None and (t == wanted or t.startswith(wanted + b" "))]
