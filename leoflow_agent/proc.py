@@ -31,23 +31,45 @@ class ProcessIdentity:
             raise ValueError(f"refusing a process identity for pid {self.pid}")
 
 
-def _read_stat(pid: int) -> tuple[str, int, int] | None:
-    """Return ``(state, ppid, starttime)`` of ``pid`` or ``None`` when it does not exist.
+def _parse_stat(raw: bytes) -> tuple[str, int, int, int] | None:
+    """``(state, ppid, session, starttime)`` from the bytes of a ``/proc/<pid>/stat`` file (``proc(5)``).
 
     The ``comm`` field may contain spaces and parentheses, so fields are split after the last ``)``.
     """
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    except OSError:
-        return None
-    try:
         rest = raw[raw.rindex(b")") + 2 :].split()
-        return rest[0].decode(), int(rest[1]), int(rest[19])
+        return rest[0].decode(), int(rest[1]), int(rest[3]), int(rest[19])
     except (ValueError, IndexError):
         return None
+
+
+def _read_stat(pid: int) -> tuple[str, int, int] | None:
+    """Return ``(state, ppid, starttime)`` of ``pid`` or ``None`` when it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    stat = _parse_stat(raw)
+    return None if stat is None else (stat[0], stat[1], stat[3])
+
+
+_scans = 0
+
+
+def scan_count() -> int:
+    """How many full scans of ``/proc`` (listings of every pid) this process has made so far. Only ever grows.
+
+    A statistic, and the seam tests count scans through: an observation pass of the Lite runtime takes at most
+    one (:class:`ProcessTable`), whatever the number of attempts it looks at (issue 8's seam)."""
+    return _scans
+
+
+def _list_pids() -> list[int]:
+    """Every pid listed in ``/proc`` right now (the one place a full scan starts; counted by :func:`scan_count`)."""
+    global _scans
+    _scans += 1
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
 def start_time(pid: int) -> int | None:
@@ -75,12 +97,10 @@ def is_alive(ident: ProcessIdentity) -> bool:
 def _children_map() -> dict[int, list[int]]:
     """Return ``{ppid: [pid, ...]}`` for every process visible in ``/proc`` (zombies included)."""
     children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        stat = _read_stat(int(name))
+    for pid in _list_pids():
+        stat = _read_stat(pid)
         if stat is not None:
-            children.setdefault(stat[1], []).append(int(name))
+            children.setdefault(stat[1], []).append(pid)
     return children
 
 
@@ -123,56 +143,212 @@ ATTEMPT_ENV = "LEOFLOW_ATTEMPT"
 ``/proc/<pid>/environ`` (a forked child shows its exec-time environment only: the session test covers it)."""
 
 
-def attempt_leftovers(agent: ProcessIdentity, launch_id: str, *, use_cgroup: bool = True) -> list[int]:
+@dataclass(frozen=True)
+class ProcessEntry:
+    """One live (not zombie) process of a :class:`ProcessTable`, as its scan read it from ``stat``.
+
+    :param ident: pid + kernel start time (clock ticks since boot).
+    :param ppid: its parent's pid at the scan.
+    :param session: its session id at the scan (``getsid``).
+    """
+
+    ident: ProcessIdentity
+    ppid: int
+    session: int
+
+
+class ProcessTable:
+    """A snapshot of this host's processes: one scan of ``/proc`` at first use, shared by every lookup made
+    through the same table (issue 8's seam: an observation pass of the Lite runtime scans ``/proc`` once,
+    whatever the number of attempts it looks at). Constructing one reads nothing; a caller that needs no
+    lookup pays nothing.
+
+    The scan reads each pid's ``stat`` (identity, state, parent, session). Titles (``cmdline``, as
+    ``setproctitle`` leaves it) and the :data:`ATTEMPT_ENV` marker (from ``environ``) are read lazily, once per
+    process and only when a lookup needs them, through a descriptor of that process's ``/proc/<pid>``
+    directory whose ``stat`` must still show the snapshot's start time: a pid reused since the scan never lends
+    its title or environment to the process the snapshot saw.
+
+    The module's safety rules hold: pid 0 and 1 are never entries (:class:`ProcessIdentity` refuses them; a
+    made-up pid-0 identity once made proof of death take every session-0 process for a leftover); zombies are
+    dead and never entries, though they hold their pid (:meth:`holds`); the scanning process is left out; a
+    process whose title or environment cannot be read (gone, another user's, a kernel thread) is never
+    matched, never presumed ours.
+
+    Staleness: it answers as of its scan, which is safe for proof of death and lookups: an identity absent
+    from it is dead for good; one present may have died since (the caller answers LIVE one pass longer); an
+    attempt none of whose processes is in it can only gain one by a fork of a process of it (which would have
+    been in it) or by a zygote still forking its launch (which the caller knows as in flight). After killing
+    processes, take a new table: what this one lists has changed.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, ProcessEntry] | None = None
+        self._held: frozenset[int] = frozenset()
+        self._titles: dict[int, bytes | None] = {}
+        self._markers: dict[int, str | None] = {}
+        self._by_marker: dict[str, list[ProcessIdentity]] | None = None
+
+    @property
+    def scanned(self) -> bool:
+        """True once the scan was taken (by the first lookup)."""
+        return self._entries is not None
+
+    def _table(self) -> dict[int, ProcessEntry]:
+        if self._entries is None:
+            me = os.getpid()
+            entries: dict[int, ProcessEntry] = {}
+            held: set[int] = set()
+            for pid in _list_pids():
+                try:
+                    with open(f"/proc/{pid}/stat", "rb") as fh:
+                        stat = _parse_stat(fh.read())
+                except OSError:
+                    continue  # gone since the listing
+                if stat is None:
+                    continue
+                held.add(pid)
+                if pid <= 1 or pid == me or stat[0] in ("Z", "X"):
+                    continue
+                entries[pid] = ProcessEntry(ProcessIdentity(pid, stat[3]), stat[1], stat[2])
+            self._entries, self._held = entries, frozenset(held)
+        return self._entries
+
+    def entries(self) -> list[ProcessEntry]:
+        """Every live process of the snapshot (not pid 0 or 1, not the scanning process), by pid."""
+        return [self._table()[pid] for pid in sorted(self._table())]
+
+    def get(self, pid: int) -> ProcessEntry | None:
+        """The live process the snapshot saw at ``pid``, or ``None``."""
+        return self._table().get(pid)
+
+    def holds(self, pid: int) -> bool:
+        """True when some process (a zombie, init and the scanning process included) held ``pid`` at the scan."""
+        self._table()
+        return pid in self._held
+
+    def _read(self, ident: ProcessIdentity, name: str) -> bytes | None:
+        """``/proc/<pid>/<name>`` of exactly the process ``ident`` names, or ``None`` when it is gone, a zombie,
+        another process now holds its pid, or the file cannot be read."""
+        try:
+            dirfd = os.open(f"/proc/{ident.pid}", os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return None
+
+        def opener(path: str, flags: int) -> int:
+            return os.open(path, flags, dir_fd=dirfd)
+
+        try:
+            with open("stat", "rb", opener=opener) as fh:
+                stat = _parse_stat(fh.read())
+            if stat is None or stat[3] != ident.start_time or stat[0] in ("Z", "X"):
+                return None
+            with open(name, "rb", opener=opener) as fh:
+                return fh.read()
+        except OSError:
+            return None
+        finally:
+            os.close(dirfd)
+
+    def title(self, ident: ProcessIdentity) -> bytes | None:
+        """The process's command line with NULs as spaces, stripped (its ``setproctitle`` title), or ``None``
+        when it cannot be read. Read once per process per table."""
+        if ident.pid not in self._titles:
+            raw = self._read(ident, "cmdline")
+            self._titles[ident.pid] = None if raw is None else raw.replace(b"\0", b" ").strip()
+        return self._titles[ident.pid]
+
+    def marker(self, ident: ProcessIdentity) -> str | None:
+        """The value of :data:`ATTEMPT_ENV` in the process's exec-time environment (``/proc/<pid>/environ``),
+        or ``None`` when it has none or it cannot be read. Read once per process per table."""
+        if ident.pid not in self._markers:
+            value = None
+            raw = self._read(ident, "environ")
+            prefix = ATTEMPT_ENV.encode() + b"="
+            for item in (raw or b"").split(b"\0"):
+                if item.startswith(prefix):
+                    value = item[len(prefix):].decode(errors="replace")
+                    break
+            self._markers[ident.pid] = value
+        return self._markers[ident.pid]
+
+    def by_title(self, title: str) -> list[ProcessIdentity]:
+        """Live processes whose title is ``title`` or starts with ``title`` and a space, oldest first. An empty
+        ``title`` names nothing (a kernel thread's command line is empty)."""
+        if not title.strip():
+            return []
+        wanted = title.encode()
+        found = [e.ident for e in self.entries()
+                 if (t := self.title(e.ident)) is not None and (t == wanted or t.startswith(wanted + b" "))]
+        return sorted(found, key=lambda i: (i.start_time, i.pid))
+
+    def by_marker(self, launch_id: str) -> list[ProcessIdentity]:
+        """Live processes whose environment carries exactly ``ATTEMPT_ENV=launch_id``, oldest first (an agent's
+        exec'd descendants: a forked process shows its exec-time environment only). The first lookup reads
+        every process's environment once; later ones answer from that."""
+        if not launch_id:
+            return []
+        if self._by_marker is None:
+            index: dict[str, list[ProcessIdentity]] = {}
+            for entry in self.entries():
+                value = self.marker(entry.ident)
+                if value:
+                    index.setdefault(value, []).append(entry.ident)
+            self._by_marker = index
+        return sorted(self._by_marker.get(launch_id, []), key=lambda i: (i.start_time, i.pid))
+
+    def leftovers(self, agent: ProcessIdentity, launch_id: str) -> list[ProcessIdentity]:
+        """Live processes left over from the attempt ``launch_id`` whose agent ``agent`` is dead, found without
+        parent links: members of the agent's session that started after it (the task child), and processes
+        that started after it whose environment carries ``ATTEMPT_ENV=launch_id`` (an exec'd descendant in a
+        new session, e.g. ``bash``). Oldest first.
+
+        The session test is skipped while any process (a zombie included) holds the agent's pid: Linux never
+        reuses a pid still used as a session id, so a holder means the old session is empty and the id is
+        someone else's. A session id of 0 or 1 never matches (``agent`` cannot name either).
+        """
+        session_free = not self.holds(agent.pid)
+        found: list[ProcessIdentity] = []
+        for entry in self.entries():
+            if entry.ident.pid == agent.pid or entry.ident.start_time < agent.start_time:
+                continue
+            if session_free and agent.pid > 1 and entry.session == agent.pid:
+                found.append(entry.ident)
+            elif self.marker(entry.ident) == launch_id:
+                found.append(entry.ident)
+        return sorted(found, key=lambda i: (i.start_time, i.pid))
+
+
+def attempt_leftovers(agent: ProcessIdentity, launch_id: str, *, use_cgroup: bool = True,
+                      table: ProcessTable | None = None) -> list[int]:
     """Pids of live processes left over from the attempt whose agent ``agent`` is dead, found without any
     parent link (its orphans reparent to init when no zygote was there to reap them, e.g. while the scheduler
-    was down).
+    was down). The pids of :func:`leftover_processes` (same parameters)."""
+    return [i.pid for i in leftover_processes(agent, launch_id, use_cgroup=use_cgroup, table=table)]
+
+
+def leftover_processes(agent: ProcessIdentity, launch_id: str, *, use_cgroup: bool = True,
+                       table: ProcessTable | None = None) -> list[ProcessIdentity]:
+    """The live processes left over from the attempt whose agent ``agent`` is dead, by identity (so a caller
+    that kills them later never hits a reused pid).
 
     When the attempt has a cgroup (:func:`join_attempt_cgroup`, issue 8 hole 13) its member list is the
     answer: no process leaves a cgroup by changing its session or environment. An empty attempt cgroup is
-    removed here (the attempt is over). Otherwise, or with ``use_cgroup=False``, the scan of ``/proc`` finds
-    members of the agent's session that started after it (the task child) and processes whose environment
-    carries ``ATTEMPT_ENV=launch_id`` (an exec'd descendant in a new session, e.g. ``bash``); it misses a
-    descendant that started its own session *and* replaced its environment (``BashOperator(env=...)``).
-
-    The session test is skipped while any process holds the agent's pid: Linux never reuses a pid still used
-    as a session id, so a live holder means the old session is empty and the id belongs to someone else.
+    removed here (the attempt is over). Otherwise, or with ``use_cgroup=False``, ``table`` (a fresh
+    :class:`ProcessTable` when ``None``) answers (:meth:`ProcessTable.leftovers`: session members and marker
+    carriers); it misses a descendant that started its own session *and* replaced its environment
+    (``BashOperator(env=...)``).
     """
     if use_cgroup:
         groups = attempt_cgroups(launch_id)
         if groups:
             members = sorted({p for path in groups for p in cgroup_members(path)} - {os.getpid()})
-            members = [p for p in members if not (p == agent.pid and is_alive(agent))]
-            if not members:
+            found = [i for p in members if (i := identity(p)) is not None and i != agent]
+            if not found:
                 for path in groups:
                     remove_cgroup(path)
-            return members
-    return _scan_leftovers(agent, launch_id)
-
-
-def _scan_leftovers(agent: ProcessIdentity, launch_id: str) -> list[int]:
-    """The ``/proc`` scan of :func:`attempt_leftovers` (session members and marker carriers)."""
-    wanted = f"{ATTEMPT_ENV}={launch_id}".encode()
-    session_free = _read_stat(agent.pid) is None
-    found: list[int] = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in (os.getpid(), agent.pid):
-            continue
-        pid = int(name)
-        stat = _read_stat(pid)
-        if stat is None or stat[0] in ("Z", "X") or stat[2] < agent.start_time:
-            continue
-        try:
-            if session_free and os.getsid(pid) == agent.pid:
-                found.append(pid)
-                continue
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                environ = fh.read()
-        except OSError:
-            continue
-        if wanted in environ.split(b"\0"):
-            found.append(pid)
-    return found
+            return found
+    return (table or ProcessTable()).leftovers(agent, launch_id)
 
 
 # --- per-attempt cgroups (issue 8, hole 13) ---------------------------------------------------------------
@@ -368,23 +544,18 @@ def kill_cgroup(path: str, timeout: float = 5.0) -> bool:
         time.sleep(0.02)
 
 
-def find_by_title(title: str) -> list[int]:
+def find_by_title(title: str, table: ProcessTable | None = None) -> list[int]:
     """Pids of live processes whose command line (as ``setproctitle`` leaves it) is ``title`` or starts with
-    ``title`` followed by a space. A forked agent sets its title to a marker first thing, so a restarted
-    executor can find an agent whose zygote died before reporting it."""
-    wanted = title.encode()
-    found: list[int] = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as fh:
-                cmdline = fh.read().replace(b"\0", b" ").strip()
-        except OSError:
-            continue
-        if (cmdline == wanted or cmdline.startswith(wanted + b" ")) and identity(int(name)) is not None:
-            found.append(int(name))
-    return found
+    ``title`` followed by a space, oldest first, from ``table`` (a fresh :class:`ProcessTable` when ``None``).
+    A forked agent sets its title to a marker first thing, so a restarted executor can find an agent whose
+    zygote died before reporting it."""
+    return [i.pid for i in (table or ProcessTable()).by_title(title)]
+
+
+def find_by_marker(launch_id: str, table: ProcessTable | None = None) -> list[int]:
+    """Pids of live processes whose environment carries exactly ``ATTEMPT_ENV=launch_id``, oldest first, from
+    ``table`` (a fresh :class:`ProcessTable` when ``None``); see :meth:`ProcessTable.by_marker`."""
+    return [i.pid for i in (table or ProcessTable()).by_marker(launch_id)]
 
 
 def kill_tree(root: ProcessIdentity | int, *, include_root: bool = True, timeout: float = 5.0,

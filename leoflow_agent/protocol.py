@@ -4,6 +4,11 @@ Standard library only. Framing: one JSON object per line (UTF-8, ``\\n``-termina
 stream socket (executor <-> zygote) or an inherited pipe (agent -> zygote). A workload and its token travel
 only inside these messages, never on a command line or in an environment variable (DESIGN §3).
 
+Kinds are typed: a sender builds a message with :func:`op_message` / :func:`ev_message` from an :class:`Op` /
+:class:`Ev` member (a non-member is refused) and a receiver reads its kind with :func:`op_of` / :func:`ev_of`;
+no module compares bare strings (``tests/unit/test_protocol.py`` checks the sources). The members' values are
+the names below, so the wire is what it was.
+
 Executor -> zygote ("op"):
   ``launch``  {"op","launch_id","workload","server","record_path","fault"}
   ``kill``    {"op","launch_id"}                             kill its agent's subtree, or drop it if held
@@ -62,6 +67,39 @@ class Ev(enum.StrEnum):
     LAUNCH_FAILED = "launch_failed"
     REPORTED = "reported"
     EXITED = "exited"
+
+
+def op_message(op: Op, **fields: Any) -> dict[str, Any]:
+    """An executor -> zygote message: ``{"op": op.value, **fields}`` (the wire form is the enum's value).
+
+    :raises ValueError: ``op`` is not an :class:`Op` member (a bare string that names one is accepted).
+    """
+    return {**fields, "op": Op(op).value}
+
+
+def ev_message(ev: Ev, **fields: Any) -> dict[str, Any]:
+    """A zygote -> executor (or agent -> zygote) message: ``{"ev": ev.value, **fields}``.
+
+    :raises ValueError: ``ev`` is not an :class:`Ev` member (a bare string that names one is accepted).
+    """
+    return {**fields, "ev": Ev(ev).value}
+
+
+def op_of(message: dict[str, Any]) -> Op | None:
+    """The ``op`` of a decoded message as an :class:`Op`, or ``None`` when it has none or an unknown one
+    (the receiver logs and ignores it; the wire format is never extended silently)."""
+    try:
+        return Op(message.get("op"))
+    except (ValueError, TypeError):
+        return None
+
+
+def ev_of(message: dict[str, Any]) -> Ev | None:
+    """The ``ev`` of a decoded message as an :class:`Ev`, or ``None`` when it has none or an unknown one."""
+    try:
+        return Ev(message.get("ev"))
+    except (ValueError, TypeError):
+        return None
 
 
 class LaunchMessage(TypedDict):

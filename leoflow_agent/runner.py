@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from leoflow_agent import outcome
-from leoflow_agent.protocol import agent_title_marker
+from leoflow_agent.protocol import Ev, agent_title_marker, ev_message
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def reported_event(state: str, recorded: bool) -> dict[str, Any]:
     "recorded": <bool>}``. ``recorded`` is False when the attempt's outcome record could not be written
     (issue 8 hole 12): the report landed, but a later record-based decision about this attempt has no record
     to go on. Additive: a reader treats an absent ``recorded`` as True (agents before it always recorded)."""
-    return {"ev": "reported", "state": state, "recorded": bool(recorded)}
+    return ev_message(Ev.REPORTED, state=state, recorded=bool(recorded))
 
 
 def task_log_writer(log_path: str | None) -> Callable[[str, str], None]:

@@ -246,7 +246,7 @@ class Zygote:
         self.conn_buf = protocol.LineBuffer()
         self.sel.register(conn, selectors.EVENT_READ, "conn")
         me = proc.identity(os.getpid())
-        self._send({"ev": "hello", "pid": os.getpid(), "start_time": me.start_time if me else None})
+        self._send(protocol.ev_message(protocol.Ev.HELLO, pid=os.getpid(), start_time=me.start_time if me else None))
 
     def _drop_conn(self) -> None:
         if self.conn is not None:
@@ -281,23 +281,24 @@ class Zygote:
         self.conn_buf.errors.clear()
 
     def _handle(self, msg: dict[str, Any]) -> None:
-        op = msg.get("op")
-        if op == "launch":
+        """Act on one executor message by its :class:`~leoflow_agent.protocol.Op`; an unknown op is logged."""
+        op = protocol.op_of(msg)
+        if op is protocol.Op.LAUNCH:
             if self._valid_launch(msg):
                 self._fork_all(self.handoff.offer(msg))
-        elif op == "kill":
+        elif op is protocol.Op.KILL:
             self._kill(msg)
-        elif op == "limit":
+        elif op is protocol.Op.LIMIT:
             limit = msg.get("max_agents")
             if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
                 log.error("bad limit message: %r", msg)
                 return
             self._fork_all(self.handoff.set_limit(limit))
-        elif op == "retoken":
+        elif op is protocol.Op.RETOKEN:
             if isinstance(msg.get("launch_id"), str) and isinstance(msg.get("workload"), str):
                 self.handoff.retoken(msg["launch_id"], msg["workload"])
         else:
-            log.error("unknown op %r", op)
+            log.error("unknown op %r", msg.get("op"))
 
     # --- kills ----------------------------------------------------------------------------------------
     def _kill(self, msg: dict[str, Any]) -> None:
@@ -316,8 +317,8 @@ class Zygote:
             log.error("bad grace in kill message %r; using %.0f s", msg, self.kill_grace)
             grace = self.kill_grace
         if isinstance(launch_id, str) and self.handoff.drop(launch_id):
-            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": "killed before it was forked",
-                        "retryable": False})
+            self._send(protocol.ev_message(protocol.Ev.LAUNCH_FAILED, launch_id=launch_id,
+                                           error="killed before it was forked", retryable=False))
         now = time.monotonic()
         for pid, agent in list(self.agents.items()):
             if agent["launch_id"] != launch_id:
@@ -358,12 +359,12 @@ class Zygote:
     def _valid_launch(self, msg: dict[str, Any]) -> bool:
         launch_id = msg.get("launch_id")
         if not isinstance(launch_id, str) or not isinstance(msg.get("workload"), str) or not msg.get("server"):
-            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": "malformed launch message",
-                        "retryable": False})
+            self._send(protocol.ev_message(protocol.Ev.LAUNCH_FAILED, launch_id=launch_id,
+                                           error="malformed launch message", retryable=False))
             return False
         if msg.get("fault") is not None and msg["fault"] not in protocol.FAULT_POINTS:
-            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": f"unknown fault {msg['fault']!r}",
-                        "retryable": False})
+            self._send(protocol.ev_message(protocol.Ev.LAUNCH_FAILED, launch_id=launch_id,
+                                           error=f"unknown fault {msg['fault']!r}", retryable=False))
             return False
         return True
 
@@ -393,16 +394,16 @@ class Zygote:
         try:
             rfd, wfd = os.pipe2(os.O_CLOEXEC)
         except OSError as exc:  # EMFILE/ENFILE: the host's limit, not the task's
-            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": f"pipe failed: {exc.strerror}",
-                        "retryable": True})
+            self._send(protocol.ev_message(protocol.Ev.LAUNCH_FAILED, launch_id=launch_id,
+                                           error=f"pipe failed: {exc.strerror}", retryable=True))
             return False
         try:
             pid = os.fork()
         except OSError as exc:  # EAGAIN (pids limit, TasksMax), ENOMEM: infra, re-offered by the executor
             os.close(rfd)
             os.close(wfd)
-            self._send({"ev": "launch_failed", "launch_id": launch_id, "error": f"fork failed: {exc.strerror}",
-                        "retryable": True})
+            self._send(protocol.ev_message(protocol.Ev.LAUNCH_FAILED, launch_id=launch_id,
+                                           error=f"fork failed: {exc.strerror}", retryable=True))
             return False
         if pid == 0:  # the agent
             code = 1
@@ -439,7 +440,7 @@ class Zygote:
         self.report_fds[rfd] = pid
         self.sel.register(rfd, selectors.EVENT_READ, "report")
         start = proc.start_time(pid)
-        self._send({"ev": "launched", "launch_id": launch_id, "pid": pid, "start_time": start})
+        self._send(protocol.ev_message(protocol.Ev.LAUNCHED, launch_id=launch_id, pid=pid, start_time=start))
         return True
 
     def _join_cgroup(self, launch_id: str) -> None:
@@ -472,9 +473,9 @@ class Zygote:
             self._close_report(fd)
             return
         for event in agent["buf"].feed(chunk):
-            if event.get("ev") == "reported":
-                self._send({"ev": "reported", "launch_id": agent["launch_id"], "state": event.get("state"),
-                            "recorded": event.get("recorded") is not False})
+            if protocol.ev_of(event) is protocol.Ev.REPORTED:
+                self._send(protocol.ev_message(protocol.Ev.REPORTED, launch_id=agent["launch_id"],
+                                               state=event.get("state"), recorded=event.get("recorded") is not False))
                 self._freed(agent["launch_id"])  # the slot is freed at the terminal report: next held one
 
     def _close_report(self, fd: int) -> None:
@@ -510,7 +511,7 @@ class Zygote:
                 proc.kill_cgroup(path)  # what left the tree (reparented past us) is still in the cgroup
             self.kills.pop(pid, None)
             code = os.waitstatus_to_exitcode(status)
-            self._send({"ev": "exited", "launch_id": agent["launch_id"], "pid": pid, "exit_code": code})
+            self._send(protocol.ev_message(protocol.Ev.EXITED, launch_id=agent["launch_id"], pid=pid, exit_code=code))
             self._freed(agent["launch_id"])
 
     def _kill_orphans(self) -> None:

@@ -7,7 +7,13 @@ reparented its orphans to init: they are found by session and ``LEOFLOW_ATTEMPT`
 GONE only once none is left. ``observe`` finishes that orphan clean-up itself: it is the zygote's own reaping,
 done on the dead zygote's behalf, never a kill of a live agent (only the lifecycle's reapers and revoke kill
 those, through :meth:`LiteRuntime.kill`). An attempt without a pid is looked up by its agent's process-title
-marker (``leoflow_agent.protocol.agent_title_marker``), never presumed dead.
+marker (``leoflow_agent.protocol.agent_title_marker``) or, untitled, by its ``LEOFLOW_ATTEMPT`` environment
+marker, never presumed dead.
+
+Issue 8's seam ("observations answer from what the runtime already holds"): every lookup of one
+:meth:`LiteRuntime.observe` call shares one :class:`leoflow_agent.proc.ProcessTable`, so a pass scans ``/proc``
+at most once however many attempts it looks at (none when each is answered by its agent's pid or its attempt
+cgroup), plus once more only after it killed leftovers, to prove them gone.
 """
 
 from __future__ import annotations
@@ -197,23 +203,23 @@ class LiteRuntime:
     def _typed(self, raw: list[dict[str, Any]]) -> list[RuntimeEvent]:
         out: list[RuntimeEvent] = []
         for ev in raw:
-            kind, launch_id = ev.get("ev"), ev.get("launch_id")
+            kind, launch_id = protocol.ev_of(ev), ev.get("launch_id")
             if not isinstance(launch_id, str):
                 continue
             launch = self._launches.get(launch_id)
-            if kind == protocol.Ev.LAUNCHED:
+            if kind is protocol.Ev.LAUNCHED:
                 facts: RuntimeFacts = {}
                 if isinstance(ev.get("pid"), int) and isinstance(ev.get("start_time"), int):
                     facts = {"pid": ev["pid"], "proc_start_time": ev["start_time"]}
                     if launch is not None:
                         launch.agent = proc.ProcessIdentity(ev["pid"], ev["start_time"])
                 out.append(Started(launch_id, facts))
-            elif kind == protocol.Ev.LAUNCH_FAILED:
+            elif kind is protocol.Ev.LAUNCH_FAILED:
                 self._launches.pop(launch_id, None)
                 out.append(LaunchFailed(launch_id, str(ev.get("error")), ev.get("retryable") is True))
-            elif kind == protocol.Ev.REPORTED:
+            elif kind is protocol.Ev.REPORTED:
                 out.append(Reported(launch_id, str(ev.get("state"))))
-            elif kind == protocol.Ev.EXITED:
+            elif kind is protocol.Ev.EXITED:
                 code = ev.get("exit_code") if isinstance(ev.get("exit_code"), int) else None
                 if launch is not None and launch.ref is None:
                     del self._launches[launch_id]
@@ -230,12 +236,13 @@ class LiteRuntime:
         log.error("the leoflow zygote died or its connection broke (exit code %s); restarting it. %d launches it "
                   "had not started are re-offered", self.zygote.exit_code, len(lost))
         events: list[RuntimeEvent] = []
+        table = proc.ProcessTable()  # one scan for every lost launch
         for launch_id in lost:
             del self._launches[launch_id]
             # the zygote may have forked the agent without telling us: never let it run beside its re-offer
-            for pid in proc.find_by_title(protocol.agent_title_marker(launch_id)):
-                log.warning("killing agent pid %d of launch %s that the dead zygote never reported", pid, launch_id)
-                proc.kill_tree(pid)
+            for ident in _processes_of(launch_id, table):
+                log.warning("killing pid %d of launch %s that the dead zygote never reported", ident.pid, launch_id)
+                proc.kill_tree(ident)
             events.append(LaunchFailed(launch_id, "the zygote died before forking", retryable=True))
         for launch in self._launches.values():
             if not launch.exited:
@@ -288,10 +295,31 @@ class LiteRuntime:
     # --- presence, evidence, kill ----------------------------------------------------------------------
     def observe(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, Presence]:
         """LIVE, GONE or UNKNOWN for each attempt (see the module docstring); always UNKNOWN for an attempt
-        stamped with another host (``leoflow_airflow.hosts``)."""
-        return {a.ref: self._presence(a) for a in attempts}
+        stamped with another host (``leoflow_airflow.hosts``).
 
-    def _presence(self, attempt: Attempt) -> Presence:
+        One pass: every lookup shares one :class:`~leoflow_agent.proc.ProcessTable` (at most one ``/proc``
+        scan). The leftovers of agents no zygote of ours saw die are killed after the lookups, and a new table
+        (one more scan) then proves them gone: LIVE while anything of such an attempt is left."""
+        table = proc.ProcessTable()
+        out: dict[AttemptRef, Presence] = {}
+        reaping: list[tuple[AttemptRef, proc.ProcessIdentity, str, list[proc.ProcessIdentity]]] = []
+        for attempt in attempts:
+            out[attempt.ref] = self._presence(attempt, table, reaping)
+        if reaping:
+            for ref, _, _, left in reaping:
+                log.warning("attempt %s: its agent is dead but %d of its processes are not (%s); killing them",
+                            ref, len(left), [i.pid for i in left])
+                for ident in left:
+                    proc.kill_tree(ident)
+            after = proc.ProcessTable()  # the first table is stale now: what it listed was killed
+            for ref, agent, lid, _ in reaping:
+                out[ref] = Presence.LIVE if proc.leftover_processes(agent, lid, table=after) else Presence.GONE
+        return out
+
+    def _presence(self, attempt: Attempt, table: proc.ProcessTable,
+                  reaping: list[tuple[AttemptRef, proc.ProcessIdentity, str, list[proc.ProcessIdentity]]]) -> Presence:
+        """One attempt's presence, from ``table`` where a lookup is needed. An agent no zygote of ours saw die
+        with processes left is appended to ``reaping`` (its answer is decided after they are killed)."""
         if hosts.is_foreign(attempt.host, self.host):
             return Presence.UNKNOWN  # another host's pids mean nothing here (issue 8 hole 14)
         lid = launch_id(attempt.ref)
@@ -300,7 +328,7 @@ class LiteRuntime:
             if attempt.state == AttemptState.CLAIMED:
                 if launch is not None and not launch.orphaned:
                     return Presence.UNKNOWN  # ours, on its way to the zygote: ``launched`` or ``launch_failed`` follows
-                if self.locate(attempt):
+                if self._locate(lid, table) is not None:
                     return Presence.LIVE
             return self._no_agent_left(attempt, lid)
         agent = proc.ProcessIdentity(attempt.pid, int(attempt.proc_start_time))
@@ -312,18 +340,14 @@ class LiteRuntime:
             if self.zygote.alive():
                 return Presence.UNKNOWN  # ours: wait for the zygote's word
         # no zygote of ours saw this agent die: its orphans reparented to init; finish the zygote's reaping
-        left = proc.attempt_leftovers(agent, lid)
+        left = proc.leftover_processes(agent, lid, table=table)
         if left:
-            log.warning("attempt %s: its agent is dead but %d of its processes are not (%s); killing them",
-                        attempt.ref, len(left), left)
-            for pid in left:
-                proc.kill_tree(pid)
-            if proc.attempt_leftovers(agent, lid):
-                return Presence.LIVE
+            reaping.append((attempt.ref, agent, lid, left))
+            return Presence.LIVE  # decided by observe() once they are killed
         return Presence.GONE
 
     def _no_agent_left(self, attempt: Attempt, lid: str) -> Presence:
-        """An attempt with no recorded agent and none found by its title: its task child may still run (the
+        """An attempt with no recorded agent and none found by its markers: its task child may still run (the
         agent and the zygote died, e.g. with a SIGKILLed scheduler, before its ``launched`` event was read).
         Kill what its attempt cgroup still holds (:func:`leoflow_agent.proc.attempt_cgroups`) before answering
         GONE, as the zygote would have; LIVE while anything of it is left. Without an attempt cgroup (a host
@@ -336,17 +360,22 @@ class LiteRuntime:
                     len(left), left)
         return Presence.GONE if all([proc.kill_cgroup(path) for path in groups]) else Presence.LIVE
 
+    @staticmethod
+    def _locate(lid: str, table: proc.ProcessTable) -> proc.ProcessIdentity | None:
+        """The agent of launch ``lid`` in ``table``: the oldest process carrying its title marker, else (an agent
+        not titled yet, or only its exec'd descendants left) the oldest carrying its ``LEOFLOW_ATTEMPT``
+        environment marker; ``None`` when neither is found."""
+        found = table.by_title(protocol.agent_title_marker(lid)) or table.by_marker(lid)
+        return found[0] if found else None
+
     def locate(self, attempt: Attempt) -> RuntimeFacts | None:
-        """Find the agent of an attempt with no recorded pid by its process-title marker (None for another
-        host's attempt: it cannot be looked up here)."""
+        """Find the agent of an attempt with no recorded pid by its title marker, else its environment marker
+        (one ``/proc`` scan); None when nothing of it runs, or for another host's attempt (it cannot be looked
+        up here)."""
         if hosts.is_foreign(attempt.host, self.host):
             return None
-        lid = launch_id(attempt.ref)
-        for pid in proc.find_by_title(protocol.agent_title_marker(lid)):
-            ident = proc.identity(pid)
-            if ident is not None:
-                return {"pid": ident.pid, "proc_start_time": ident.start_time}
-        return None
+        ident = self._locate(launch_id(attempt.ref), proc.ProcessTable())
+        return None if ident is None else {"pid": ident.pid, "proc_start_time": ident.start_time}
 
     def evidence(self, attempt: Attempt) -> Evidence:
         """The attempt's record file, decoded against its identity (never raises)."""
@@ -356,9 +385,10 @@ class LiteRuntime:
         return Evidence(record, attempt.exit_status)
 
     def kill(self, attempt: Attempt) -> Presence:
-        """SIGKILL the attempt's agent and whole subtree (GONE when nothing is left). Without a pid:
-        ask the zygote to drop or kill the launch, or kill the agent found by its title marker. Another host's
-        attempt is never killed from here (UNKNOWN): its pid may name an unrelated local process."""
+        """SIGKILL the attempt's agent and whole subtree (GONE when nothing is left). Without a pid: ask the
+        zygote to drop or kill the launch, or kill every process found by its title or environment marker (one
+        ``/proc`` scan). Another host's attempt is never killed from here (UNKNOWN): its pid may name an
+        unrelated local process."""
         if hosts.is_foreign(attempt.host, self.host):
             return Presence.UNKNOWN
         lid = launch_id(attempt.ref)
@@ -369,21 +399,18 @@ class LiteRuntime:
                 # and the lifecycle kills it then: nothing of it can run on
                 self.zygote.kill_launch(lid, grace=0)
                 return Presence.GONE
-            facts = self.locate(attempt)
-            if facts:
-                return Presence.GONE if proc.kill_tree(
-                    proc.ProcessIdentity(facts["pid"], facts["proc_start_time"])) else Presence.LIVE
-            return Presence.GONE
+            found = _processes_of(lid, proc.ProcessTable())
+            return Presence.GONE if all([proc.kill_tree(ident) for ident in found]) else Presence.LIVE
         self._adopted.pop(attempt.ref, None)
         gone = proc.kill_tree(proc.ProcessIdentity(attempt.pid, int(attempt.proc_start_time)))
         return Presence.GONE if gone else Presence.LIVE
 
     def kill_launch(self, launch_id: str) -> None:
-        """Kill a launch's agent through the zygote at once (no grace: it must not run at all), and any agent
-        carrying its title marker."""
+        """Kill a launch's agent through the zygote at once (no grace: it must not run at all), and any process
+        carrying its title or environment marker."""
         self.zygote.kill_launch(launch_id, grace=0)
-        for pid in proc.find_by_title(protocol.agent_title_marker(launch_id)):
-            proc.kill_tree(pid)
+        for ident in _processes_of(launch_id, proc.ProcessTable()):
+            proc.kill_tree(ident)
 
     def adopt(self, attempt: Attempt) -> None:
         """Watch a predecessor's agent; it lowers the zygote's busy limit while it runs."""
@@ -416,3 +443,9 @@ class LiteRuntime:
         """Feed a finished attempt's slot time to the queue-ahead average."""
         self._ahead.finished(held_for)
 
+
+def _processes_of(lid: str, table: proc.ProcessTable) -> list[proc.ProcessIdentity]:
+    """Every process in ``table`` carrying launch ``lid``'s title marker or its ``LEOFLOW_ATTEMPT`` environment
+    marker (titled ones first), each once."""
+    found = table.by_title(protocol.agent_title_marker(lid))
+    return found + [ident for ident in table.by_marker(lid) if ident not in found]

@@ -227,7 +227,7 @@ class ZygoteClient:
         self._sock, self._connecting = self._connecting, None
         self._buf = protocol.LineBuffer()
         for msg in self._buf.feed(hello):
-            if msg.get("ev") != protocol.Ev.HELLO:
+            if protocol.ev_of(msg) is not protocol.Ev.HELLO:
                 log.error("unexpected first message from the zygote: %r", msg)
         return True
 
@@ -309,7 +309,7 @@ class ZygoteClient:
     # --- messages -------------------------------------------------------------------------------------
     def launch(self, message: protocol.LaunchMessage) -> bool:
         """Send a ``launch`` message (see :mod:`leoflow_agent.protocol`); False when the zygote is gone."""
-        return self._send(dict(message, op=protocol.Op.LAUNCH.value), message["launch_id"])
+        return self._send(protocol.op_message(protocol.Op.LAUNCH, **message), message["launch_id"])
 
     def kill_launch(self, launch_id: str, *, grace: float | None = None) -> bool:
         """Ask the zygote to kill one agent's subtree, or to drop the launch if it still holds it (it then
@@ -319,7 +319,7 @@ class ZygoteClient:
             subtree's SIGKILL; 0 kills at once; ``None``: the zygote's default, ``[core]
             killed_task_cleanup_time``. The zygote escalates on its own loop: this never blocks.
         """
-        message: dict[str, object] = {"op": protocol.Op.KILL.value, "launch_id": launch_id}
+        message = protocol.op_message(protocol.Op.KILL, launch_id=launch_id)
         if grace is not None:
             message["grace"] = grace
         return self._send(message, None)
@@ -328,12 +328,12 @@ class ZygoteClient:
         """Tell the zygote how many busy agents (forked, not yet reported or exited) it may have at once;
         it holds later launches and forks each the moment a busy agent reports or exits
         (:mod:`leoflow_agent.handoff`). ``None``: no limit. False when the zygote is gone."""
-        return self._send({"op": protocol.Op.LIMIT.value, "max_agents": max_agents}, None)
+        return self._send(protocol.op_message(protocol.Op.LIMIT, max_agents=max_agents), None)
 
     def retoken(self, launch_id: str, workload: str) -> bool:
         """Replace a held launch's workload JSON (same workload, fresh token); a launch already forked
         ignores it. False when the zygote is gone."""
-        return self._send({"op": protocol.Op.RETOKEN.value, "launch_id": launch_id, "workload": workload}, None)
+        return self._send(protocol.op_message(protocol.Op.RETOKEN, launch_id=launch_id, workload=workload), None)
 
     def _send(self, message: dict[str, Any], launch_id: str | None) -> bool:
         if self._sock is None:
@@ -370,7 +370,7 @@ class ZygoteClient:
             log.error("bad message from the zygote: %s", err)
         self._buf.errors.clear()
         for ev in out:
-            if ev.get("ev") in (protocol.Ev.LAUNCHED, protocol.Ev.LAUNCH_FAILED):
+            if protocol.ev_of(ev) in (protocol.Ev.LAUNCHED, protocol.Ev.LAUNCH_FAILED):
                 self.pending.discard(ev.get("launch_id"))
         return out
 
