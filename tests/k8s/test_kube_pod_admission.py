@@ -167,10 +167,11 @@ def test_a_pod_alone_over_the_quota_is_refused(core, namespace):
 
 def test_quota_status_unknown_is_backpressure(core, namespace):
     _quota(core, namespace, {"pods": "10"})
-    # The quota controller ignores status-only updates (it recomputes on spec changes, pod replenishment and its
-    # 5-minute resync), so clearing the status leaves admission with no usage figures until then.
+    # Admission answers "status unknown" for a resource in status.hard without a status.used figure (the
+    # controller has not counted it yet). The quota controller ignores status-only updates (it recounts on spec
+    # changes, pod replenishment and its 5-minute resync), so a status with the hard limit and no usage stays.
     quota = core.read_namespaced_resource_quota("q", namespace)
-    quota.status = client.V1ResourceQuotaStatus()
+    quota.status = client.V1ResourceQuotaStatus(hard={"pods": "10"})
     core.replace_namespaced_resource_quota_status("q", namespace, quota)
     _dry_run_refusal(core, namespace, "status unknown for quota: q")
     a = attempt()
@@ -181,8 +182,7 @@ def test_quota_status_unknown_is_backpressure(core, namespace):
 
 
 def test_quota_must_specify_is_refused_naming_the_quota(core, namespace):
-    core.create_namespaced_resource_quota(namespace, client.V1ResourceQuota(
-        metadata=client.V1ObjectMeta(name="q"), spec=client.V1ResourceQuotaSpec(hard={"limits.cpu": "2"})))
+    _quota(core, namespace, {"limits.cpu": "2"})  # admission checks what the quota's status lists
     _dry_run_refusal(core, namespace, "must specify")
     a = attempt()
     err = create_error(core, namespace, build_pod(a, kube(namespace)))

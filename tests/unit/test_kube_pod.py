@@ -268,6 +268,8 @@ def test_the_allowlist_lets_an_operator_open_more():
     side = got.spec.containers[1]
     assert side.security_context.allow_privilege_escalation is False and side.security_context.capabilities.drop == ["ALL"]
     assert not side.volume_mounts and side.env is None  # the token and leoflow's env are the agent's alone
+    typed = {"pod_override": k8s.V1Pod(api_version="v1", kind="Pod", spec=k8s.V1PodSpec(containers=[]))}
+    assert build_pod(attempt(), kube(), executor_config=typed) == build_pod(attempt(), kube())
     assert build_pod(attempt(), kube(), executor_config={}) == build_pod(attempt(), kube())
     assert build_pod(attempt(), kube(), executor_config={"other_executor": 1}) == build_pod(attempt(), kube())
 

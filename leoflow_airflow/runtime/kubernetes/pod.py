@@ -121,8 +121,9 @@ PINNED_PATHS: tuple[str, ...] = (
 them (or anything below them). For ``spec.containers`` they are pinned on the agent container (args,
 termination message) or on every container (security context)."""
 
-_ALWAYS_ALLOWED = ("spec.containers.name",)
-"""Set by every ``V1Container`` (the client requires it); containers merge by position, so it names nothing."""
+_ALWAYS_ALLOWED = ("spec.containers.name", "apiVersion", "kind")
+"""Set by every ``V1Container`` (the client requires it; containers merge by position, so it names nothing),
+and the pod's own type (``V1Pod(api_version="v1", kind="Pod", ...)``), which leoflow sets anyway."""
 
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _NOT_LABEL_CHAR = re.compile(r"[^-A-Za-z0-9_.]+")
