@@ -19,7 +19,13 @@ from kubernetes.client.rest import ApiException
 
 from leoflow_airflow import settings as leoflow_settings
 from leoflow_airflow.runtime.kubernetes.classify import VerdictKind, classify_exception
-from leoflow_airflow.runtime.kubernetes.pod import IDENTITY_ANNOTATION, PodAttempt, build_pod, pod_name
+from leoflow_airflow.runtime.kubernetes.pod import (
+    IDENTITY_ANNOTATION,
+    PodAttempt,
+    build_pod,
+    is_attempt_pod,
+    pod_name,
+)
 from leoflow_airflow.runtime.kubernetes.template import parse_pod_template
 
 from .conftest import wait_for
@@ -200,8 +206,8 @@ def test_a_second_create_of_one_attempt_meets_its_own_pod(core, namespace):
     assert verdict.kind is VerdictKind.CHECK_EXISTING
     # the check it asks for: the pod under that name is this attempt's, with the UID of the first create
     existing = core.read_namespaced_pod(pod_name(a), namespace)
-    assert existing.metadata.uid == first.metadata.uid
-    assert existing.metadata.annotations[IDENTITY_ANNOTATION] == first.metadata.annotations[IDENTITY_ANNOTATION]
+    assert is_attempt_pod(existing.metadata, a) and existing.metadata.uid == first.metadata.uid
+    assert not is_attempt_pod(existing.metadata, dataclasses.replace(a, try_number=2))
     # a new epoch of the same ti_id is a new name, never this pod
     epoch2 = dataclasses.replace(a, attempt_epoch=2)
     second = core.create_namespaced_pod(namespace, build_pod(epoch2, kube(namespace)))

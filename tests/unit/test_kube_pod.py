@@ -9,6 +9,7 @@ What the real kube-apiserver makes of these pods (Pod Security ``restricted``, q
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 import uuid
@@ -99,6 +100,11 @@ def test_labels_are_valid_and_hashed_when_cut_and_the_annotation_keeps_the_whole
                      "run_id": "scheduled__2026-01-01T00:00:00+00:00", "map_index": 3}
     assert pod.metadata.labels.items() >= labels.items()
     assert (pod.metadata.name, pod.metadata.namespace) == (pods.pod_name(a), "default")
+    assert pods.is_attempt_pod(pod.metadata, a)
+    for other in (dataclasses.replace(a, try_number=2), dataclasses.replace(a, run_id="other"),
+                  dataclasses.replace(a, attempt_epoch=2)):
+        assert not pods.is_attempt_pod(pod.metadata, other)
+    assert not pods.is_attempt_pod(None, a)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -62,6 +62,8 @@ __all__ = [
     "allow_entry_problem",
     "attempt_labels",
     "build_pod",
+    "identity_annotation",
+    "is_attempt_pod",
     "label_value",
     "pod_name",
     "termination_budget",
@@ -202,6 +204,17 @@ def identity_annotation(attempt: PodAttempt) -> str:
         "dag_id": attempt.dag_id, "task_id": attempt.task_id, "run_id": attempt.run_id,
         "map_index": attempt.map_index,
     }, sort_keys=True, separators=(",", ":"))
+
+
+def is_attempt_pod(metadata: k8s.V1ObjectMeta | None, attempt: PodAttempt) -> bool:
+    """Whether a pod with ``metadata`` (read back from the API server) is ``attempt``'s own: its name is the
+    attempt's pod name and its identity annotation is exactly the attempt's. What a 409 on create asks for
+    (:class:`~leoflow_airflow.runtime.kubernetes.classify.VerdictKind` ``CHECK_EXISTING``); the caller then
+    keeps that pod's UID."""
+    if metadata is None:
+        return False
+    return (metadata.name == pod_name(attempt)
+            and (metadata.annotations or {}).get(IDENTITY_ANNOTATION) == identity_annotation(attempt))
 
 
 def allow_entry_problem(entry: str) -> str | None:
