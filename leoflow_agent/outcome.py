@@ -42,6 +42,7 @@ __all__ = [
     "CALLBACKS_PENDING_STATES",
     "MAX_REASON_LEN",
     "MAX_RECORD_BYTES",
+    "MIN_TERMINATION_MESSAGE_BUDGET",
     "STATE_OUTCOMES",
     "TERMINATION_MESSAGE_BUDGET",
     "VERSION",
@@ -73,6 +74,13 @@ to it with :func:`truncate_utf8`."""
 TERMINATION_MESSAGE_BUDGET = 2048
 """Byte budget for a record written to a Kubernetes termination message: far under the kubelet's
 4096-byte cap, leaving room for whatever else a container might write there (DESIGN §4)."""
+
+MIN_TERMINATION_MESSAGE_BUDGET = 1536
+"""The fewest bytes a termination message may offer a record (1.5 KiB). Every terminal record of today's
+supervisor fits it once asset events and ``reason`` are dropped (:func:`encode`), with ``rendered_map_index``
+at Airflow's column limit of 250 characters of 4 UTF-8 bytes each and every number at its widest (about
+1,350 bytes; ``tests/unit/test_outcome.py`` holds the worst case). The Kubernetes pod builder refuses a pod whose
+container count leaves the agent less than this (``leoflow_airflow.runtime.kubernetes.pod``)."""
 
 MAX_RECORD_BYTES = 1024 * 1024
 """Hard ceiling, in bytes, on any encoded record (1 MiB). :func:`decode` treats a larger input as "no

@@ -25,7 +25,8 @@ def check(args: Any) -> None:
         sys.exit(1)
     values = ladder.read_values(parsed)
     report = ladder.evaluate(values)
-    for name, value in sorted(vars(parsed).items()):
+    shown_values = {k: v for k, v in vars(parsed).items() if k != "kubernetes"} | vars(parsed.kubernetes)
+    for name, value in sorted(shown_values.items()):
         shown = ",".join(value) if isinstance(value, tuple) else value
         print(f"[leoflow] {name} = {shown}")
     for name, (section, key, _) in ladder.AIRFLOW_KEYS.items():

@@ -8,6 +8,8 @@
     ├── ConfigError (ValueError)       an operator fixes a [leoflow] value: start() refuses (key and value named)
     ├── LadderViolation                an operator fixes the recovery window: start() refuses
     ├── ZygoteError                    the Lite zygote did not come up: logged, spawned again
+    ├── PodRefused                     this attempt's pod can never be built as asked (a forbidden pod_override
+    │                                  field, too many containers for the outcome record): refused, the TI fails
     └── IllegalTransition (ValueError) a programming error: an attempt-state move TRANSITIONS does not allow
                                        (``leoflow_airflow.ledger.states``)
 
@@ -41,3 +43,22 @@ class LadderViolation(LeoflowError):
 
 class ZygoteError(LeoflowError):
     """The Lite zygote could not be started or reached."""
+
+
+class PodRefused(LeoflowError):
+    """The pod of one attempt cannot be built as asked, and asking again will not change that: the dispatch is
+    ``refused`` and the task instance fails at once with this message in its log (DESIGN §3 "Dispatch").
+
+    Raised by :func:`leoflow_airflow.runtime.kubernetes.pod.build_pod` for a ``pod_override`` field outside
+    ``[leoflow] pod_override_allow``, an ``executor_config`` it cannot use, a ``pod_mutation_hook`` that raised,
+    a second ServiceAccount token or one of Airflow's own secrets on the pod, and a final container count that
+    leaves the termination message too few bytes for an outcome record.
+
+    :param field: what is refused, as a pod field path in the Kubernetes API's names
+        (``spec.containers.securityContext``) or an ``executor_config`` key (``executor_config.pod_override``).
+    :param reason: what is wrong and what the operator or DAG author can do about it.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field, self.reason = field, reason
+        super().__init__(f"{field}: {reason}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from leoflow_airflow.errors import ConfigError
@@ -56,9 +56,56 @@ def _split_names(v: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in v.split(",") if n.strip())
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_FIELD_PATH = re.compile(r"[a-z][A-Za-z0-9]*(\.[a-z][A-Za-z0-9]*)*")
+_URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
+
+MIN_CREDENTIAL_CEILING_SECONDS = 600
+"""The shortest non-zero ``[leoflow] credential_ceiling_seconds``: a pod's deadline runs from the moment the
+kubelet took it, so it must leave room for pulling the image and exchanging the token before the task even
+starts; also the shortest life Kubernetes gives a projected ServiceAccount token."""
+
+
+def _dns_label(v: str) -> str | None:
+    ok = len(v) <= 63 and _DNS_LABEL.fullmatch(v)
+    return None if ok else "must be a DNS-1123 label (lower-case letters, digits and '-', at most 63)"
+
+
+def _dns_subdomain(v: str) -> str | None:
+    ok = len(v) <= 253 and _DNS_SUBDOMAIN.fullmatch(v)
+    return None if ok else "must be a DNS-1123 subdomain (lower-case letters, digits, '-' and '.')"
+
+
+def _no_space(v: str) -> str | None:
+    return "must not contain whitespace" if any(c.isspace() for c in v) else None
+
+
+def _url_or_empty(v: str) -> str | None:
+    return None if not v or _URL.fullmatch(v) else "must be an http:// or https:// URL (or empty)"
+
+
+def _audience(v: str) -> str | None:
+    if not v or "," in v or any(c.isspace() for c in v):
+        return "must be one non-empty audience string without whitespace or commas"
+    return None
+
+
+def _field_paths(v: str) -> str | None:
+    bad = [p for p in _split_names(v) if not _FIELD_PATH.fullmatch(p)]
+    return (f"{bad[0]!r} is not a pod field path (dotted camelCase names as in a pod's YAML, no indexes, e.g. "
+            "`spec.containers.resources`)") if bad else None
+
+
+def _ceiling(v: int) -> str | None:
+    if v == 0 or v >= MIN_CREDENTIAL_CEILING_SECONDS:
+        return None
+    return f"must be 0 (no deadline) or at least {MIN_CREDENTIAL_CEILING_SECONDS} s (it must cover the image pull)"
+
+
 OPTIONS: tuple[Option, ...] = (
     Option("runtime", "string", "lite", "Where attempts run: `lite` (local agent processes forked by a "
-           "pre-imported zygote) or `kubernetes` (a pod per attempt; not in this release).",
+           "pre-imported zygote) or `kubernetes` (a pod per attempt; not in this release: refused at start).",
            lambda v: None if v in ("lite", "kubernetes") else "must be `lite` or `kubernetes`"),
     Option("runtime_dir", "string", "", "Directory for the Lite per-attempt record files (`attempts/`) and, "
            "one directory per scheduler process (`zygotes/<scheduler pid>/`), the zygote socket, pidfile and "
@@ -113,6 +160,43 @@ OPTIONS: tuple[Option, ...] = (
            _non_negative),
     Option("redispatch_limit", "integer", "2", "Re-dispatches of the same ti_id as a new epoch when its "
            "agent died before /run; then Airflow's own failure path.", _non_negative),
+    # --- runtime (Kubernetes): read only when runtime = kubernetes (each value is still checked on its own)
+    Option("namespace", "string", "default", "Namespace of the task pods.", _dns_label),
+    Option("image", "string", "", "Image of the task pods' agent container (leoflow and the DAGs' dependencies "
+           "installed; its entrypoint runs the arguments `python -m leoflow_agent pod`). Required with "
+           "runtime = kubernetes; a pod_override may set another per task where pod_override_allow lets it.",
+           _no_space),
+    Option("pod_template_file", "string", "", "Path of a pod template (YAML) the task pods start from, as for "
+           "the KubernetesExecutor: the template, then leoflow's pod, then the task's executor_config pod_override "
+           "are merged, then Airflow's pod_mutation_hook runs, then leoflow sets again what it pins (name, labels, "
+           "identity annotation, security context, termination message, ServiceAccount token, restartPolicy). "
+           "Empty: none."),
+    Option("service_account", "string", "default", "ServiceAccount the task pods run as; the token exchange "
+           "accepts only this account's projected tokens. Its API token is never mounted "
+           "(automountServiceAccountToken: false).", _dns_subdomain),
+    Option("in_cluster", "boolean", "True", "Reach the Kubernetes API with the scheduler pod's own "
+           "ServiceAccount (True) or with kube_config (False)."),
+    Option("kube_config", "string", "", "Path of the kubeconfig used when in_cluster is False. Empty: the "
+           "client's default ($KUBECONFIG, then ~/.kube/config)."),
+    Option("exchange_url", "string", "", "URL under which task pods reach leoflow's api-server app "
+           "(`.../leoflow`; the agent posts to `<exchange_url>/v1/exchange`). Empty: `[api] base_url` + "
+           "`/leoflow`. Not derived from [core] execution_api_server_url: an execution-only api-server "
+           "(`--apps execution`) serves no plugin app.", _url_or_empty),
+    Option("token_audience", "string", "urn:leoflow:exchange", "Audience of the projected ServiceAccount token "
+           "on each task pod; the exchange accepts no token of another audience.", _audience),
+    Option("pod_override_allow", "string",
+           "metadata.labels, metadata.annotations, spec.containers.image, spec.containers.imagePullPolicy, "
+           "spec.containers.resources, spec.containers.env, spec.nodeSelector, spec.affinity, spec.tolerations, "
+           "spec.priorityClassName",
+           "Comma-separated pod field paths a task's executor_config pod_override may set (Kubernetes API names, "
+           "as in a pod's YAML; an entry allows everything below it; a list of objects such as spec.containers "
+           "is walked without index). An override setting anything else is refused and the task fails at once "
+           "naming the field. Adding a container needs `spec.containers` itself. Fields leoflow pins cannot be "
+           "listed.", _field_paths),
+    Option("credential_ceiling_seconds", "integer", "604800", "The attempt credential ceiling, in seconds: the "
+           "longest a task pod may live, counted from when the kubelet took it (so it covers the image pull). It "
+           "becomes the pod's activeDeadlineSeconds (a shorter one from the template or an override is kept) and "
+           "bounds the agent's exchange retries. 0: no deadline.", _ceiling),
     Option("test_fault_injection", "boolean", "False", "TEST ONLY: honour the per-attempt fault-injection "
            "point (docs/DESIGN.md §3). Never enable in production."),
     Option("test_fault_plan", "string", "", "TEST ONLY (with test_fault_injection): a JSON file mapping "
@@ -124,6 +208,41 @@ OPTIONS: tuple[Option, ...] = (
 
 
 @dataclass(frozen=True)
+class KubernetesSettings:
+    """The ``[leoflow]`` options of the Kubernetes runtime (each option's text is in :data:`OPTIONS`).
+
+    Read by the pod builder (:func:`leoflow_airflow.runtime.kubernetes.pod.build_pod`) and, later, the
+    runtime. A value parsed here passed its own check; :func:`check_kubernetes` adds what holds only together
+    (an image is set, an exchange URL is known, every allowlist entry names an overridable pod field).
+    """
+
+    namespace: str
+    """Namespace of the task pods (DNS-1123 label)."""
+    image: str
+    """Image of the agent container (empty only while the runtime is not kubernetes)."""
+    pod_template_file: str
+    """Path of the operator's pod template (YAML), or empty."""
+    service_account: str
+    """ServiceAccount of the task pods; the exchange accepts only its tokens."""
+    in_cluster: bool
+    """Use the scheduler pod's own ServiceAccount to reach the API (else ``kube_config``)."""
+    kube_config: str
+    """Path of a kubeconfig when not ``in_cluster`` (empty: the client's default)."""
+    exchange_url: str
+    """Base URL of leoflow's plugin app as task pods reach it (``…/leoflow``); empty until derived."""
+    token_audience: str
+    """Audience of the projected ServiceAccount token."""
+    pod_override_allow: tuple[str, ...]
+    """Pod field paths a ``pod_override`` may set."""
+    credential_ceiling_seconds: int
+    """Longest life of a task pod from its start, in seconds (its ``activeDeadlineSeconds``; 0: none)."""
+
+
+KUBERNETES_KEYS: tuple[str, ...] = tuple(KubernetesSettings.__dataclass_fields__)
+"""The ``[leoflow]`` options that belong to :class:`KubernetesSettings` (``LeoflowSettings.kubernetes``)."""
+
+
+@dataclass(frozen=True)
 class LeoflowSettings:
     """The parsed ``[leoflow]`` section (each option's text is in :data:`OPTIONS`). Durations are seconds
     (float), sizes are counts. Grouped by who reads them; new keys carry their unit in the name
@@ -131,7 +250,7 @@ class LeoflowSettings:
 
     # --- runtime (Lite)
     runtime: str
-    """``lite`` (``kubernetes`` is refused in this release)."""
+    """``lite`` (``kubernetes`` is refused in this release, after its options are checked)."""
     runtime_dir: str
     """Directory of the zygote socket, pidfile, log and per-attempt record files."""
     launch_queue_size: int
@@ -170,6 +289,9 @@ class LeoflowSettings:
     """Seconds after start or adoption before any reaper acts."""
     replay_holdoff_max_seconds: float
     """Seconds after an attempt's exit during which a replayable record keeps Airflow's purge off, at most."""
+    # --- runtime (Kubernetes)
+    kubernetes: KubernetesSettings
+    """The Kubernetes runtime's options (``namespace``, ``image``, … ``credential_ceiling_seconds``)."""
     # --- testing (TEST ONLY)
     test_fault_injection: bool
     """Honour per-attempt fault points."""
@@ -202,30 +324,85 @@ def _parse(opt: Option, raw: str) -> Any:
     return value
 
 
-def load(get: Callable[[str, str, str], str] | None = None) -> LeoflowSettings:
-    """Read and validate ``[leoflow]``.
+def _airflow_get() -> Callable[[str, str, str], str]:
+    from airflow.configuration import conf
 
-    :param get: ``get(section, key, fallback) -> str``; defaults to Airflow's ``conf.get``.
-    :raises ConfigError: for the first malformed value, naming key and value.
-    """
-    if get is None:
-        from airflow.configuration import conf
+    def get(section: str, key: str, fallback: str) -> str:
+        value = conf.get(section, key, fallback=fallback)
+        return fallback if value is None else value
 
-        def get(section: str, key: str, fallback: str) -> str:
-            return conf.get(section, key, fallback=fallback)
+    return get
 
+
+def _load(get: Callable[[str, str, str], str]) -> LeoflowSettings:
+    """Parse every option, each checked on its own; no check across options, no refusal of a runtime."""
     values: dict[str, Any] = {}
     for opt in OPTIONS:
         values[opt.name] = _parse(opt, str(get(SECTION, opt.name, opt.default)))
     if not values["runtime_dir"]:
         home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
         values["runtime_dir"] = os.path.join(home, "leoflow")
-    values["agent_env_passthrough"] = _split_names(values["agent_env_passthrough"])
-    values["zygote_preload"] = _split_names(values["zygote_preload"])
-    values["agent_env_deny"] = _split_names(values["agent_env_deny"])
-    if values["runtime"] == "kubernetes":
+    for name in ("agent_env_passthrough", "zygote_preload", "agent_env_deny", "pod_override_allow"):
+        values[name] = _split_names(values[name])
+    kube = KubernetesSettings(**{k: values.pop(k) for k in KUBERNETES_KEYS})
+    return LeoflowSettings(**values, kubernetes=kube)
+
+
+def check_kubernetes(kube: KubernetesSettings, get: Callable[[str, str, str], str]) -> KubernetesSettings:
+    """Check what ``runtime = kubernetes`` needs of its options together; return them with ``exchange_url``
+    filled in from ``[api] base_url`` when it was left empty.
+
+    :param get: ``get(section, key, fallback) -> str``, as for :func:`load` (``[api] base_url`` is read).
+    :raises ConfigError: naming the key: no ``image``; neither ``exchange_url`` nor ``[api] base_url`` (or one
+        that is not an http(s) URL); a ``pod_override_allow`` entry that names no pod field or a field leoflow
+        pins; the ``kubernetes`` package missing.
+    """
+    try:
+        from leoflow_airflow.runtime.kubernetes import pod as pods
+    except ImportError as exc:  # the optional dependency
+        raise ConfigError(f"{SECTION}.runtime", "kubernetes",
+                          f"needs the `kubernetes` package (pip install 'leoflow[kubernetes]'): {exc}") from None
+    if not kube.image:
+        raise ConfigError(f"{SECTION}.image", kube.image, "is required with runtime = kubernetes")
+    for entry in kube.pod_override_allow:
+        if (problem := pods.allow_entry_problem(entry)) is not None:
+            raise ConfigError(f"{SECTION}.pod_override_allow", ", ".join(kube.pod_override_allow), problem)
+    url = kube.exchange_url
+    if not url:
+        base = str(get("api", "base_url", "") or "").strip()
+        if not base:
+            raise ConfigError(f"{SECTION}.exchange_url", "", "is required with runtime = kubernetes when "
+                              "[api] base_url is not set: the URL task pods reach leoflow's app under (…/leoflow)")
+        if _url_or_empty(base) is not None:
+            raise ConfigError("api.base_url", base, "is not an http(s) URL, so [leoflow] exchange_url cannot be "
+                              "derived from it; set [leoflow] exchange_url")
+        url = base.rstrip("/") + "/leoflow"
+    return replace(kube, exchange_url=url.rstrip("/"))
+
+
+def load(get: Callable[[str, str, str], str] | None = None) -> LeoflowSettings:
+    """Read and validate ``[leoflow]``.
+
+    :param get: ``get(section, key, fallback) -> str``; defaults to Airflow's ``conf.get``.
+    :raises ConfigError: for the first malformed value, naming key and value; with ``runtime = kubernetes``,
+        first for whatever :func:`check_kubernetes` finds, then because that runtime is not in this release.
+    """
+    get = _airflow_get() if get is None else get
+    settings = _load(get)
+    if settings.runtime == "kubernetes":
+        check_kubernetes(settings.kubernetes, get)
         raise ConfigError(f"{SECTION}.runtime", "kubernetes", "the Kubernetes runtime is not in this release; use `lite`")
-    return LeoflowSettings(**values)
+    return settings
+
+
+def load_kubernetes(get: Callable[[str, str, str], str] | None = None) -> KubernetesSettings:
+    """Read ``[leoflow]`` and return the Kubernetes runtime's options, checked together
+    (:func:`check_kubernetes`) whatever ``runtime`` says: what that runtime's ``start()`` will call.
+
+    :raises ConfigError: as :func:`load` and :func:`check_kubernetes` do.
+    """
+    get = _airflow_get() if get is None else get
+    return check_kubernetes(_load(get).kubernetes, get)
 
 
 def provider_config() -> dict[str, Any]:

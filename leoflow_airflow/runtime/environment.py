@@ -114,6 +114,20 @@ class _Deny:
         return False
 
 
+def withheld(name: str, deny: Iterable[str] = ()) -> bool:
+    """Whether environment variable ``name`` is one a task never gets: a form of :data:`AIRFLOW_OWN_SECRETS`
+    (any letter case, ``_CMD``/``_SECRET``, team-scoped), a :data:`PROCESS_MARKERS` name, or matched by ``deny``
+    (entries as in :func:`agent_environment`). The Kubernetes pod builder refuses a pod that sets one.
+
+    :raises ValueError: for a malformed ``deny`` entry.
+    """
+    deny = tuple(deny)
+    for entry in deny:
+        if (problem := deny_entry_problem(entry)) is not None:
+            raise ValueError(f"agent_env_deny entry {entry!r}: {problem}")
+    return _Deny(deny)(name)
+
+
 def agent_environment(
     environ: Mapping[str, str], passthrough: Iterable[str] = (), deny: Iterable[str] = (),
 ) -> dict[str, str]:

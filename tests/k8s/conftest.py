@@ -118,13 +118,12 @@ def core(api: client.ApiClient) -> client.CoreV1Api:
     return client.CoreV1Api(api)
 
 
-@pytest.fixture
-def namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> str:
-    """A fresh namespace for this test, with its ``default`` ServiceAccount in place; deleted afterwards
-    (without waiting: the namespace controller finishes it in the background)."""
+def _fresh_namespace(core: client.CoreV1Api, request: pytest.FixtureRequest, labels: dict[str, str] | None = None):
+    """Create a namespace named after the test (with ``labels``), wait for its ``default`` ServiceAccount, yield
+    its name, then delete it without waiting."""
     slug = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
     name = f"{slug}-{uuid.uuid4().hex[:6]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels)))
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -140,6 +139,25 @@ def namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> str:
     except ApiException as e:
         if e.status != 404:
             raise
+
+
+@pytest.fixture
+def namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> str:
+    """A fresh namespace for this test, with its ``default`` ServiceAccount in place; deleted afterwards
+    (without waiting: the namespace controller finishes it in the background)."""
+    yield from _fresh_namespace(core, request)
+
+
+PSA_RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted",
+                  "pod-security.kubernetes.io/enforce-version": "latest"}
+
+
+@pytest.fixture
+def restricted_namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> str:
+    """Like ``namespace``, labelled ``pod-security.kubernetes.io/enforce=restricted`` (``latest``) from its
+    creation, so the API server's Pod Security admission refuses any pod below the ``restricted`` level (it reads
+    the namespace live when its cache has not seen it yet)."""
+    yield from _fresh_namespace(core, request, PSA_RESTRICTED)
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from leoflow_agent.outcome import (
     CALLBACKS_PENDING_STATES,
     MAX_REASON_LEN,
     MAX_RECORD_BYTES,
+    MIN_TERMINATION_MESSAGE_BUDGET,
     TERMINATION_MESSAGE_BUDGET,
     AttemptIdentity,
     Outcome,
@@ -314,6 +315,32 @@ def test_budget_raises_record_too_large_when_nothing_helps():
     assert isinstance(info.value, ValueError)
     assert info.value.budget == TERMINATION_MESSAGE_BUDGET and info.value.size > TERMINATION_MESSAGE_BUDGET
     assert decode(encode(rec)) == rec  # the record file still takes it whole
+
+
+@pytest.mark.parametrize("state", ["success", "failed", "up_for_retry", "up_for_reschedule", "skipped"])
+def test_every_terminal_record_fits_the_minimum_termination_message_budget(state):
+    """MIN_TERMINATION_MESSAGE_BUDGET (the pod builder's floor) holds the widest terminal record today's
+    supervisor sends: a 250-character rendered_map_index (Airflow's column) of 4-byte characters, the widest
+    numbers, asset events and a long reason dropped or cut to fit, and the record still decodes whole."""
+    widest = AttemptIdentity(TI, 2**31 - 1, 2**31 - 1)
+    when = "2026-01-01T00:00:00.123456+00:00"
+    payload = {"state": state, "end_date": when}
+    if state == "up_for_reschedule":
+        payload["reschedule_date"] = when
+    else:
+        payload["rendered_map_index"] = "\U0001F600" * 250
+    if state == "up_for_retry":
+        payload["retry_delay_seconds"] = 1.7976931348623157e308
+    if state == "success":
+        payload["task_outlets"] = [{"name": "a" * 500, "uri": "s3://" + "b" * 500, "type": "Asset"}]
+        payload["outlet_events"] = [{"dest_asset_key": {"name": "a" * 500, "uri": "u"}, "extra": {"k": "v" * 500}}]
+    rec = replace(record_for_state(state, payload, attempt=widest, api_version="2026-06-30"),
+                  exit_code=-(2**31), reason="execution_timeout" * 10)
+    text = encode(rec, budget=MIN_TERMINATION_MESSAGE_BUDGET)
+    assert len(text.encode()) <= MIN_TERMINATION_MESSAGE_BUDGET
+    got = decode(text, expect=widest)
+    assert got is not None and got.payload.get("rendered_map_index") == payload.get("rendered_map_index")
+    assert got.state == state and got.exit_code == -(2**31)
 
 
 def test_whole_body_is_still_bounded_by_the_reader_ceiling():

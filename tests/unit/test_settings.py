@@ -41,8 +41,9 @@ def test_defaults_parse(monkeypatch, tmp_path):
 
 
 def test_every_option_has_a_field_and_a_default_that_parses():
-    """OPTIONS and LeoflowSettings agree, and each default is valid on its own."""
-    fields = set(settings.LeoflowSettings.__dataclass_fields__)
+    """OPTIONS and LeoflowSettings (with its KubernetesSettings group) agree, and each default is valid on its
+    own."""
+    fields = (set(settings.LeoflowSettings.__dataclass_fields__) - {"kubernetes"}) | set(settings.KUBERNETES_KEYS)
     assert {o.name for o in settings.OPTIONS} == fields
     for opt in settings.OPTIONS:
         settings._parse(opt, opt.default)
@@ -78,7 +79,19 @@ def test_values_are_parsed_and_stripped():
         ("zygote_start_timeout", "0", "greater than 0"),
         ("test_fault_injection", "maybe", "not a valid boolean"),
         ("runtime", "docker", "`lite` or `kubernetes`"),
-        ("runtime", "kubernetes", "not in this release"),
+        ("namespace", "Airflow", "DNS-1123 label"),
+        ("namespace", "a" * 64, "DNS-1123 label"),
+        ("service_account", "task runner", "DNS-1123 subdomain"),
+        ("image", "repo/img: 1", "whitespace"),
+        ("in_cluster", "perhaps", "not a valid boolean"),
+        ("exchange_url", "api:8080/leoflow", "http:// or https:// URL"),
+        ("token_audience", "a, b", "one non-empty audience"),
+        ("token_audience", "", "one non-empty audience"),
+        ("pod_override_allow", "spec.containers[0].image", "not a pod field path"),
+        ("pod_override_allow", "spec.node_selector", "not a pod field path"),
+        ("credential_ceiling_seconds", "599", "at least 600 s"),
+        ("credential_ceiling_seconds", "-1", "at least 600 s"),
+        ("credential_ceiling_seconds", "1.5", "not a valid integer"),
         ("zygote_preload", "pandas, dags/etl.py", "'dags/etl.py' is not a dotted module name"),
         ("zygote_preload", "os; rm -rf /", "'os; rm -rf /' is not a dotted module name"),
         ("zygote_preload", "pkg..mod", "'pkg..mod' is not a dotted module name"),
@@ -148,3 +161,83 @@ def test_malformed_agent_env_deny_through_airflow_config(monkeypatch):
     with pytest.raises(ConfigError, match=r"\[leoflow\] agent_env_deny = 'AWS_\*, MY VAR': 'MY VAR' is not an "
                                           r"environment variable name"):
         settings.load()
+
+
+K8S_OK = {"image": "registry.example/leoflow:1", "exchange_url": "https://airflow.example/leoflow"}
+
+
+def test_kubernetes_options_default_and_parse():
+    """The Kubernetes group parses in any runtime: documented defaults, lists split, values stripped."""
+    k = settings.load(getter()).kubernetes
+    assert (k.namespace, k.image, k.pod_template_file, k.service_account) == ("default", "", "", "default")
+    assert (k.in_cluster, k.kube_config, k.exchange_url) == (True, "", "")
+    assert k.token_audience == "urn:leoflow:exchange"
+    assert k.credential_ceiling_seconds == 604800
+    assert "spec.containers.resources" in k.pod_override_allow and "metadata.labels" in k.pod_override_allow
+    k = settings.load(getter(namespace=" airflow-tasks ", in_cluster="false", credential_ceiling_seconds="0",
+                             pod_override_allow=" spec.nodeSelector,, spec.containers ")).kubernetes
+    assert (k.namespace, k.in_cluster, k.credential_ceiling_seconds) == ("airflow-tasks", False, 0)
+    assert k.pod_override_allow == ("spec.nodeSelector", "spec.containers")
+
+
+def test_runtime_kubernetes_is_checked_then_still_refused():
+    """runtime = kubernetes: its options are checked together first (what to fix is named), and a complete
+    configuration is then refused because the runtime is not in this release."""
+    with pytest.raises(ConfigError) as err:
+        settings.load(getter(runtime="kubernetes"))
+    assert err.value.key == "leoflow.image" and "required with runtime = kubernetes" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        settings.load(getter(runtime="kubernetes", **K8S_OK))
+    assert err.value.key == "leoflow.runtime" and "not in this release" in str(err.value)
+
+
+def test_load_kubernetes_derives_the_exchange_url_from_api_base_url():
+    """exchange_url empty: ``[api] base_url`` + ``/leoflow`` (never [core] execution_api_server_url); neither
+    set, or a base_url that is no URL, is a ConfigError naming the key to set."""
+
+    def get_with(api_base: str | None, **leoflow: str):
+        def get(section: str, key: str, fallback: str) -> str:
+            if section == "api":
+                assert key == "base_url"
+                return fallback if api_base is None else api_base
+            return leoflow.get(key, fallback)
+        return get
+
+    k = settings.load_kubernetes(get_with("https://airflow.example/sub/", image="i"))
+    assert k.exchange_url == "https://airflow.example/sub/leoflow"
+    k = settings.load_kubernetes(get_with("https://other", image="i", exchange_url="http://api:8080/leoflow/"))
+    assert k.exchange_url == "http://api:8080/leoflow"
+    with pytest.raises(ConfigError) as err:
+        settings.load_kubernetes(get_with(None, image="i"))
+    assert err.value.key == "leoflow.exchange_url" and "[api] base_url" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        settings.load_kubernetes(get_with("airflow.example", image="i"))
+    assert err.value.key == "api.base_url"
+
+
+@pytest.mark.parametrize(("entry", "why"), [
+    ("spec.nodeSelectr", "has no field 'nodeSelectr'"),
+    ("spec.nodeSelector.disktype", "has no fields below it"),
+    ("spec.restartPolicy", "pinned by leoflow"),
+    ("spec.containers.securityContext.privileged", "pinned by leoflow"),
+    ("spec.containers.args", "pinned by leoflow"),
+    ("metadata.name", "pinned by leoflow"),
+    ("spec.automountServiceAccountToken", "pinned by leoflow"),
+])
+def test_pod_override_allow_entries_must_name_overridable_pod_fields(entry, why):
+    """With runtime = kubernetes every allowlist entry must name a V1Pod field that leoflow does not pin."""
+    with pytest.raises(ConfigError) as err:
+        settings.load_kubernetes(getter(pod_override_allow=f"metadata.labels, {entry}", **K8S_OK))
+    assert err.value.key == "leoflow.pod_override_allow" and why in str(err.value), str(err.value)
+    ok = settings.load_kubernetes(getter(pod_override_allow="spec, spec.containers.securityContext.runAsUser",
+                                         **K8S_OK))
+    assert ok.pod_override_allow == ("spec", "spec.containers.securityContext.runAsUser")
+
+
+def test_provider_config_groups_kubernetes_keys_under_leoflow():
+    """The new keys register with the provider's ``[leoflow]`` defaults like the others."""
+    cfg = settings.provider_config()["leoflow"]["options"]
+    for key in settings.KUBERNETES_KEYS:
+        assert key in cfg and cfg[key]["description"]
+    assert cfg["credential_ceiling_seconds"]["type"] == "integer"
+    assert cfg["in_cluster"]["type"] == "boolean"
