@@ -367,6 +367,30 @@ def test_settling_row_left_by_a_dead_settler_is_settled_again(world):
     assert len(world.airflow.replays) == 1
 
 
+def test_replay_that_raises_leaves_a_row_that_end_settles_again(world):
+    """Hole 6, "the replay raises": an exception out of the settle path (a DB error, say) leaves ``sync()``
+    and ends Airflow's scheduler loop, whose ``finally`` calls ``executor.end()``. The row is SETTLING and no
+    settle holds it any more, so the drain's cycle settles it again (and a successor would, see above)."""
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "success")
+    calls = []
+
+    def fail_once() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise sa.exc.OperationalError("UPDATE leoflow_attempt", {}, Exception("database is locked"))
+
+    world.airflow.on_replay = fail_once
+    with pytest.raises(sa.exc.OperationalError):
+        world.exit(ref)
+    assert world.row(ref).state == S.SETTLING
+    world.life.drain(timeout=0, sleep=lambda _: None)  # Airflow's ``finally: executor.end()``
+    row = world.row(ref)
+    assert (row.state, row.resolution) == (S.CLOSED, Resolution.REPLAYED)
+    assert len(world.airflow.replays) == 2 and world.airflow.lost_success == [ref.ti_id]
+
+
 # --- hole 9: adoption of a QUEUED TI whose last epoch handed off -----------------------------------------
 def test_adopted_queued_ti_whose_epoch_deferred_is_dispatched_again(world):
     w, ref = world.dispatched()
