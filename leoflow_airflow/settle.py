@@ -10,12 +10,17 @@ not retried (:attr:`SettleResult.retryable`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from leoflow_agent.outcome import OutcomeRecord
+
+_HEADER_VALUE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+"""A header field value the replay can send: visible ASCII, inner spaces or tabs (RFC 9110 §5.5, without the
+obsolete non-ASCII ``obs-text``). Airflow's API versions are dates such as ``2025-09-23``."""
 
 RETRYABLE_4XX = frozenset({408, 425, 429})
 """4xx answers that may differ on a later try of the same request: Request Timeout, Too Early, Too Many
@@ -116,10 +121,16 @@ def replay_state(record: OutcomeRecord, *, jwt_generator: Any, server: str, time
         retryable=True``, and so do unusable TLS settings (a CA file that cannot be read, half a client
         certificate pair; see :func:`sdk_tls_options`): a configuration error the operator can fix, which
         breaks the agents' own reports too, so it never crashes the scheduler loop nor re-runs the task. A
-        record without a replayable payload gives ``settled=False, retryable=False``.
+        record without a replayable payload, or whose ``api_version`` is no valid header value (httpx would
+        raise ``UnicodeEncodeError`` or refuse it locally), gives ``settled=False, retryable=False``: no
+        retry can send it. Nothing in a record's contents makes this raise: an exception here ends
+        Airflow's scheduler loop, and the successor would replay the same record (issue 8 hole 6).
     """
     if record.ti_id is None or record.payload is None:
         return SettleResult(False, False, "the record carries no replayable payload")
+    if record.api_version and not _HEADER_VALUE.fullmatch(record.api_version):
+        return SettleResult(False, False, f"the record's airflow-api-version {record.api_version!r:.60} "
+                                          "is not a valid header value")
     token = jwt_generator.generate(extras={"sub": record.ti_id, "scope": "execution"})
     headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
     if record.api_version:

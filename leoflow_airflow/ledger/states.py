@@ -43,7 +43,8 @@ class AttemptState(enum.StrEnum):
     EXITED = "exited"
     """Proof of death: no process of the attempt's subtree is left, or its pod is terminal/gone."""
     SETTLING = "settling"
-    """The reconciler committed its settling mark before acting (DESIGN §2 settle mechanics)."""
+    """The reconciler committed its settling mark before replaying (DESIGN §2 settle mechanics); the row stays
+    here while the replay is retried: a replay was sent and may have landed."""
     CLOSED = "closed"
     """Final. ``resolution`` says how the attempt ended."""
 
@@ -86,7 +87,8 @@ TRANSITIONS: Mapping[AttemptState, frozenset[AttemptState]] = MappingProxyType(
         _S.DISPATCHED: frozenset({_S.REPORTED, _S.EXITED, _S.CLOSED}),
         _S.REPORTED: frozenset({_S.EXITED, _S.CLOSED}),
         _S.EXITED: frozenset({_S.SETTLING, _S.CLOSED}),
-        # SETTLING -> EXITED: the settle call failed; the reconciler retries on a later sync().
+        # SETTLING -> EXITED: a settle gives the row back (the lifecycle itself keeps a row SETTLING while it
+        # retries its replay, so a later settle knows one was sent).
         _S.SETTLING: frozenset({_S.CLOSED, _S.EXITED}),
         _S.CLOSED: frozenset(),
     }

@@ -11,7 +11,9 @@ Rules it keeps (``docs/DESIGN.md`` §2 "Lifecycle seam"):
   it, and a re-dispatch is a ``Reoffer`` the next ``trigger_tasks`` dispatches through the normal path.
 * **UNKNOWN is never settled or reaped**; an attempt without a handle is looked up (``Runtime.locate``).
 * A SETTLING row not being settled by this process (its settler died) is settled again: the replay is
-  idempotent (200 = already so, 409 = moved on).
+  idempotent (200 = already so, 409 = moved on). A row stays SETTLING while its replay is retried, so SETTLING
+  means "a replay of ours was sent and may have landed": when Airflow already holds the recorded report, that
+  replay landed after its caller gave up (a timeout, a dead settler) and the row closes ``replayed``.
 * Settling stops for the pass at ``[leoflow] settle_budget`` settles, after ``[leoflow] settle_timeout``
   seconds of wall clock, or after the first replay that did not settle.
 """
@@ -364,7 +366,14 @@ class Lifecycle:
         log.debug("settling %s: %s (%s)", ref, action.act, action.why)
         if action.act == reconcile.Act.CLOSE:
             launch = self.table.get(launch_id(ref))
-            if self._close(attempt, action.resolution, action.why) and launch is not None and launch.adopted:
+            if attempt.state == _S.SETTLING and action.resolution == Resolution.REPORTED and record is not None:
+                # a SETTLING row's agent never reported (it would not have been replayed), so the report Airflow
+                # holds is a replay of ours that landed after its caller gave up: close it as replayed and do
+                # what the task child could not (issue 8 hole 6)
+                closed = self._replayed(attempt, record, key, f"an earlier replay landed (the TI is now {ti.state})")
+            else:
+                closed = self._close(attempt, action.resolution, action.why)
+            if closed and launch is not None and launch.adopted:
                 self._dispatch_stranded(attempt, ti)
         elif action.act == reconcile.Act.RESTARTING_SUCCESS:
             if self._close(attempt, action.resolution, action.why):
@@ -401,9 +410,12 @@ class Lifecycle:
             self.airflow.hold_off_purge(attempt.ref.ti_id)
 
     def _replay(self, attempt: Attempt, record: OutcomeRecord, key: Any, budget: _Budget) -> None:
-        """Replay a lost terminal report (settling mark committed first, no transaction across the call)."""
+        """Replay a lost terminal report (settling mark committed first, no transaction across the call). The row
+        stays SETTLING until it closes: a replay that failed may still land later (a timeout on a slow
+        api-server), and the next settle must know that one was sent."""
         ref = attempt.ref
-        if attempt.state == _S.EXITED and not self.ledger.transition(ref, expected=[_S.EXITED], to=_S.SETTLING):
+        sent_before = attempt.state == _S.SETTLING
+        if not sent_before and not self.ledger.transition(ref, expected=[_S.EXITED], to=_S.SETTLING):
             return
         self._settling.add(ref)
         try:
@@ -418,7 +430,7 @@ class Lifecycle:
                 return
             budget.replays_allowed = False  # one stalled api-server call per pass at most
             log.warning("replay of %s failed (%s); will retry", ref, result.detail)
-            self.ledger.transition(ref, expected=[_S.SETTLING], to=_S.EXITED, detail=result.detail[:MAX_DETAIL_CHARS])
+            self.ledger.record_facts(ref, expected=[_S.SETTLING], detail=result.detail[:MAX_DETAIL_CHARS])
             self._hold_off_purge(attempt)  # the record is good: keep Airflow's purge from failing it
             return
         if not result.applied and result.detail[:3] in ("404", "410"):
@@ -428,13 +440,23 @@ class Lifecycle:
                                expected=[_S.SETTLING]):
                     self._out.append(Succeed(key))
                 return
-        log.warning("leoflow recovered the lost report of %s: %s (%s)", ref, reconcile.outcome_summary(record),
-                    result.detail)
+        if result.applied or (sent_before and result.detail[:3] == "200"):  # 200 after a sent one: ours landed
+            self._replayed(attempt, record, key, result.detail)
+        else:
+            log.info("replay of %s: %s; closing it moved on", ref, result.detail)
+            self._close(attempt, Resolution.MOVED_ON, result.detail, expected=[_S.SETTLING])
+
+    def _replayed(self, attempt: Attempt, record: OutcomeRecord, key: Any, detail: str) -> bool:
+        """Close the SETTLING row of ``attempt``, whose recorded report Airflow now holds through a replay of
+        ours, as REPLAYED, and make up for the callbacks the task child could not run (DESIGN §2
+        "Callbacks"): a Log row for a success, a retry callback request for an up_for_retry. True when this
+        call closed the row (the callbacks follow only then)."""
+        ref = attempt.ref
+        log.warning("leoflow recovered the lost report of %s: %s (%s)", ref, reconcile.outcome_summary(record), detail)
         if record.assets_dropped:
             log.warning("the record of %s had its asset events dropped to fit its size budget", ref)
-        if not self._close(attempt, Resolution.REPLAYED if result.applied else Resolution.MOVED_ON, result.detail,
-                           expected=[_S.SETTLING]) or not result.applied:
-            return
+        if not self._close(attempt, Resolution.REPLAYED, detail, expected=[_S.SETTLING]):
+            return False
         where = dict(dag_id=attempt.dag_id, run_id=attempt.run_id, task_id=attempt.task_id,
                      map_index=attempt.map_index)
         if record.state == "success":
@@ -444,6 +466,7 @@ class Lifecycle:
                 msg=f"leoflow replayed the lost up_for_retry report of attempt {ref}", **where)
             if request is not None:
                 self._out.append(SendCallback(request))
+        return True
 
     def _infra_redrive(self, attempt: Attempt, key: Any, why: str,
                        expected: Sequence[AttemptState] = tuple(SETTLE_STATES)) -> None:

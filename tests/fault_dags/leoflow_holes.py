@@ -1,4 +1,4 @@
-"""Test DAGs for issue 8's executor-level holes (1, 2, 3, 4, 9, 14), one DAG per hole.
+"""Test DAGs for issue 8's executor-level holes (1, 2, 3, 4, 6, 9, 14), one DAG per hole.
 
 Bodies write the timestamped trace lines of ``leoflow_more.py`` (``<run_id> <try> <event> <unix time> <pid>``
 in ``$AIRFLOW_HOME/traces/<dag>.<task>.body``; ``event`` is ``start``, ``tick`` every 0.2 s, ``end``), so a
@@ -120,3 +120,26 @@ def _poke(ti=None) -> bool:
 with DAG(dag_id="lf_h9", schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
          default_args={"retries": 0}):
     PythonSensor(task_id="sense", python_callable=_poke, mode="reschedule", poke_interval=1, timeout=600)
+
+
+# hole 6: a reschedule-mode sensor whose first poke waits for ``go.<run_id>`` (so a test can freeze the
+# api-server first) and says "not yet"; the second poke (the same ti_id and try, the next attempt epoch) says
+# done at once. Each poke writes ``start``; a poke that says done writes ``end`` too.
+def _poke_after_go(ti=None) -> bool:
+    path = _traces() / f"{ti.dag_id}.{ti.task_id}.body"
+    lines = path.read_text().splitlines() if path.exists() else []
+    pokes = sum(1 for line in lines if line.split()[:1] == [ti.run_id] and line.split()[2:3] == ["start"])
+    _line(ti, "start")
+    if pokes == 0:
+        go = _traces() / f"go.{ti.run_id}"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not go.exists():
+            time.sleep(0.2)
+        return False
+    _line(ti, "end")
+    return True
+
+
+with DAG(dag_id="lf_h6", schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
+         default_args={"retries": 0}):
+    PythonSensor(task_id="sense", python_callable=_poke_after_go, mode="reschedule", poke_interval=1, timeout=600)

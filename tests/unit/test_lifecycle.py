@@ -367,6 +367,98 @@ def test_settling_row_left_by_a_dead_settler_is_settled_again(world):
     assert len(world.airflow.replays) == 1
 
 
+def test_replay_that_raises_leaves_a_row_that_end_settles_again(world):
+    """Hole 6, "the replay raises": an exception out of the settle path (a DB error, say) leaves ``sync()``
+    and ends Airflow's scheduler loop, whose ``finally`` calls ``executor.end()``. The row is SETTLING and no
+    settle holds it any more, so the drain's cycle settles it again (and a successor would, see above)."""
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "success")
+    calls = []
+
+    def fail_once() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise sa.exc.OperationalError("UPDATE leoflow_attempt", {}, Exception("database is locked"))
+
+    world.airflow.on_replay = fail_once
+    with pytest.raises(sa.exc.OperationalError):
+        world.exit(ref)
+    assert world.row(ref).state == S.SETTLING
+    world.life.drain(timeout=0, sleep=lambda _: None)  # Airflow's ``finally: executor.end()``
+    row = world.row(ref)
+    assert (row.state, row.resolution) == (S.CLOSED, Resolution.REPLAYED)
+    assert len(world.airflow.replays) == 2 and world.airflow.lost_success == [ref.ti_id]
+
+
+def test_settling_row_whose_replay_landed_before_its_settler_died_is_closed_replayed(world):
+    """Hole 6: the dead settler's PATCH landed, so Airflow already holds the recorded success. That is no
+    report of the agent (a SETTLING row's agent never reported): the row closes ``replayed`` and the lost
+    on_success_callback is logged, with no second replay."""
+    w, ref = world.dispatched()
+    world.record(ref, "success")
+    world.runtime.presence[ref] = Presence.GONE
+    assert world.ledger.transition(ref, expected=[S.DISPATCHED], to=S.EXITED)
+    assert world.ledger.transition(ref, expected=[S.EXITED], to=S.SETTLING)
+    world.airflow.set_state(ref.ti_id, "success")  # its PATCH landed; then the scheduler died
+    world.life = world.new_lifecycle()
+    world.life.cycle()
+    row = world.row(ref)
+    assert (row.state, row.resolution) == (S.CLOSED, Resolution.REPLAYED)
+    assert world.airflow.replays == [] and world.airflow.lost_success == [ref.ti_id]
+
+
+def test_replay_that_timed_out_but_landed_is_closed_replayed_with_the_lost_callback(world):
+    """A replay whose caller timed out while the api-server still applied it (a slow api-server): the row
+    stays SETTLING, so the next pass knows that the success Airflow now holds is that replay's, not the agent's
+    report. Before: closed ``reported`` and the lost on_success_callback never logged."""
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "success")
+    world.airflow.on_replay = lambda: world.airflow.set_state(ref.ti_id, "success")  # applied after all
+    world.airflow.replay_result = lambda r: SettleResult(False, False, "transport error: ReadTimeout", retryable=True)
+    world.exit(ref)
+    assert world.row(ref).state == S.SETTLING
+    world.life.cycle()
+    row = world.row(ref)
+    assert (row.state, row.resolution) == (S.CLOSED, Resolution.REPLAYED)
+    assert len(world.airflow.replays) == 1 and world.airflow.lost_success == [ref.ti_id]
+
+
+def test_up_for_retry_replay_that_timed_out_but_landed_still_sends_the_retry_callback(world):
+    """The same for up_for_retry: the landed replay moved the TI on to its next try (a new ti_id); the retry
+    callback the task child could not run is still sent, once. Before: never sent."""
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "up_for_retry")
+
+    def landed() -> None:
+        world.airflow.set_state(ref.ti_id, "up_for_retry")
+        world.airflow.put(str(uuid.uuid4()), "scheduled", try_number=2, logical=("dag", "run", "task", -1))
+
+    world.airflow.on_replay = landed
+    world.airflow.replay_result = lambda r: SettleResult(False, False, "transport error: ReadTimeout", retryable=True)
+    assert not [a for a in world.exit(ref) if isinstance(a, SendCallback)]
+    actions = world.life.cycle()
+    assert world.row(ref).resolution == Resolution.REPLAYED
+    assert len([a for a in actions if isinstance(a, SendCallback)]) == 1 and len(world.airflow.replays) == 1
+    assert not [a for a in world.life.cycle() if isinstance(a, SendCallback)]
+
+
+def test_a_second_replay_answered_200_counts_as_replayed(world):
+    """A retried replay answered 200 ("already in that state"): the earlier one landed meanwhile."""
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "success")
+    world.airflow.replay_result = lambda r: SettleResult(False, False, "transport error: ReadTimeout", retryable=True)
+    world.exit(ref)
+    world.airflow.replay_result = lambda r: SettleResult(True, False, "200: Airflow already had that state")
+    world.life.cycle()
+    row = world.row(ref)
+    assert (row.state, row.resolution) == (S.CLOSED, Resolution.REPLAYED)
+    assert len(world.airflow.replays) == 2 and world.airflow.lost_success == [ref.ti_id]
+
+
 # --- hole 9: adoption of a QUEUED TI whose last epoch handed off -----------------------------------------
 def test_adopted_queued_ti_whose_epoch_deferred_is_dispatched_again(world):
     w, ref = world.dispatched()
@@ -401,7 +493,7 @@ def test_one_stalled_replay_stops_replaying_for_the_pass(tmp_path):
     world.airflow.on_replay = lambda: world.clock.tick(10)
     world.life.cycle()
     assert len(world.airflow.replays) == 1
-    assert {world.row(r).state for r in refs} == {S.EXITED}
+    assert sorted(world.row(r).state for r in refs) == [S.EXITED, S.EXITED, S.SETTLING]  # one replay was sent
     world.airflow.replay_result = lambda r: SettleResult(True, True, "204: applied")
     world.airflow.on_replay = lambda: world.clock.tick(1)
     world.life.cycle()
@@ -587,7 +679,7 @@ def test_replay_that_cannot_land_yet_holds_off_airflows_purge(world):
     world.record(ref, "success")
     world.airflow.replay_result = lambda r: SettleResult(False, False, "transport error: ConnectError", retryable=True)
     world.exit(ref)
-    assert world.row(ref).state == S.EXITED
+    assert world.row(ref).state == S.SETTLING  # a replay was sent; it is retried
     assert world.airflow.held_off == [ref.ti_id]
 
 
@@ -607,5 +699,5 @@ def test_purge_hold_off_ends_after_replay_holdoff_max_seconds(tmp_path):
     world.clock.tick(60)
     world.life.cycle()
     assert world.airflow.held_off == [ref.ti_id] * 2, "held off past replay_holdoff_max_seconds"
-    assert world.row(ref).state == S.EXITED
+    assert world.row(ref).state == S.SETTLING
     world.engine.dispose()

@@ -169,3 +169,30 @@ def test_half_a_client_certificate_pair_is_refused_like_the_sdk_does(monkeypatch
         sdk_tls_options()
     monkeypatch.setattr(sdk_client, "API_CLIENT_SSL_KEY", "/k.pem")
     assert sdk_tls_options()["cert"] == ("/c.pem", "/k.pem")
+
+
+@pytest.mark.parametrize("version", ["2025-09-23\u00e9", "2025-09-23\r\nx-injected: 1", "\u2028"])
+def test_a_record_whose_api_version_cannot_be_a_header_is_final_and_never_raises(version):
+    """Issue 8 hole 6: httpx raises ``UnicodeEncodeError`` (not an ``httpx.HTTPError``) for a non-ASCII header
+    value, and h11 refuses a line break only when sending (a transport error, retried for ever). Either way no
+    retry can send the record: it is final (the infra re-drive path), decided before any connection, and never
+    an exception, which would end Airflow's scheduler loop and make every successor replay it again."""
+    import dataclasses
+
+    record = dataclasses.replace(_record(), api_version=version)
+    result = replay_state(record, jwt_generator=_jwt_generator(), server="http://127.0.0.1:9/execution/", timeout=1)
+    assert (result.settled, result.retryable) == (False, False), result
+    assert "airflow-api-version" in result.detail and "not a valid header value" in result.detail
+
+
+def test_an_api_version_with_inner_spaces_is_still_sent(https_server, monkeypatch):
+    """The header check refuses only what cannot be sent: a visible-ASCII value with inner blanks is sent."""
+    import dataclasses
+
+    from airflow.sdk.api import client as sdk_client
+
+    url, cert_path, seen = https_server
+    monkeypatch.setattr(sdk_client, "API_SSL_CERT_PATH", str(cert_path))
+    record = dataclasses.replace(_record(), api_version="2025-09-23 beta")
+    result = replay_state(record, jwt_generator=_jwt_generator(), server=url, timeout=10)
+    assert result.settled and [c["version"] for c in seen] == ["2025-09-23 beta"]
