@@ -14,11 +14,11 @@ connections are accepted by the kernel, nothing answers) and lets the bodies end
 and dies, so every replay hangs (``[leoflow] settle_timeout`` 5 s here). For 60 s it reads the scheduler's
 ``job`` row as Airflow's health check does: its ``latest_heartbeat`` must never be older than the threshold
 (30 s). Airflow writes that column one scheduler loop late (the row gets the previous heartbeat's time), so a
-loop of one settle timeout shows as ages up to about two loops (about 13 s here; 25 s at the default 10 s
-settle timeout, which the resilience ladder now warns about once it reaches half the threshold). Then it
+loop of one settle timeout shows as ages up to about two loops (at most 17 s in the runs here; 25 s at the
+default 10 s settle timeout, which the resilience ladder now warns about once it reaches half the threshold). Then it
 SIGCONTs the api-server: every TI ends SUCCESS at try 1 from its replayed record, each body having run once.
-On a977a55 a pass over the eight hanging replays takes 8 settle timeouts and the heartbeat goes stale: with the
-default 10 s it was 31 s old 26 s into the window in the run observed.
+On a977a55 a pass over the eight hanging replays takes 8 settle timeouts and the heartbeat goes stale: it was
+30 s old 21 s into the window in the run observed (31 s old after 26 s with the default 10 s settle timeout).
 """
 
 from __future__ import annotations
