@@ -1,4 +1,4 @@
-"""Test DAGs for issue 8's executor-level holes (1, 2, 3, 4, 6, 9, 14), one DAG per hole.
+"""Test DAGs for issue 8's executor-level holes (1, 2, 3, 4, 6, 9, 10, 11, 14), one DAG per hole.
 
 Bodies write the timestamped trace lines of ``leoflow_more.py`` (``<run_id> <try> <event> <unix time> <pid>``
 in ``$AIRFLOW_HOME/traces/<dag>.<task>.body``; ``event`` is ``start``, ``tick`` every 0.2 s, ``end``), so a
@@ -143,3 +143,27 @@ def _poke_after_go(ti=None) -> bool:
 with DAG(dag_id="lf_h6", schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
          default_args={"retries": 0}):
     PythonSensor(task_id="sense", python_callable=_poke_after_go, mode="reschedule", poke_interval=1, timeout=600)
+
+
+# hole 10: one short task; its first epoch is made to hang before /run (fault plan), so Airflow's stuck-in-queued
+# handling revokes it and queues the same ti_id again
+with DAG(dag_id="lf_h10", schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
+         default_args={"retries": 0}):
+
+    @task
+    def work(ti=None) -> None:
+        _body(ti, 1)
+
+    work()
+
+
+# hole 11: eight tasks that wait for ``go.<run_id>`` and end at once (no XCom: the api-server may be stopped)
+with DAG(dag_id="lf_h11", schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
+         max_active_tasks=16, default_args={"retries": 0}):
+    for i in range(8):
+
+        @task(task_id=f"t{i}")
+        def waiter(ti=None) -> None:
+            _body(ti, 0, until=_traces() / f"go.{ti.run_id}")
+
+        waiter()

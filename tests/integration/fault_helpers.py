@@ -176,6 +176,19 @@ class FaultStack(AirflowStack):
         """Wait until the api-server answers again."""
         wait_until(self._api_up, timeout, "the api-server to answer")
 
+    def warm_execution_api(self, timeout: float = 180.0) -> None:
+        """Have the api-server answer one Execution API request (``GET /execution/health``) before a scenario.
+
+        A fresh api-server builds its Execution API sub-application on the first request to it, and that blocks
+        every request it serves: 8 to 42 s on a loaded 2-core host. A long-running deployment paid that once,
+        long ago; a scenario that stops the api-server, or times a re-dispatch against Airflow's own timers,
+        must not pay it in the middle (agents with lowered SDK retries die before ``/run``, a reachability probe
+        of leoflow's says "unreachable"). ``httpx.HTTPError`` when it does not answer 2xx within ``timeout``.
+        """
+        import httpx
+
+        httpx.get(f"{self.base_url}/execution/health", timeout=timeout).raise_for_status()
+
 
 class ForkLimit:
     """A pids cgroup (v1, under ``/sys/fs/cgroup/pids``) to make one process's forks fail with EAGAIN, as a
@@ -230,6 +243,67 @@ class ForkLimit:
                     pass
             self.path.rmdir()
         except OSError:
+            pass
+
+
+class Freezer:
+    """A freezer cgroup (v1, under ``/sys/fs/cgroup/freezer``) that holds processes in uninterruptible sleep,
+    as a hung NFS mount or a dying disk does: ``ps`` shows them in state ``D`` and a SIGKILL sent to them stays
+    pending (they neither run nor die) until :meth:`thaw`, when it takes effect.
+
+    ``add(pid)`` moves a process in (children it forks later stay in); ``freeze()`` freezes everything inside
+    and waits until the kernel reports it FROZEN; ``thaw()`` lets it run (or die) again; ``close()`` thaws,
+    moves what is left back to the freezer cgroup each process came from, and removes the cgroup. Raises
+    ``OSError`` when the hierarchy is missing or read-only (check :meth:`available` first). Always ``close()``
+    in a ``finally``: a frozen process cannot be killed, so a stack's cleanup would wait on it for ever.
+    """
+
+    ROOT = Path("/sys/fs/cgroup/freezer")
+
+    def __init__(self, name: str) -> None:
+        self.path = self.ROOT / name
+        self.path.mkdir(exist_ok=True)
+        self._origin: dict[int, Path] = {}
+
+    @classmethod
+    def available(cls) -> bool:
+        """True when a freezer cgroup v1 hierarchy is mounted and writable."""
+        return os.access(cls.ROOT / "cgroup.procs", os.W_OK)
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into this cgroup."""
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, where = line.split(":", 2)
+            if "freezer" in controllers.split(","):
+                self._origin[pid] = self.ROOT / where.lstrip("/")
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def freeze(self, timeout: float = 10.0) -> None:
+        """Freeze every process inside; returns once the kernel says FROZEN (``TimeoutError`` after ``timeout``
+        seconds: a freeze is asynchronous)."""
+        (self.path / "freezer.state").write_text("FROZEN")
+        wait_until(lambda: (self.path / "freezer.state").read_text().strip() == "FROZEN", timeout,
+                   "the freezer cgroup to be FROZEN", poll=0.05)
+
+    def thaw(self) -> None:
+        """Let every process inside run again (a pending SIGKILL then takes effect)."""
+        (self.path / "freezer.state").write_text("THAWED")
+
+    def close(self) -> None:
+        """Thaw, move every process left to where it came from (the first added one's cgroup for its children),
+        remove the cgroup; errors are ignored (a process may exit meanwhile)."""
+        fallback = next(iter(self._origin.values()), self.ROOT)
+        try:
+            self.thaw()
+            for pid in (self.path / "cgroup.procs").read_text().split():
+                try:
+                    (self._origin.get(int(pid), fallback) / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass  # exiting (a pending SIGKILL): it leaves the cgroup as it goes
+            wait_until(lambda: not (self.path / "cgroup.procs").read_text().split(), 10, "the freezer cgroup to empty",
+                       poll=0.05)
+            self.path.rmdir()
+        except (OSError, TimeoutError):
             pass
 
 

@@ -81,6 +81,22 @@ def test_soft_rungs_warn_and_do_not_refuse():
     assert queued.values == {"leoflow.dispatch_lost_threshold": 120.0, "scheduler.task_queued_timeout": 40}
 
 
+@pytest.mark.parametrize(("settle_timeout", "threshold", "warned"),
+                         [(10, 30, False), (14.9, 30, False), (15, 30, True), (10, 10, True), (3, 10, False)])
+def test_settle_timeout_against_the_scheduler_health_check(settle_timeout, threshold, warned):
+    """Issue 8 hole 11: a sync() may wait one settle timeout on a hanging replay, and Airflow's health check
+    reads a heartbeat one scheduler loop old; at 2 x settle_timeout >= the threshold that is a warning."""
+    report = ladder.evaluate(replace(DEFAULTS, settle_timeout=settle_timeout,
+                                     scheduler_health_check_threshold=threshold))
+    assert report.violations == ()
+    rungs = [r for r in report.warnings if r.rung == "scheduler_health_check_threshold"]
+    assert bool(rungs) == warned
+    if warned:
+        assert rungs[0].values == {"leoflow.settle_timeout": settle_timeout,
+                                   "scheduler.scheduler_health_check_threshold": threshold}
+        assert "[leoflow] settle_timeout" in rungs[0].message
+
+
 def test_warnings_are_passed_even_when_refusing():
     """``enforce`` reports every soft rung before raising for a hard one."""
     report = ladder.evaluate(replace(DEFAULTS, task_instance_heartbeat_timeout=60, task_queued_timeout=10))
