@@ -106,6 +106,9 @@ class Lifecycle:
         self.gate.reset(monotonic())
         self._out: list[SchedulerAction] = []
         self._settling: set[AttemptRef] = set()  # settles in flight in this process
+        # monotonic time of each attempt's last replay that did not land: a pass tries the others first, so one
+        # TI whose PATCH keeps hanging cannot starve every other lost report (issue 8 hole 11)
+        self._replay_stalled_at: dict[AttemptRef, float] = {}
         self._later: list[tuple[float, Reoffer]] = []  # (due, re-offer): backed-off re-dispatches
         self.draining = False  # end(): nothing new is dispatched
 
@@ -285,7 +288,8 @@ class Lifecycle:
         for ref in self._silent_foreign(live, presence):
             presence[ref] = Presence.GONE  # settled from DB-only evidence below
         budget = _Budget(self.settings.settle_budget, self.monotonic() + self.settings.settle_timeout, self.monotonic)
-        for attempt in attempts:
+        stalled = self._replay_stalled_at
+        for attempt in sorted(attempts, key=lambda a: stalled.get(a.ref, float("-inf"))):  # stable: ledger order
             if attempt.state == _S.CLAIMED:
                 self._claimed(attempt)
                 continue
@@ -429,6 +433,7 @@ class Lifecycle:
                                     expected=[_S.SETTLING])
                 return
             budget.replays_allowed = False  # one stalled api-server call per pass at most
+            self._replay_stalled_at[ref] = self.monotonic()  # the next pass tries the other lost reports first
             log.warning("replay of %s failed (%s); will retry", ref, result.detail)
             self.ledger.record_facts(ref, expected=[_S.SETTLING], detail=result.detail[:MAX_DETAIL_CHARS])
             self._hold_off_purge(attempt)  # the record is good: keep Airflow's purge from failing it
@@ -544,6 +549,7 @@ class Lifecycle:
             self.table.pop(lid)
         self.runtime.forget(attempt.ref)
         self._waiting_for_api.discard(attempt.ref)
+        self._replay_stalled_at.pop(attempt.ref, None)
         return changed
 
     # --- reap -------------------------------------------------------------------------------------------

@@ -501,6 +501,33 @@ def test_one_stalled_replay_stops_replaying_for_the_pass(tmp_path):
     assert {world.row(r).resolution for r in refs} == {Resolution.REPLAYED}
 
 
+def test_a_replay_that_keeps_stalling_does_not_starve_the_other_lost_reports(tmp_path):
+    """One TI's PATCH hangs on every pass; the other lost reports are still replayed, one pass each."""
+    world = World(tmp_path, settle_timeout="10")
+    refs = []
+    for n in range(3):
+        w, ref = world.dispatched(task_id=f"t{n}")
+        world.airflow.set_state(ref.ti_id, "running")
+        world.record(ref, "success")
+        refs.append(ref)
+    for ref in refs:
+        world.runtime.presence[ref] = Presence.GONE
+    stuck = refs[0]  # first in ledger order: the pass always met it first before the fix
+
+    def answer(record):
+        if record.ti_id == stuck.ti_id:
+            world.clock.tick(10)
+            return SettleResult(False, False, "transport error: ReadTimeout", retryable=True)
+        world.clock.tick(1)
+        return SettleResult(True, True, "204: applied")
+
+    world.airflow.replay_result = answer
+    for _ in range(4):
+        world.life.cycle()
+    assert [world.row(r).resolution for r in refs[1:]] == [Resolution.REPLAYED, Resolution.REPLAYED]
+    assert world.row(stuck).state == S.SETTLING  # still retried, never given up on
+
+
 # --- hole 8: a transient fork failure re-offers ----------------------------------------------------------
 @pytest.mark.parametrize("retryable", [True, False])
 def test_launch_failure_reoffers_when_retryable_and_fails_otherwise(world, retryable):
