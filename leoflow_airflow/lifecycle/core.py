@@ -655,11 +655,13 @@ class Lifecycle:
         a successor adopts it instead of guessing)."""
         self.draining = True
         deadline = self.monotonic() + timeout
-        while self.monotonic() < deadline and self.busy():
+        try:
+            while self.monotonic() < deadline and self.busy():
+                self.cycle()
+                sleep(0.2)
             self.cycle()
-            sleep(0.2)
-        self.cycle()
-        self.apply(self.runtime.stop(timeout=max(1.0, self.settings.settle_timeout)))
+        finally:  # a cycle that raised (a DB error mid-settle) still hangs up and records what the runtime owed
+            self.apply(self.runtime.stop(timeout=max(1.0, self.settings.settle_timeout)))
         return self.take()
 
 

@@ -339,6 +339,24 @@ def test_started_event_for_an_unknown_launch_kills_that_agent(world):
     assert world.runtime.killed_launches == ["stranger:1:1"]
 
 
+def test_end_still_records_what_the_runtime_owed_when_a_cycle_raises(world):
+    """A cycle of ``end()`` that raises (a database error mid-settle) still hangs up on the runtime and records
+    the agents it reports, so a successor adopts them rather than guessing; the error is not swallowed."""
+    w = world.queued()
+    assert world.life.dispatch_task(w).disposition == Disposition.DISPATCHED
+    ref = world.runtime.launched[-1].ref
+    world.runtime.owed_at_stop = [Started(launch_id(ref), {"pid": 6262, "proc_start_time": 4})]
+
+    def broken() -> list:
+        raise RuntimeError("database is locked")
+
+    world.runtime.poll = broken  # the cycle's first call, at the runtime seam
+    with pytest.raises(RuntimeError, match="database is locked"):
+        world.life.drain(timeout=0, sleep=lambda s: None)
+    assert world.runtime.stopped
+    assert (world.row(ref).state, world.row(ref).pid) == (S.DISPATCHED, 6262)
+
+
 def test_end_dispatches_nothing_and_records_the_agents_the_runtime_still_reports(world):
     w = world.queued()
     assert world.life.dispatch_task(w).disposition == Disposition.DISPATCHED
