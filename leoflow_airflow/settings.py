@@ -123,6 +123,94 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
+# --- Kubernetes: the token exchange (issue 9 item 3) ------------------------------------------------------
+# Read by the api-server's plugin app (``leoflow_airflow.api.exchange``), not by the executor: a group of its
+# own, parsed by :func:`load_exchange` into :class:`ExchangeSettings`. ``namespace``, ``service_account`` and
+# ``kube_config`` are the Kubernetes runtime's too (the pod builder names the same namespace, ServiceAccount
+# and projected-token audience).
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _dns_label(v: str) -> str | None:
+    return None if len(v) <= 63 and _DNS_LABEL.fullmatch(v) else "must be a Kubernetes namespace name (RFC 1123 label)"
+
+
+def _dns_subdomain(v: str) -> str | None:
+    ok = len(v) <= 253 and _DNS_SUBDOMAIN.fullmatch(v)
+    return None if ok else "must be a Kubernetes ServiceAccount name (RFC 1123 subdomain)"
+
+
+def _audience(v: str) -> str | None:
+    if not v or any(c.isspace() for c in v) or "," in v:
+        return "must be one non-empty audience string without spaces or commas"
+    return None
+
+
+EXCHANGE_OPTIONS: tuple[Option, ...] = (
+    Option("namespace", "string", "default", "Kubernetes namespace of the task pods. The token exchange accepts "
+           "only tokens of pods in it.", _dns_label),
+    Option("service_account", "string", "default", "ServiceAccount the task pods run as. The token exchange "
+           "accepts only that ServiceAccount's tokens (`system:serviceaccount:<namespace>:<service_account>`).",
+           _dns_subdomain),
+    Option("exchange_audience", "string", "leoflow", "Audience of the projected ServiceAccount token a task pod "
+           "presents to `POST /leoflow/v1/exchange`; the api-server's TokenReview asks for exactly this audience, "
+           "so a token made for anything else (the Kubernetes API itself included) is refused.", _audience),
+    Option("kube_config", "string", "", "Kubeconfig file the api-server's token exchange (TokenReview, pod "
+           "GET) uses. Empty: the in-cluster ServiceAccount configuration."),
+    Option("exchange_timeout", "float", "5", "Seconds each Kubernetes call of one token exchange (TokenReview, "
+           "then the pod GET) may take; a call that does not answer in time makes the exchange answer 503 "
+           "(try again), never hold the request open.", _positive),
+)
+"""The ``[leoflow]`` options of the token exchange (also listed in the provider's config)."""
+
+
+@dataclass(frozen=True)
+class ExchangeSettings:
+    """The token exchange's options (:data:`EXCHANGE_OPTIONS`), parsed by :func:`load_exchange`."""
+
+    runtime: str
+    """``[leoflow] runtime``: the exchange serves only ``kubernetes``."""
+    namespace: str
+    """Namespace of the task pods."""
+    service_account: str
+    """ServiceAccount the task pods run as."""
+    exchange_audience: str
+    """Audience of the projected token (TokenReview ``spec.audiences``)."""
+    kube_config: str
+    """Kubeconfig path; empty: in-cluster."""
+    exchange_timeout: float
+    """Seconds per Kubernetes call of one exchange."""
+
+    @property
+    def username(self) -> str:
+        """The only username a TokenReview may name: ``system:serviceaccount:<namespace>:<service_account>``."""
+        return f"system:serviceaccount:{self.namespace}:{self.service_account}"
+
+
+def load_exchange(get: Callable[[str, str, str], str] | None = None) -> ExchangeSettings:
+    """Read and validate the token exchange's options and ``[leoflow] runtime``.
+
+    Unlike :func:`load`, accepts ``runtime = kubernetes`` (the api-server's plugin serves the exchange only
+    then).
+
+    :param get: ``get(section, key, fallback) -> str``; defaults to Airflow's ``conf.get``.
+    :raises ConfigError: for the first malformed value, naming key and value.
+    """
+    if get is None:
+        from airflow.configuration import conf
+
+        def get(section: str, key: str, fallback: str) -> str:
+            return conf.get(section, key, fallback=fallback)
+
+    runtime = next(o for o in OPTIONS if o.name == "runtime")
+    values: dict[str, Any] = {"runtime": _parse(runtime, str(get(SECTION, "runtime", runtime.default)))}
+    for opt in EXCHANGE_OPTIONS:
+        values[opt.name] = _parse(opt, str(get(SECTION, opt.name, opt.default)))
+    return ExchangeSettings(**values)
+
+
 @dataclass(frozen=True)
 class LeoflowSettings:
     """The parsed ``[leoflow]`` section (each option's text is in :data:`OPTIONS`). Durations are seconds
@@ -241,7 +329,7 @@ def provider_config() -> dict[str, Any]:
                     "example": None,
                     "default": o.default,
                 }
-                for o in OPTIONS
+                for o in OPTIONS + EXCHANGE_OPTIONS
             },
         }
     }

@@ -112,10 +112,10 @@ def test_reads_through_airflow_config(monkeypatch):
 
 
 def test_provider_config_lists_every_option_with_its_default():
-    """The provider's ``[leoflow]`` defaults are exactly the OPTIONS table."""
+    """The provider's ``[leoflow]`` defaults are exactly the OPTIONS and EXCHANGE_OPTIONS tables."""
     cfg = settings.provider_config()["leoflow"]["options"]
-    assert set(cfg) == {o.name for o in settings.OPTIONS}
-    for opt in settings.OPTIONS:
+    assert set(cfg) == {o.name for o in settings.OPTIONS + settings.EXCHANGE_OPTIONS}
+    for opt in settings.OPTIONS + settings.EXCHANGE_OPTIONS:
         assert cfg[opt.name]["default"] == opt.default
         assert cfg[opt.name]["type"] == opt.type
         assert cfg[opt.name]["description"]
@@ -148,3 +148,33 @@ def test_malformed_agent_env_deny_through_airflow_config(monkeypatch):
     with pytest.raises(ConfigError, match=r"\[leoflow\] agent_env_deny = 'AWS_\*, MY VAR': 'MY VAR' is not an "
                                           r"environment variable name"):
         settings.load()
+
+
+# --- the token exchange's group (issue 9 item 3) --------------------------------------------------------
+
+def test_exchange_defaults_and_username():
+    """The exchange's options parse on their own, with ``runtime = kubernetes`` accepted (``load`` refuses it)."""
+    s = settings.load_exchange(getter(runtime="kubernetes"))
+    assert (s.runtime, s.namespace, s.service_account, s.exchange_audience, s.kube_config, s.exchange_timeout) \
+        == ("kubernetes", "default", "default", "leoflow", "", 5.0)
+    assert s.username == "system:serviceaccount:default:default"
+    assert settings.load_exchange(getter(namespace="tasks", service_account="leoflow.task")).username \
+        == "system:serviceaccount:tasks:leoflow.task"
+
+
+@pytest.mark.parametrize("key, value", [
+    ("namespace", "Tasks"), ("namespace", "a" * 64), ("namespace", ""), ("namespace", "a.b"),
+    ("service_account", "Bad_Name"), ("service_account", ""),
+    ("exchange_audience", ""), ("exchange_audience", "a b"), ("exchange_audience", "a,b"),
+    ("exchange_timeout", "0"), ("exchange_timeout", "soon"), ("runtime", "docker"),
+])
+def test_exchange_options_name_key_and_value_when_malformed(key, value):
+    with pytest.raises(ConfigError) as exc:
+        settings.load_exchange(getter(**{key: value}))
+    assert f"[leoflow] {key}" in str(exc.value) and repr(value) in str(exc.value)
+
+
+def test_exchange_defaults_parse_and_do_not_collide_with_the_executors_options():
+    for opt in settings.EXCHANGE_OPTIONS:
+        settings._parse(opt, opt.default)
+    assert not {o.name for o in settings.EXCHANGE_OPTIONS} & {o.name for o in settings.OPTIONS}
