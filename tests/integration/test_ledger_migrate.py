@@ -205,3 +205,39 @@ def test_attempt_host_migration_up_and_down_on_sqlite(tmp_path):
             assert conn.execute(sa.text("SELECT ti_id, state, pid FROM leoflow_attempt")).all() == [("t1", "dispatched", 42)]
     finally:
         engine.dispose()
+
+
+@pytest.mark.airflow
+def test_attempt_exchange_migration_up_and_down_on_sqlite(tmp_path):
+    """Revision 0004 (issue 9 item 3): a ledger at revision 0003 holding a dispatched attempt is upgraded by a
+    plain ``airflow db migrate`` to the models' schema with the row kept and not exchanged (``exchanged_at``
+    and ``exchange_credential_id`` NULL); downgrading drops both columns and keeps the row."""
+    db_url = f"sqlite:///{tmp_path / 'airflow.db'}"
+    env = airflow_env(tmp_path, db_url)
+    before = "3b7e9d1c4f20"
+    run([AIRFLOW, "db", "migrate"], env)
+    run([sys.executable, "-c", DOWNGRADE_SCRIPT, before], env)
+    engine = sa.create_engine(db_url, poolclass=sa.NullPool)
+    columns = {"exchanged_at", "exchange_credential_id"}
+    try:
+        with engine.connect() as conn:
+            assert not columns & {c["name"] for c in sa.inspect(conn).get_columns("leoflow_attempt")}
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO leoflow_attempt (ti_id, try_number, attempt_epoch, dag_id, task_id, run_id, map_index, "
+                "state, runtime, workload_json, pod_name, created_at, updated_at) VALUES ('t1', 1, 1, 'd', 't', 'r', "
+                "-1, 'dispatched', 'kubernetes', '{}', 'p', '2026-12-01 00:00:00', '2026-12-01 00:00:00')"))
+        run([AIRFLOW, "db", "migrate"], env)
+        assert schema_diff(db_url) == []
+        with engine.connect() as conn:
+            assert conn.execute(sa.text(
+                "SELECT ti_id, state, pod_name, exchanged_at, exchange_credential_id FROM leoflow_attempt")).all() \
+                == [("t1", "dispatched", "p", None, None)]
+            assert [r[0] for r in conn.execute(sa.text("SELECT version_num FROM leoflow_alembic_version"))] == [HEAD]
+        run([sys.executable, "-c", DOWNGRADE_SCRIPT, before], env)
+        with engine.connect() as conn:
+            assert not columns & {c["name"] for c in sa.inspect(conn).get_columns("leoflow_attempt")}
+            assert conn.execute(sa.text("SELECT ti_id, state, pod_name FROM leoflow_attempt")).all() \
+                == [("t1", "dispatched", "p")]
+    finally:
+        engine.dispose()

@@ -618,3 +618,59 @@ def test_an_unreadable_key_file_refuses_start(tmp_path, monkeypatch):
 def test_a_configured_secret_passes(monkeypatch):
     monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", SECRET)
     check_can_mint(environ={"AIRFLOW__API_AUTH__JWT_SECRET": SECRET}, config_file=None)
+
+
+# --- the real Kubernetes client: every call bounded -----------------------------------------------------
+
+def _kubeconfig(path, server: str):
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    return str(path)
+
+
+def test_a_silent_apiserver_makes_each_call_end_within_the_timeout(tmp_path):
+    """An apiserver that accepts connections and never answers (a listening socket nobody serves): each
+    call gives up after ``exchange_timeout`` (1 s here) with ``KubeUnavailable``, retried by nobody, and the
+    exchange answers 503."""
+    import socket
+    import time
+
+    from leoflow_airflow.runtime.kubernetes.review import KubeClient
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    try:
+        kube = KubeClient.from_config(_kubeconfig(tmp_path / "kc", f"https://127.0.0.1:{silent.getsockname()[1]}"),
+                                      timeout=1.0)
+        for call in (lambda: kube.review(TOKEN, [AUDIENCE]), lambda: kube.read_pod(NS, "p")):
+            t0 = time.monotonic()
+            with pytest.raises(KubeUnavailable):
+                call()
+            assert 0.9 < time.monotonic() - t0 < 3.0
+        exchange = Exchange(config=ExchangeConfig(AUDIENCE, NS, SA), kube=kube, ledger=None, mint=None)
+        t0 = time.monotonic()
+        assert ExchangeService(exchange).handle(request_body(TOKEN)).status == 503
+        assert time.monotonic() - t0 < 3.0
+        kube.close()
+    finally:
+        silent.close()
+
+
+def test_an_unreachable_apiserver_is_unavailable_at_once(tmp_path):
+    import socket
+
+    from leoflow_airflow.runtime.kubernetes.review import KubeClient
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now: connection refused
+    kube = KubeClient.from_config(_kubeconfig(tmp_path / "kc", f"https://127.0.0.1:{port}"), timeout=5.0)
+    with pytest.raises(KubeUnavailable):
+        kube.review(TOKEN, [AUDIENCE])
+    with pytest.raises(KubeUnavailable):
+        kube.read_pod(NS, "p")
