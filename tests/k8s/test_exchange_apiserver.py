@@ -66,8 +66,9 @@ def test_exchange_in_a_real_api_server_and_its_token_on_the_execution_api(
                 grant = decode_grant(r.content)
                 assert (grant.ti_id, grant.attempt_epoch) == (ref.ti_id, ref.attempt_epoch)
                 granted[ref.ti_id] = grant
-            for ref, token in attempts:
-                r = http.post(url, content=request_body(token), headers={"content-type": "application/json"})
+            for ref, token in attempts:  # a connection each: the workers share the listening socket
+                r = httpx.post(url, content=request_body(token), headers={"content-type": "application/json"},
+                               timeout=30)
                 assert r.status_code == 403 and r.json().keys() == {"error_id"}, r.text
             assert http.post(url, content=b"").status_code == 403
             for ref, _ in attempts:
