@@ -116,6 +116,8 @@ class LeoflowExecutor(BaseExecutor):
 
         :raises ConfigError: a malformed ``[leoflow]`` value (key and value named).
         :raises LadderViolation: the recovery window is broken (keys and values named).
+        :raises ConfigError: ``runtime = kubernetes`` without a shared ``[api_auth] jwt_secret`` or
+            ``jwt_private_key_path`` (``api.exchange.check_can_mint``; inert while that runtime is refused).
         :raises OSError: the zygote could not be spawned.
         """
         from airflow.executors.executor_loader import ExecutorLoader
@@ -123,6 +125,12 @@ class LeoflowExecutor(BaseExecutor):
         settings = self.settings
         report = ladder.evaluate(ladder.read_values(settings))
         ladder.enforce(report, self._warn_rung)
+        if settings.runtime == "kubernetes":
+            # Inert until the Kubernetes runtime exists (settings.load refuses it today). Its pods' workload
+            # tokens are minted by the api-server's exchange: refuse a scheduler whose api-servers cannot.
+            from leoflow_airflow.api.exchange import check_can_mint
+
+            check_can_mint()
         try:
             self._sole_executor = len(ExecutorLoader.get_executor_names(validate_teams=False)) <= 1
         except Exception:  # noqa: BLE001 - unknown: count the held workloads (the safe side)

@@ -1,7 +1,9 @@
 """The leoflow Airflow plugin: mounts leoflow's FastAPI app under ``/leoflow`` on the api-server (DESIGN §1).
 
 Airflow applies no auth to plugin apps, so every route of :mod:`leoflow_airflow.api.app` authenticates
-itself; the only route in this release is an unauthenticated liveness probe that reveals nothing.
+itself: the liveness probe reveals nothing, and the token exchange is authenticated by the pod's projected
+ServiceAccount token (TokenReview). The app object is created here, at import, but builds its clients and
+mint key only in its lifespan, in each api-server worker.
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
 """leoflow's Airflow provider info (entry point ``apache_airflow_provider``): the ``[leoflow]`` config
-defaults, the ``airflow leoflow`` CLI group, the plugin and the ledger's DB manager (Airflow's
-``provider_info.schema.json``; DESIGN §5)."""
+defaults, the ``airflow leoflow`` CLI group and the ledger's DB manager (Airflow's
+``provider_info.schema.json``; DESIGN §5).
+
+The plugin (``/leoflow`` on the api-server) is not listed here but under the ``airflow.plugins`` entry point:
+Airflow loads providers' plugins only with ``[core] lazy_discover_providers = False`` (default True), and a
+plugin listed in both places would be registered twice (the second reported as an import error)."""
 
 from __future__ import annotations
 
@@ -22,6 +26,5 @@ def get_provider_info() -> dict[str, Any]:
         "executors": ["leoflow_airflow.executor.LeoflowExecutor"],
         "cli": ["leoflow_airflow.cli.get_cli_commands"],
         "config": provider_config(),
-        "plugins": [{"name": "leoflow", "plugin-class": "leoflow_airflow.plugin.LeoflowPlugin"}],
         "db-managers": ["leoflow_airflow.ledger.db_manager.LeoflowDBManager"],
     }

@@ -160,8 +160,13 @@ OPTIONS: tuple[Option, ...] = (
            _non_negative),
     Option("redispatch_limit", "integer", "2", "Re-dispatches of the same ti_id as a new epoch when its "
            "agent died before /run; then Airflow's own failure path.", _non_negative),
-    # --- runtime (Kubernetes): read only when runtime = kubernetes (each value is still checked on its own)
-    Option("namespace", "string", "default", "Namespace of the task pods.", _dns_label),
+    # --- Kubernetes: the task pods (the scheduler's pod builder) and the token exchange (the api-server's
+    # plugin app) read this one group (KubernetesSettings); each value is checked on its own whatever the runtime
+    Option("namespace", "string", "default", "Namespace of the task pods; the token exchange accepts only "
+           "tokens of pods in it.", _dns_label),
+    Option("service_account", "string", "default", "ServiceAccount the task pods run as; the token exchange "
+           "accepts only this account's projected tokens (`system:serviceaccount:<namespace>:<service_account>`). "
+           "Its API token is never mounted (automountServiceAccountToken: false).", _dns_subdomain),
     Option("image", "string", "", "Image of the task pods' agent container (leoflow and the DAGs' dependencies "
            "installed; its entrypoint runs the arguments `python -m leoflow_agent pod`). Required with "
            "runtime = kubernetes; a pod_override may set another per task where pod_override_allow lets it.",
@@ -171,19 +176,6 @@ OPTIONS: tuple[Option, ...] = (
            "are merged, then Airflow's pod_mutation_hook runs, then leoflow sets again what it pins (name, labels, "
            "identity annotation, security context, termination message, ServiceAccount token, restartPolicy). "
            "Empty: none."),
-    Option("service_account", "string", "default", "ServiceAccount the task pods run as; the token exchange "
-           "accepts only this account's projected tokens. Its API token is never mounted "
-           "(automountServiceAccountToken: false).", _dns_subdomain),
-    Option("in_cluster", "boolean", "True", "Reach the Kubernetes API with the scheduler pod's own "
-           "ServiceAccount (True) or with kube_config (False)."),
-    Option("kube_config", "string", "", "Path of the kubeconfig used when in_cluster is False. Empty: the "
-           "client's default ($KUBECONFIG, then ~/.kube/config)."),
-    Option("exchange_url", "string", "", "URL under which task pods reach leoflow's api-server app "
-           "(`.../leoflow`; the agent posts to `<exchange_url>/v1/exchange`). Empty: `[api] base_url` + "
-           "`/leoflow`. Not derived from [core] execution_api_server_url: an execution-only api-server "
-           "(`--apps execution`) serves no plugin app.", _url_or_empty),
-    Option("token_audience", "string", "urn:leoflow:exchange", "Audience of the projected ServiceAccount token "
-           "on each task pod; the exchange accepts no token of another audience.", _audience),
     Option("pod_override_allow", "string",
            "metadata.labels, metadata.annotations, spec.containers.image, spec.containers.imagePullPolicy, "
            "spec.containers.resources, spec.containers.env, spec.nodeSelector, spec.affinity, spec.tolerations, "
@@ -197,6 +189,23 @@ OPTIONS: tuple[Option, ...] = (
            "longest a task pod may live, counted from when the kubelet took it (so it covers the image pull). It "
            "becomes the pod's activeDeadlineSeconds (a shorter one from the template or an override is kept) and "
            "bounds the agent's exchange retries. 0: no deadline.", _ceiling),
+    Option("in_cluster", "boolean", "True", "Reach the Kubernetes API with the process's own pod ServiceAccount "
+           "(True: the scheduler's to create pods, the api-server's for the token exchange's TokenReview and pod "
+           "GET) or with kube_config (False)."),
+    Option("kube_config", "string", "", "Path of the kubeconfig used when in_cluster is False, by the scheduler "
+           "and the api-server's token exchange alike. Empty: the client's default ($KUBECONFIG, then "
+           "~/.kube/config). Setting it while in_cluster is True is an error."),
+    Option("exchange_url", "string", "", "URL under which task pods reach leoflow's api-server app "
+           "(`.../leoflow`; the agent posts to `<exchange_url>/v1/exchange`). Empty: `[api] base_url` + "
+           "`/leoflow`. Not derived from [core] execution_api_server_url: an execution-only api-server "
+           "(`--apps execution`) serves no plugin app.", _url_or_empty),
+    Option("exchange_audience", "string", "urn:leoflow:exchange", "Audience of the projected ServiceAccount "
+           "token on each task pod, which the pod presents to the token exchange; the api-server's TokenReview "
+           "asks for exactly this audience, so a token made for anything else (the Kubernetes API itself "
+           "included) is refused.", _audience),
+    Option("exchange_timeout_seconds", "float", "5", "Seconds each Kubernetes call of one token exchange "
+           "(TokenReview, then the pod GET) may take on the api-server; a call that does not answer in time makes "
+           "the exchange answer 503 (try again), never hold the request open.", _positive),
     Option("test_fault_injection", "boolean", "False", "TEST ONLY: honour the per-attempt fault-injection "
            "point (docs/DESIGN.md §3). Never enable in production."),
     Option("test_fault_plan", "string", "", "TEST ONLY (with test_fault_injection): a JSON file mapping "
@@ -209,33 +218,44 @@ OPTIONS: tuple[Option, ...] = (
 
 @dataclass(frozen=True)
 class KubernetesSettings:
-    """The ``[leoflow]`` options of the Kubernetes runtime (each option's text is in :data:`OPTIONS`).
+    """The ``[leoflow]`` options of the Kubernetes runtime (each option's text is in :data:`OPTIONS`), one group
+    for both of its halves: the scheduler's pod builder (:func:`leoflow_airflow.runtime.kubernetes.pod.build_pod`)
+    and the api-server's token exchange (:mod:`leoflow_airflow.api.exchange`) read the same namespace,
+    ServiceAccount, projected-token audience and API access, so a pod is built exactly as the exchange checks it.
 
-    Read by the pod builder (:func:`leoflow_airflow.runtime.kubernetes.pod.build_pod`) and, later, the
-    runtime. A value parsed here passed its own check; :func:`check_kubernetes` adds what holds only together
-    (an image is set, an exchange URL is known, every allowlist entry names an overridable pod field).
+    A value parsed here passed its own check. :func:`check_kubernetes` adds what the scheduler needs of them
+    together (an image is set, an exchange URL is known, every allowlist entry names an overridable pod field),
+    :func:`load_exchange` what the exchange does (:func:`check_api_access` for both).
     """
 
     namespace: str
     """Namespace of the task pods (DNS-1123 label)."""
+    service_account: str
+    """ServiceAccount of the task pods; the exchange accepts only its tokens (:attr:`service_account_username`)."""
     image: str
     """Image of the agent container (empty only while the runtime is not kubernetes)."""
     pod_template_file: str
     """Path of the operator's pod template (YAML), or empty."""
-    service_account: str
-    """ServiceAccount of the task pods; the exchange accepts only its tokens."""
-    in_cluster: bool
-    """Use the scheduler pod's own ServiceAccount to reach the API (else ``kube_config``)."""
-    kube_config: str
-    """Path of a kubeconfig when not ``in_cluster`` (empty: the client's default)."""
-    exchange_url: str
-    """Base URL of leoflow's plugin app as task pods reach it (``…/leoflow``); empty until derived."""
-    token_audience: str
-    """Audience of the projected ServiceAccount token."""
     pod_override_allow: tuple[str, ...]
     """Pod field paths a ``pod_override`` may set."""
     credential_ceiling_seconds: int
     """Longest life of a task pod from its start, in seconds (its ``activeDeadlineSeconds``; 0: none)."""
+    in_cluster: bool
+    """Reach the API with the process's own pod ServiceAccount (else ``kube_config``)."""
+    kube_config: str
+    """Path of a kubeconfig when not ``in_cluster`` (empty: the client's default)."""
+    exchange_url: str
+    """Base URL of leoflow's plugin app as task pods reach it (``…/leoflow``); empty until derived."""
+    exchange_audience: str
+    """Audience of the pods' projected ServiceAccount token, and the only one the exchange's TokenReview asks for."""
+    exchange_timeout_seconds: float
+    """Seconds each Kubernetes call of one exchange may take (> 0)."""
+
+    @property
+    def service_account_username(self) -> str:
+        """The Kubernetes user of the task pods' tokens, ``system:serviceaccount:<namespace>:<service_account>``:
+        the only username the exchange accepts from a TokenReview."""
+        return f"system:serviceaccount:{self.namespace}:{self.service_account}"
 
 
 KUBERNETES_KEYS: tuple[str, ...] = tuple(KubernetesSettings.__dataclass_fields__)
@@ -291,7 +311,7 @@ class LeoflowSettings:
     """Seconds after an attempt's exit during which a replayable record keeps Airflow's purge off, at most."""
     # --- runtime (Kubernetes)
     kubernetes: KubernetesSettings
-    """The Kubernetes runtime's options (``namespace``, ``image``, … ``credential_ceiling_seconds``)."""
+    """The Kubernetes runtime's options (``namespace``, ``service_account``, … ``exchange_timeout_seconds``)."""
     # --- testing (TEST ONLY)
     test_fault_injection: bool
     """Honour per-attempt fault points."""
@@ -348,20 +368,34 @@ def _load(get: Callable[[str, str, str], str]) -> LeoflowSettings:
     return LeoflowSettings(**values, kubernetes=kube)
 
 
+def check_api_access(kube: KubernetesSettings) -> None:
+    """Check how the process reaches the Kubernetes API (the scheduler and the api-server's exchange alike):
+    ``kube_config`` is read only when ``in_cluster`` is False, so setting it with ``in_cluster`` True would be
+    silently ignored (the cncf KubernetesExecutor's ``config_file`` is); that is refused instead.
+
+    :raises ConfigError: naming ``[leoflow] kube_config`` when it is set while ``in_cluster`` is True.
+    """
+    if kube.in_cluster and kube.kube_config:
+        raise ConfigError(f"{SECTION}.kube_config", kube.kube_config, "is set while [leoflow] in_cluster is True, "
+                          "which uses the pod's own ServiceAccount and would ignore it: set in_cluster = False "
+                          "to use this kubeconfig, or leave kube_config empty")
+
+
 def check_kubernetes(kube: KubernetesSettings, get: Callable[[str, str, str], str]) -> KubernetesSettings:
     """Check what ``runtime = kubernetes`` needs of its options together; return them with ``exchange_url``
     filled in from ``[api] base_url`` when it was left empty.
 
     :param get: ``get(section, key, fallback) -> str``, as for :func:`load` (``[api] base_url`` is read).
-    :raises ConfigError: naming the key: no ``image``; neither ``exchange_url`` nor ``[api] base_url`` (or one
-        that is not an http(s) URL); a ``pod_override_allow`` entry that names no pod field or a field leoflow
-        pins; the ``kubernetes`` package missing.
+    :raises ConfigError: naming the key: what :func:`check_api_access` finds; no ``image``; neither
+        ``exchange_url`` nor ``[api] base_url`` (or one that is not an http(s) URL); a ``pod_override_allow``
+        entry that names no pod field or a field leoflow pins; the ``kubernetes`` package missing.
     """
     try:
         from leoflow_airflow.runtime.kubernetes import pod as pods
     except ImportError as exc:  # the optional dependency
         raise ConfigError(f"{SECTION}.runtime", "kubernetes",
                           f"needs the `kubernetes` package (pip install 'leoflow[kubernetes]'): {exc}") from None
+    check_api_access(kube)
     if not kube.image:
         raise ConfigError(f"{SECTION}.image", kube.image, "is required with runtime = kubernetes")
     for entry in kube.pod_override_allow:
@@ -403,6 +437,23 @@ def load_kubernetes(get: Callable[[str, str, str], str] | None = None) -> Kubern
     """
     get = _airflow_get() if get is None else get
     return check_kubernetes(_load(get).kubernetes, get)
+
+
+def load_exchange(get: Callable[[str, str, str], str] | None = None) -> KubernetesSettings | None:
+    """Read ``[leoflow]`` as the api-server's token exchange needs it: None when ``runtime`` is not
+    ``kubernetes`` (the exchange is off), else the Kubernetes group, every value checked on its own and
+    :func:`check_api_access` passed. Not what only the scheduler needs (an image, the exchange URL, the
+    allowlist against pod fields), so an api-server without the pod builder's settings still serves it.
+
+    :param get: ``get(section, key, fallback) -> str``; defaults to Airflow's ``conf.get``.
+    :raises ConfigError: for the first malformed value (any ``[leoflow]`` option: one section, one
+        validation), naming key and value.
+    """
+    settings = _load(_airflow_get() if get is None else get)
+    if settings.runtime != "kubernetes":
+        return None
+    check_api_access(settings.kubernetes)
+    return settings.kubernetes
 
 
 def provider_config() -> dict[str, Any]:

@@ -26,13 +26,17 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["HOST_LEN", "ID_LEN", "UtcDateTime", "attempt_table", "infra_budget_table", "metadata"]
+__all__ = ["CREDENTIAL_ID_LEN", "HOST_LEN", "ID_LEN", "UtcDateTime", "attempt_table", "infra_budget_table", "metadata"]
 
 ID_LEN = 250
 """Length of dag_id / task_id / run_id columns: Airflow's own limit for these ids."""
 
 HOST_LEN = 300
 """Length of ``leoflow_attempt.host``: a hostname (at most 253) + ``/`` + a boot id (36)."""
+
+CREDENTIAL_ID_LEN = 256
+"""Length of ``leoflow_attempt.exchange_credential_id``: a TokenReview's ``credential-id`` (``JTI=<uuid>`` for a
+ServiceAccount token, 40 characters), cut to this length if longer."""
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -122,6 +126,8 @@ attempt_table = Table(
     Column("exited_at", UtcDateTime, nullable=True),
     Column("closed_at", UtcDateTime, nullable=True),
     Column("updated_at", UtcDateTime, nullable=False),
+    Column("exchanged_at", UtcDateTime, nullable=True),
+    Column("exchange_credential_id", String(CREDENTIAL_ID_LEN), nullable=True),
     UniqueConstraint("ti_id", "attempt_epoch"),
     Index(None, "state"),
     Index(None, "dag_id", "run_id", "task_id", "map_index"),
@@ -132,6 +138,10 @@ attempt_table = Table(
 The unique key (ti_id, attempt_epoch) is what makes epoch claims atomic (``LedgerStore.claim_epoch``).
 ``host`` (revision 0003) is ``<hostname>/<boot id>`` of the claiming scheduler (``leoflow_airflow.hosts``);
 NULL in rows written before it, which count as this host's.
+``exchanged_at`` and ``exchange_credential_id`` (revision 0004) record the Kubernetes token exchange of the
+attempt (``LedgerStore.record_exchange``): when its pod's token was exchanged for the workload, and the
+TokenReview's credential id (``JTI=…``) of that token. NULL until then, and always for Lite attempts; a set
+``exchanged_at`` refuses every later exchange of the attempt.
 """
 
 infra_budget_table = Table(

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RowMapping
 from sqlalchemy.exc import IntegrityError
 
-from leoflow_airflow.ledger.models import attempt_table
+from leoflow_airflow.ledger.models import CREDENTIAL_ID_LEN, attempt_table
 from leoflow_airflow.ledger.states import (
     AttemptRef,
     OPEN_STATES,
@@ -101,6 +101,10 @@ class Attempt:
     exited_at: datetime | None
     closed_at: datetime | None
     updated_at: datetime
+    exchanged_at: datetime | None = None
+    """When the attempt's pod exchanged its token (revision 0004; None: not exchanged, or Lite)."""
+    exchange_credential_id: str | None = None
+    """The TokenReview ``credential-id`` of the exchanged token (``JTI=…``), when the review named one."""
 
     @classmethod
     def from_row(cls, row: RowMapping) -> Attempt:
@@ -131,6 +135,8 @@ class Attempt:
             exited_at=row["exited_at"],
             closed_at=row["closed_at"],
             updated_at=row["updated_at"],
+            exchanged_at=row["exchanged_at"],
+            exchange_credential_id=row["exchange_credential_id"],
         )
 
 
@@ -348,6 +354,22 @@ class LedgerStore:
         values["updated_at"] = self._clock()
         return self._guarded_update(ref, states, values)
 
+    def record_exchange(self, ref: AttemptRef, *, credential_id: str | None) -> bool:
+        """Mark ``ref`` exchanged (its pod's token was traded for the workload); return whether a row changed.
+
+        One guarded ``UPDATE … WHERE ti_id AND try_number AND attempt_epoch AND state = 'dispatched' AND
+        exchanged_at IS NULL`` that sets ``exchanged_at`` (now), ``exchange_credential_id`` (the TokenReview's
+        ``credential-id``, cut to ``CREDENTIAL_ID_LEN``; None when the review named none) and ``updated_at``.
+        The state stays DISPATCHED: the exchange records a fact, only reconciliation moves attempts (DESIGN §2
+        Invariant 2). ``False``: the attempt is not DISPATCHED any more, or was exchanged already (by a
+        concurrent request on another api-server worker, too): the caller refuses the exchange.
+        """
+        now = self._clock()
+        if credential_id is not None:
+            credential_id = credential_id[:CREDENTIAL_ID_LEN]
+        values = {"exchanged_at": now, "exchange_credential_id": credential_id, "updated_at": now}
+        return self._guarded_update(ref, (AttemptState.DISPATCHED,), values, attempt_table.c.exchanged_at.is_(None))
+
     # ------------------------------------------------------------------ reads
 
     def get(self, ref: AttemptRef) -> Attempt | None:
@@ -430,8 +452,10 @@ class LedgerStore:
         return values
 
     def _guarded_update(
-        self, ref: AttemptRef, states: tuple[AttemptState, ...], values: dict[str, Any]
+        self, ref: AttemptRef, states: tuple[AttemptState, ...], values: dict[str, Any], *guards: Any
     ) -> bool:
+        """One ``UPDATE`` of exactly ``ref``'s row, only while its state is one of ``states`` and every extra
+        ``guards`` clause holds; whether it changed the row."""
         t = attempt_table
         stmt = (
             t.update()
@@ -440,13 +464,15 @@ class LedgerStore:
                 t.c.try_number == ref.try_number,
                 t.c.attempt_epoch == ref.attempt_epoch,
                 t.c.state.in_([s.value for s in states]),
+                *guards,
             )
             .values(**values)
         )
         with self._tx() as conn:
             changed = conn.execute(stmt).rowcount == 1
         if not changed:
-            log.debug("guarded write on attempt %s expecting %s changed nothing", ref, [s.value for s in states])
+            log.debug("guarded write on attempt %s expecting %s%s changed nothing", ref, [s.value for s in states],
+                      f" and {len(guards)} more guard(s)" if guards else "")
         return changed
 
     def _one(self, query: sa.Select) -> Attempt | None:

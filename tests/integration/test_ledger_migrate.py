@@ -140,38 +140,61 @@ with create_session() as session:
 """
 
 
+def column_migration_round_trip(tmp_path: Path, *, before: str, table: str, columns: set[str], insert: str,
+                                upgraded: tuple[str, list[tuple]], downgraded: tuple[str, list[tuple]]) -> str:
+    """One revision that adds ``columns`` to ``table``, up and down on SQLite with a row kept throughout.
+
+    A fresh ledger is migrated to head and downgraded to revision ``before`` (``columns`` absent, the ledger at
+    ``before``); ``insert`` adds a row as a ledger of that revision holds it; a plain ``airflow db migrate``
+    brings it to the models' schema at head, where the query ``upgraded[0]`` gives the rows ``upgraded[1]``;
+    downgrading to ``before`` again drops ``columns``, and ``downgraded[0]`` gives ``downgraded[1]``. Returns
+    the output of that ``airflow db migrate``."""
+    db_url = f"sqlite:///{tmp_path / 'airflow.db'}"
+    env = airflow_env(tmp_path, db_url)
+    run([AIRFLOW, "db", "migrate"], env)
+    run([sys.executable, "-c", DOWNGRADE_SCRIPT, before], env)
+    engine = sa.create_engine(db_url, poolclass=sa.NullPool)
+
+    def version() -> list[str]:
+        with engine.connect() as conn:
+            return [r[0] for r in conn.execute(sa.text("SELECT version_num FROM leoflow_alembic_version"))]
+
+    def present() -> set[str]:
+        with engine.connect() as conn:
+            return columns & {c["name"] for c in sa.inspect(conn).get_columns(table)}
+
+    def rows(query: str) -> list[tuple]:
+        with engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(sa.text(query)).all()]
+
+    try:
+        assert present() == set() and version() == [before]
+        with engine.begin() as conn:
+            conn.execute(sa.text(insert))
+        out = run([AIRFLOW, "db", "migrate"], env)
+        assert schema_diff(db_url) == [] and version() == [HEAD]
+        assert rows(upgraded[0]) == upgraded[1]
+        run([sys.executable, "-c", DOWNGRADE_SCRIPT, before], env)
+        assert present() == set() and version() == [before]
+        assert rows(downgraded[0]) == downgraded[1]
+        return out
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.airflow
 def test_budget_clear_number_migration_up_and_down_on_sqlite(tmp_path):
     """Revision 0002 (issue 8 hole 16a): a ledger at 0.1.0 holding a budget row is upgraded by a plain
     ``airflow db migrate`` to the models' schema with the row kept (``clear_number`` NULL, so the old rule
     judges it); downgrading drops the column and keeps the row."""
-    db_url = f"sqlite:///{tmp_path / 'airflow.db'}"
-    env = airflow_env(tmp_path, db_url)
-    first = LeoflowDBManager.revision_heads_map["0.1.0"]
-    run([AIRFLOW, "db", "migrate"], env)
-    run([sys.executable, "-c", DOWNGRADE_SCRIPT, first], env)
-    engine = sa.create_engine(db_url, poolclass=sa.NullPool)
-    try:
-        with engine.begin() as conn:
-            columns = {c["name"] for c in sa.inspect(conn).get_columns("leoflow_infra_budget")}
-            assert "clear_number" not in columns
-            assert [r[0] for r in conn.execute(sa.text("SELECT version_num FROM leoflow_alembic_version"))] == [first]
-            conn.execute(sa.text(
-                "INSERT INTO leoflow_infra_budget (dag_id, run_id, task_id, map_index, spent, seen_max_tries, "
-                "updated_at) VALUES ('d', 'r', 't', -1, 2, 5, '2026-12-01 00:00:00')"))
-        out = run([AIRFLOW, "db", "migrate"], env)
-        assert "8c3d2e4f6a71" in out or "Running upgrade" in out, out[-2000:]
-        assert schema_diff(db_url) == []
-        with engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT spent, seen_max_tries, clear_number FROM leoflow_infra_budget")).all() \
-                == [(2, 5, None)]
-            assert [r[0] for r in conn.execute(sa.text("SELECT version_num FROM leoflow_alembic_version"))] == [HEAD]
-        run([sys.executable, "-c", DOWNGRADE_SCRIPT, first], env)
-        with engine.connect() as conn:
-            assert "clear_number" not in {c["name"] for c in sa.inspect(conn).get_columns("leoflow_infra_budget")}
-            assert conn.execute(sa.text("SELECT spent, seen_max_tries FROM leoflow_infra_budget")).all() == [(2, 5)]
-    finally:
-        engine.dispose()
+    out = column_migration_round_trip(
+        tmp_path, before=LeoflowDBManager.revision_heads_map["0.1.0"], table="leoflow_infra_budget",
+        columns={"clear_number"},
+        insert="INSERT INTO leoflow_infra_budget (dag_id, run_id, task_id, map_index, spent, seen_max_tries, "
+               "updated_at) VALUES ('d', 'r', 't', -1, 2, 5, '2026-12-01 00:00:00')",
+        upgraded=("SELECT spent, seen_max_tries, clear_number FROM leoflow_infra_budget", [(2, 5, None)]),
+        downgraded=("SELECT spent, seen_max_tries FROM leoflow_infra_budget", [(2, 5)]))
+    assert "8c3d2e4f6a71" in out or "Running upgrade" in out, out[-2000:]
 
 
 @pytest.mark.airflow
@@ -179,29 +202,25 @@ def test_attempt_host_migration_up_and_down_on_sqlite(tmp_path):
     """Revision 0003 (issue 8 hole 14): a ledger at 0.2.0's first head holding an open attempt is upgraded by a
     plain ``airflow db migrate`` to the models' schema with the row kept and ``host`` NULL (judged as this
     host's); downgrading drops the column and keeps the row."""
-    db_url = f"sqlite:///{tmp_path / 'airflow.db'}"
-    env = airflow_env(tmp_path, db_url)
-    before = "8c3d2e4f6a71"
-    run([AIRFLOW, "db", "migrate"], env)
-    run([sys.executable, "-c", DOWNGRADE_SCRIPT, before], env)
-    engine = sa.create_engine(db_url, poolclass=sa.NullPool)
-    try:
-        with engine.connect() as conn:
-            assert "host" not in {c["name"] for c in sa.inspect(conn).get_columns("leoflow_attempt")}
-        with engine.begin() as conn:
-            conn.execute(sa.text(
-                "INSERT INTO leoflow_attempt (ti_id, try_number, attempt_epoch, dag_id, task_id, run_id, map_index, "
-                "state, runtime, workload_json, pid, created_at, updated_at) VALUES ('t1', 1, 1, 'd', 't', 'r', -1, "
-                "'dispatched', 'lite', '{}', 42, '2026-12-01 00:00:00', '2026-12-01 00:00:00')"))
-        run([AIRFLOW, "db", "migrate"], env)
-        assert schema_diff(db_url) == []
-        with engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT ti_id, state, pid, host FROM leoflow_attempt")).all() \
-                == [("t1", "dispatched", 42, None)]
-            assert [r[0] for r in conn.execute(sa.text("SELECT version_num FROM leoflow_alembic_version"))] == [HEAD]
-        run([sys.executable, "-c", DOWNGRADE_SCRIPT, before], env)
-        with engine.connect() as conn:
-            assert "host" not in {c["name"] for c in sa.inspect(conn).get_columns("leoflow_attempt")}
-            assert conn.execute(sa.text("SELECT ti_id, state, pid FROM leoflow_attempt")).all() == [("t1", "dispatched", 42)]
-    finally:
-        engine.dispose()
+    column_migration_round_trip(
+        tmp_path, before="8c3d2e4f6a71", table="leoflow_attempt", columns={"host"},
+        insert="INSERT INTO leoflow_attempt (ti_id, try_number, attempt_epoch, dag_id, task_id, run_id, map_index, "
+               "state, runtime, workload_json, pid, created_at, updated_at) VALUES ('t1', 1, 1, 'd', 't', 'r', -1, "
+               "'dispatched', 'lite', '{}', 42, '2026-12-01 00:00:00', '2026-12-01 00:00:00')",
+        upgraded=("SELECT ti_id, state, pid, host FROM leoflow_attempt", [("t1", "dispatched", 42, None)]),
+        downgraded=("SELECT ti_id, state, pid FROM leoflow_attempt", [("t1", "dispatched", 42)]))
+
+
+@pytest.mark.airflow
+def test_attempt_exchange_migration_up_and_down_on_sqlite(tmp_path):
+    """Revision 0004 (issue 9 item 3): a ledger at revision 0003 holding a dispatched attempt is upgraded by a
+    plain ``airflow db migrate`` to the models' schema with the row kept and not exchanged (``exchanged_at``
+    and ``exchange_credential_id`` NULL); downgrading drops both columns and keeps the row."""
+    column_migration_round_trip(
+        tmp_path, before="3b7e9d1c4f20", table="leoflow_attempt", columns={"exchanged_at", "exchange_credential_id"},
+        insert="INSERT INTO leoflow_attempt (ti_id, try_number, attempt_epoch, dag_id, task_id, run_id, map_index, "
+               "state, runtime, workload_json, pod_name, created_at, updated_at) VALUES ('t1', 1, 1, 'd', 't', 'r', "
+               "-1, 'dispatched', 'kubernetes', '{}', 'p', '2026-12-01 00:00:00', '2026-12-01 00:00:00')",
+        upgraded=("SELECT ti_id, state, pod_name, exchanged_at, exchange_credential_id FROM leoflow_attempt",
+                  [("t1", "dispatched", "p", None, None)]),
+        downgraded=("SELECT ti_id, state, pod_name FROM leoflow_attempt", [("t1", "dispatched", "p")]))

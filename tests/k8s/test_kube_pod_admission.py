@@ -19,8 +19,8 @@ from kubernetes.client.rest import ApiException
 
 from leoflow_airflow import settings as leoflow_settings
 from leoflow_airflow.runtime.kubernetes.classify import VerdictKind, classify_exception
+from leoflow_airflow.runtime.kubernetes.identity import IDENTITY_ANNOTATION, parse_identity_annotation
 from leoflow_airflow.runtime.kubernetes.pod import (
-    IDENTITY_ANNOTATION,
     PodAttempt,
     build_pod,
     is_attempt_pod,
@@ -86,7 +86,7 @@ def test_restricted_namespace_admits_the_built_pod_and_refuses_a_plain_one(core,
     assert vol.projected.sources[0].service_account_token.audience == "urn:leoflow:exchange"
     base = created.spec.containers[0]
     assert base.termination_message_path == "/dev/termination-log" and base.termination_message_policy == "File"
-    assert json.loads(created.metadata.annotations[IDENTITY_ANNOTATION])["ti_id"] == a.ti_id
+    assert parse_identity_annotation(created.metadata.annotations[IDENTITY_ANNOTATION]) == a.ref
     stored = json.dumps(client.ApiClient().sanitize_for_serialization(created))
     assert "eyJ" not in stored and "sql_alchemy" not in stored.lower() and "fernet" not in stored.lower()
 

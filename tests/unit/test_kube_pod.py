@@ -21,7 +21,13 @@ from kubernetes.client import models as k8s
 from leoflow_agent.outcome import MIN_TERMINATION_MESSAGE_BUDGET
 from leoflow_airflow import settings as leoflow_settings
 from leoflow_airflow.errors import PodRefused
+from leoflow_airflow.ledger.states import AttemptRef
 from leoflow_airflow.runtime.kubernetes import pod as pods
+from leoflow_airflow.runtime.kubernetes.identity import (
+    IDENTITY_ANNOTATION,
+    identity_annotation,
+    parse_identity_annotation,
+)
 from leoflow_airflow.runtime.kubernetes.pod import PodAttempt, build_pod
 
 TI = "0190b6c2-7a1e-7000-8000-00000000abcd"
@@ -80,6 +86,9 @@ def test_pod_name_is_deterministic_per_ti_id_and_epoch_and_a_dns_label():
 
 
 def test_labels_are_valid_and_hashed_when_cut_and_the_annotation_keeps_the_whole_identity():
+    """Labels fit (hashed when cut); the identity annotation is the exchange's one format
+    (``identity.identity_annotation``), naming the attempt unabridged whatever the DAG, task and run ids, and
+    ``is_attempt_pod`` reads it back as the exchange's parser does."""
     long_a, long_b = "d" * 80 + "a", "d" * 80 + "b"  # differ only past the cut
     a = attempt(dag_id=long_a, run_id="scheduled__2026-01-01T00:00:00+00:00", map_index=3)
     labels = pods.attempt_labels(a)
@@ -95,14 +104,18 @@ def test_labels_are_valid_and_hashed_when_cut_and_the_annotation_keeps_the_whole
     assert "leoflow.io/map-index" not in pods.attempt_labels(attempt())  # "-1" is no label value
 
     pod = build_pod(a, kube())
-    ident = json.loads(pod.metadata.annotations[pods.IDENTITY_ANNOTATION])
-    assert ident == {"ti_id": TI, "try_number": 1, "attempt_epoch": 1, "dag_id": long_a, "task_id": "load",
-                     "run_id": "scheduled__2026-01-01T00:00:00+00:00", "map_index": 3}
+    value = pod.metadata.annotations[IDENTITY_ANNOTATION]
+    assert json.loads(value) == {"ti_id": TI, "try_number": 1, "attempt_epoch": 1}
+    assert value == identity_annotation(AttemptRef(TI, 1, 1)) and parse_identity_annotation(value) == a.ref
+    unicode_ids = attempt(dag_id="日本" * 125, task_id="タスク" * 83, run_id="ü" * 250)  # Airflow's longest ids
+    assert parse_identity_annotation(build_pod(unicode_ids, kube()).metadata.annotations[IDENTITY_ANNOTATION]) \
+        == unicode_ids.ref
     assert pod.metadata.labels.items() >= labels.items()
     assert (pod.metadata.name, pod.metadata.namespace) == (pods.pod_name(a), "default")
     assert pods.is_attempt_pod(pod.metadata, a)
-    for other in (dataclasses.replace(a, try_number=2), dataclasses.replace(a, run_id="other"),
-                  dataclasses.replace(a, attempt_epoch=2)):
+    assert pods.is_attempt_pod(pod.metadata, dataclasses.replace(a, ti_id=uuid.UUID(TI).hex.upper()))
+    for other in (dataclasses.replace(a, try_number=2), dataclasses.replace(a, attempt_epoch=2),
+                  dataclasses.replace(a, ti_id=str(uuid.uuid4()))):
         assert not pods.is_attempt_pod(pod.metadata, other)
     assert not pods.is_attempt_pod(None, a)
 

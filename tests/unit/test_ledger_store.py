@@ -265,3 +265,47 @@ def test_pinned_calls_commit_each_and_survive_a_failed_one(store, tmp_path):
         assert store.get(attempt.ref).state == S.DISPATCHED  # and unpinned again afterwards
     finally:
         other.dispose()
+
+
+# --- the token exchange's guarded write (revision 0004) ------------------------------------------------
+
+def test_record_exchange_marks_a_dispatched_attempt_once(store, clock):
+    """Only a DISPATCHED attempt not yet exchanged is marked; the state stays DISPATCHED; a second call
+    (another worker, a replay) changes nothing and keeps the first credential id."""
+    a = claim(store, runtime="kubernetes")
+    assert store.record_exchange(a.ref, credential_id="JTI=1") is False  # still CLAIMED
+    assert store.transition(a.ref, expected=[S.CLAIMED], to=S.DISPATCHED)
+    clock.tick()
+    assert store.record_exchange(a.ref, credential_id="JTI=1") is True
+    row = store.get(a.ref)
+    assert row.state is S.DISPATCHED and row.exchanged_at == clock.now and row.exchange_credential_id == "JTI=1"
+    clock.tick()
+    assert store.record_exchange(a.ref, credential_id="JTI=2") is False
+    assert store.get(a.ref).exchange_credential_id == "JTI=1" and store.get(a.ref).exchanged_at == row.exchanged_at
+
+
+def test_record_exchange_is_fenced_by_the_whole_attempt_identity(store):
+    a = claim(store, runtime="kubernetes")
+    assert store.transition(a.ref, expected=[S.CLAIMED], to=S.DISPATCHED)
+    for wrong in (AttemptRef(a.ref.ti_id, 2, 1), AttemptRef(a.ref.ti_id, 1, 2), AttemptRef(str(uuid.uuid4()), 1, 1)):
+        assert store.record_exchange(wrong, credential_id=None) is False
+    assert store.get(a.ref).exchanged_at is None
+    assert store.record_exchange(a.ref, credential_id=None) is True
+    assert store.get(a.ref).exchange_credential_id is None
+
+
+def test_record_exchange_cuts_a_long_credential_id(store):
+    a = claim(store, runtime="kubernetes")
+    assert store.transition(a.ref, expected=[S.CLAIMED], to=S.DISPATCHED)
+    assert store.record_exchange(a.ref, credential_id="J" * 1000)
+    assert store.get(a.ref).exchange_credential_id == "J" * 256
+
+
+def test_an_exchanged_attempt_still_moves_through_the_table(store):
+    """Exchanged is a fact on a DISPATCHED row, not a state: the lifecycle moves it on as before."""
+    a = claim(store, runtime="kubernetes")
+    assert store.transition(a.ref, expected=[S.CLAIMED], to=S.DISPATCHED)
+    assert store.record_exchange(a.ref, credential_id="JTI=1")
+    assert store.transition(a.ref, expected=[S.DISPATCHED], to=S.REPORTED)
+    assert store.record_exchange(a.ref, credential_id="JTI=2") is False
+    assert store.get(a.ref).state is S.REPORTED

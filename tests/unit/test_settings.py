@@ -81,12 +81,19 @@ def test_values_are_parsed_and_stripped():
         ("runtime", "docker", "`lite` or `kubernetes`"),
         ("namespace", "Airflow", "DNS-1123 label"),
         ("namespace", "a" * 64, "DNS-1123 label"),
+        ("namespace", "", "DNS-1123 label"),
+        ("namespace", "a.b", "DNS-1123 label"),
         ("service_account", "task runner", "DNS-1123 subdomain"),
+        ("service_account", "Bad_Name", "DNS-1123 subdomain"),
+        ("service_account", "", "DNS-1123 subdomain"),
         ("image", "repo/img: 1", "whitespace"),
         ("in_cluster", "perhaps", "not a valid boolean"),
         ("exchange_url", "api:8080/leoflow", "http:// or https:// URL"),
-        ("token_audience", "a, b", "one non-empty audience"),
-        ("token_audience", "", "one non-empty audience"),
+        ("exchange_audience", "a, b", "one non-empty audience"),
+        ("exchange_audience", "a b", "one non-empty audience"),
+        ("exchange_audience", "", "one non-empty audience"),
+        ("exchange_timeout_seconds", "0", "greater than 0"),
+        ("exchange_timeout_seconds", "soon", "not a valid float"),
         ("pod_override_allow", "spec.containers[0].image", "not a pod field path"),
         ("pod_override_allow", "spec.node_selector", "not a pod field path"),
         ("credential_ceiling_seconds", "599", "at least 600 s"),
@@ -125,9 +132,10 @@ def test_reads_through_airflow_config(monkeypatch):
 
 
 def test_provider_config_lists_every_option_with_its_default():
-    """The provider's ``[leoflow]`` defaults are exactly the OPTIONS table."""
+    """The provider's ``[leoflow]`` defaults are exactly the OPTIONS table (the Kubernetes group included)."""
     cfg = settings.provider_config()["leoflow"]["options"]
     assert set(cfg) == {o.name for o in settings.OPTIONS}
+    assert len(cfg) == len(settings.OPTIONS)  # no name defined twice
     for opt in settings.OPTIONS:
         assert cfg[opt.name]["default"] == opt.default
         assert cfg[opt.name]["type"] == opt.type
@@ -171,7 +179,8 @@ def test_kubernetes_options_default_and_parse():
     k = settings.load(getter()).kubernetes
     assert (k.namespace, k.image, k.pod_template_file, k.service_account) == ("default", "", "", "default")
     assert (k.in_cluster, k.kube_config, k.exchange_url) == (True, "", "")
-    assert k.token_audience == "urn:leoflow:exchange"
+    assert (k.exchange_audience, k.exchange_timeout_seconds) == ("urn:leoflow:exchange", 5.0)
+    assert k.service_account_username == "system:serviceaccount:default:default"
     assert k.credential_ceiling_seconds == 604800
     assert "spec.containers.resources" in k.pod_override_allow and "metadata.labels" in k.pod_override_allow
     k = settings.load(getter(namespace=" airflow-tasks ", in_cluster="false", credential_ceiling_seconds="0",
@@ -241,3 +250,46 @@ def test_provider_config_groups_kubernetes_keys_under_leoflow():
         assert key in cfg and cfg[key]["description"]
     assert cfg["credential_ceiling_seconds"]["type"] == "integer"
     assert cfg["in_cluster"]["type"] == "boolean"
+    assert cfg["exchange_timeout_seconds"]["type"] == "float"
+    for gone in ("token_audience", "exchange_timeout"):  # one name per concept: the merged halves' old names
+        assert gone not in cfg
+
+
+# --- the token exchange reads the same group --------------------------------------------------------------
+
+def test_load_exchange_reads_the_same_group_the_pod_builder_reads():
+    """The api-server's exchange reads the one Kubernetes group: off (None) unless runtime = kubernetes; then
+    the same values ``load(...).kubernetes`` gives, without what only the scheduler needs (an image, the
+    exchange URL), and the username the exchange accepts derives from namespace and ServiceAccount."""
+    assert settings.load_exchange(getter()) is None
+    values = dict(namespace="tasks", service_account="leoflow.task", exchange_audience="urn:x",
+                  exchange_timeout_seconds="2.5", in_cluster="false", kube_config="/etc/kube/api.yaml")
+    k = settings.load_exchange(getter(runtime="kubernetes", **values))
+    assert k == settings.load(getter(**values)).kubernetes
+    assert (k.exchange_audience, k.exchange_timeout_seconds, k.in_cluster, k.kube_config) == \
+        ("urn:x", 2.5, False, "/etc/kube/api.yaml")
+    assert k.service_account_username == "system:serviceaccount:tasks:leoflow.task"
+    assert settings.load_exchange(getter(runtime="kubernetes")).image == ""  # not required here
+
+
+@pytest.mark.parametrize("load", [
+    lambda get: settings.load_exchange(get),
+    lambda get: settings.load_kubernetes(get),
+], ids=["exchange", "scheduler"])
+def test_kube_config_with_in_cluster_is_refused_by_both_halves(load):
+    """``kube_config`` is read only when ``in_cluster`` is False; setting it with in_cluster True (the
+    default) would be silently ignored, so the exchange and the scheduler both refuse it naming the key."""
+    with pytest.raises(ConfigError) as err:
+        load(getter(runtime="kubernetes", kube_config="/etc/kube/config", **K8S_OK))
+    assert err.value.key == "leoflow.kube_config" and "in_cluster = False" in str(err.value)
+    assert load(getter(runtime="kubernetes", kube_config="/etc/kube/config", in_cluster="False",
+                       **K8S_OK)).kube_config == "/etc/kube/config"
+
+
+def test_a_malformed_value_turns_the_exchange_off_naming_it():
+    """One validation: the exchange parses ``[leoflow]`` as the scheduler does, so the same malformed value
+    is named the same way."""
+    for key, value in (("namespace", "Tasks"), ("exchange_timeout_seconds", "soon"), ("runtime", "docker")):
+        with pytest.raises(ConfigError) as err:
+            settings.load_exchange(getter(**{"runtime": "kubernetes", key: value}))
+        assert f"[leoflow] {key} = {value!r}" in str(err.value)

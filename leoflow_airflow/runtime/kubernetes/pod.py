@@ -9,10 +9,11 @@ can change it:
 
 * name ``<dag-task slug>-<ti_id hex>-<epoch>``, one per (ti_id, epoch), a DNS-1123 label;
 * the ``app.kubernetes.io/*`` labels, leoflow's attempt labels (values made label-safe, hashed when cut) and
-  the identity annotation ``leoflow.io/attempt`` (the attempt, unabridged, as JSON);
-* ``restartPolicy: Never``; ``serviceAccountName`` from the settings and ``automountServiceAccountToken:
-  false``, with exactly one projected ServiceAccount token (leoflow's audience, 600 s, rotated by the kubelet)
-  mounted read-only into the agent container only;
+  the identity annotation ``leoflow.io/attempt`` (:mod:`.identity`: the one format the token exchange parses);
+* ``restartPolicy: Never``; ``serviceAccountName`` ``[leoflow] service_account`` and
+  ``automountServiceAccountToken: false``, with exactly one projected ServiceAccount token (audience ``[leoflow]
+  exchange_audience``, 600 s, rotated by the kubelet) mounted read-only into the agent container only: the
+  account and audience the exchange accepts, read from the same settings;
 * a security context that passes the ``restricted`` Pod Security level: ``runAsNonRoot``, seccomp
   ``RuntimeDefault`` (``Localhost`` kept), and on every container ``allowPrivilegeEscalation: false``,
   ``privileged: false``, capabilities ``drop: [ALL]``. What a layer adds beyond that (``runAsUser: 0``, added
@@ -31,7 +32,6 @@ Airflow's ``pod_mutation_hook``; the caller passes both in.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import uuid
 from collections.abc import Callable, Mapping
@@ -43,8 +43,14 @@ from kubernetes.client import models as k8s
 from leoflow_agent.outcome import MIN_TERMINATION_MESSAGE_BUDGET
 from leoflow_airflow import __version__
 from leoflow_airflow.errors import PodRefused
+from leoflow_airflow.ledger.states import AttemptRef
 from leoflow_airflow.runtime.environment import withheld
 from leoflow_airflow.runtime.kubernetes.fields import allowed, check_path, set_paths
+from leoflow_airflow.runtime.kubernetes.identity import (
+    IDENTITY_ANNOTATION,
+    identity_annotation,
+    parse_identity_annotation,
+)
 from leoflow_airflow.runtime.kubernetes.merge import merge_pods
 
 if TYPE_CHECKING:
@@ -53,7 +59,6 @@ if TYPE_CHECKING:
 __all__ = [
     "AGENT_ARGS",
     "AGENT_CONTAINER",
-    "IDENTITY_ANNOTATION",
     "PINNED_PATHS",
     "TERMINATION_MESSAGE_PATH",
     "TOKEN_EXPIRATION_SECONDS",
@@ -62,7 +67,6 @@ __all__ = [
     "allow_entry_problem",
     "attempt_labels",
     "build_pod",
-    "identity_annotation",
     "is_attempt_pod",
     "label_value",
     "pod_name",
@@ -100,7 +104,6 @@ APP_LABELS = {
     "app.kubernetes.io/managed-by": "leoflow",
 }
 LABEL_PREFIX = "leoflow.io/"
-IDENTITY_ANNOTATION = "leoflow.io/attempt"
 
 ENV_EXCHANGE_URL = "LEOFLOW_EXCHANGE_URL"
 ENV_TOKEN_FILE = "LEOFLOW_TOKEN_FILE"
@@ -152,6 +155,14 @@ class PodAttempt:
     run_id: str
     map_index: int = -1
 
+    @property
+    def ref(self) -> AttemptRef:
+        """The attempt's identity (ti_id, try_number, attempt_epoch) as the ledger and the exchange name it, the
+        ``ti_id`` in the canonical ``str(uuid)`` form (lower-case, hyphenated) whatever its spelling here.
+
+        :raises ValueError: when ``ti_id`` is not a UUID (as :func:`pod_name` does)."""
+        return AttemptRef(str(uuid.UUID(self.ti_id)), self.try_number, self.attempt_epoch)
+
 
 def label_value(text: str) -> str:
     """``text`` as a Kubernetes label value: unchanged when it already is one (≤ 63 characters of
@@ -180,7 +191,8 @@ def pod_name(attempt: PodAttempt) -> str:
 def attempt_labels(attempt: PodAttempt) -> dict[str, str]:
     """The labels of the attempt's pod: ``app.kubernetes.io/*`` (name, component, part-of, managed-by,
     version) and ``leoflow.io/{ti-id,try-number,attempt-epoch,dag-id,task-id,run-id}`` plus ``map-index`` when
-    mapped. Values go through :func:`label_value`; the identity annotation keeps them unabridged."""
+    mapped. Values go through :func:`label_value`; the identity annotation (:mod:`.identity`) keeps the
+    attempt's identity unabridged, and the ledger row of that ``ti_id`` the rest."""
     labels = {**APP_LABELS, "app.kubernetes.io/version": label_value(__version__)}
     fields = {
         "ti-id": attempt.ti_id,
@@ -196,25 +208,15 @@ def attempt_labels(attempt: PodAttempt) -> dict[str, str]:
     return labels
 
 
-def identity_annotation(attempt: PodAttempt) -> str:
-    """The value of ``leoflow.io/attempt``: the whole attempt as compact JSON with sorted keys (what the
-    exchange and the reconciler read back, exactly)."""
-    return json.dumps({
-        "ti_id": attempt.ti_id, "try_number": attempt.try_number, "attempt_epoch": attempt.attempt_epoch,
-        "dag_id": attempt.dag_id, "task_id": attempt.task_id, "run_id": attempt.run_id,
-        "map_index": attempt.map_index,
-    }, sort_keys=True, separators=(",", ":"))
-
-
 def is_attempt_pod(metadata: k8s.V1ObjectMeta | None, attempt: PodAttempt) -> bool:
     """Whether a pod with ``metadata`` (read back from the API server) is ``attempt``'s own: its name is the
-    attempt's pod name and its identity annotation is exactly the attempt's. What a 409 on create asks for
-    (:class:`~leoflow_airflow.runtime.kubernetes.classify.VerdictKind` ``CHECK_EXISTING``); the caller then
+    attempt's pod name and its identity annotation names the attempt (parsed as the token exchange parses it,
+    :func:`~leoflow_airflow.runtime.kubernetes.identity.parse_identity_annotation`). What a 409 on create asks
+    for (:class:`~leoflow_airflow.runtime.kubernetes.classify.VerdictKind` ``CHECK_EXISTING``); the caller then
     keeps that pod's UID."""
-    if metadata is None:
+    if metadata is None or metadata.name != pod_name(attempt):
         return False
-    return (metadata.name == pod_name(attempt)
-            and (metadata.annotations or {}).get(IDENTITY_ANNOTATION) == identity_annotation(attempt))
+    return parse_identity_annotation((metadata.annotations or {}).get(IDENTITY_ANNOTATION)) == attempt.ref
 
 
 def allow_entry_problem(entry: str) -> str | None:
@@ -310,7 +312,7 @@ def _leoflow_layer(attempt: PodAttempt, settings: KubernetesSettings) -> k8s.V1P
         api_version="v1", kind="Pod",
         metadata=k8s.V1ObjectMeta(name=pod_name(attempt), namespace=settings.namespace,
                                   labels=attempt_labels(attempt),
-                                  annotations={IDENTITY_ANNOTATION: identity_annotation(attempt)}),
+                                  annotations={IDENTITY_ANNOTATION: identity_annotation(attempt.ref)}),
         spec=k8s.V1PodSpec(containers=[k8s.V1Container(name=AGENT_CONTAINER, image=settings.image or None,
                                                        args=list(AGENT_ARGS))]),
     )
@@ -339,7 +341,7 @@ def _pin(pod: k8s.V1Pod, attempt: PodAttempt, settings: KubernetesSettings) -> N
     meta = pod.metadata = pod.metadata or k8s.V1ObjectMeta()
     meta.name, meta.generate_name, meta.namespace = pod_name(attempt), None, settings.namespace
     meta.labels = {**(meta.labels or {}), **attempt_labels(attempt)}
-    meta.annotations = {**(meta.annotations or {}), IDENTITY_ANNOTATION: identity_annotation(attempt)}
+    meta.annotations = {**(meta.annotations or {}), IDENTITY_ANNOTATION: identity_annotation(attempt.ref)}
 
     spec = pod.spec = pod.spec or k8s.V1PodSpec(containers=[])
     spec.restart_policy = "Never"
@@ -376,7 +378,7 @@ def _pin(pod: k8s.V1Pod, attempt: PodAttempt, settings: KubernetesSettings) -> N
 def _token_volume(settings: KubernetesSettings) -> k8s.V1Volume:
     return k8s.V1Volume(name=TOKEN_VOLUME, projected=k8s.V1ProjectedVolumeSource(sources=[
         k8s.V1VolumeProjection(service_account_token=k8s.V1ServiceAccountTokenProjection(
-            audience=settings.token_audience, expiration_seconds=TOKEN_EXPIRATION_SECONDS, path="token")),
+            audience=settings.exchange_audience, expiration_seconds=TOKEN_EXPIRATION_SECONDS, path="token")),
     ]))
 
 

@@ -1,0 +1,504 @@
+"""The token exchange: a task pod trades its projected ServiceAccount token for its attempt's workload with a
+workload token minted at that moment (DESIGN §3 "Start"; ``research/k8s-runtime-facts.md`` "What the spec must
+say" 1-4). The wire contract is :mod:`leoflow_agent.exchange`; the route is in :mod:`leoflow_airflow.api.app`.
+
+The checks, in this order (:meth:`Exchange.exchange`); the first that fails refuses:
+
+1. the request is a JSON object with a JWT-shaped ``token`` (no Kubernetes call for garbage);
+2. TokenReview with ``spec.audiences = [[leoflow] exchange_audience]``;
+3. ``authenticated``, the audience echoed back, ``username == system:serviceaccount:<namespace>:<service_account>``;
+4. the review's ``extra`` names one pod name and one pod UID;
+5. GET that pod in the namespace: it exists with that UID (a pod recreated under the name is another pod) and
+   has no ``deletionTimestamp`` (Kubernetes still authenticates a terminating pod's token for its grace period
+   + 60 s: this check is what closes that window);
+6. the pod's identity annotation names the ledger's CURRENT epoch of its ``ti_id``, a Kubernetes attempt in
+   state ``dispatched``, not exchanged yet, and (where the ledger recorded them) this pod's name and UID;
+7. the stored workload is rebuilt with a token minted now, exactly as Airflow mints one
+   (``ExecuteTask.generate_token`` with a ``JWTGenerator`` built like ``BaseExecutor.jwt_generator``);
+8. one guarded ledger write marks the attempt exchanged with the review's credential id (``JTI=…``); only if it
+   changed the row is the workload returned, so two exchanges of one attempt, on any api-server worker or
+   replica, never both succeed.
+
+A refusal is :class:`Refused` (HTTP 403), an undecidable exchange :class:`Unavailable` (HTTP 503, try again):
+both carry a reason from a closed set and a server-side detail that the answer never shows (it carries only an
+``error_id`` under which :class:`ExchangeService` logs them). No database transaction is open while Kubernetes
+is called (the ledger is read after both calls, in short transactions of its own), each Kubernetes call is
+bounded by ``[leoflow] exchange_timeout_seconds``, and all state lives in the ledger.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import logging
+import os
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from leoflow_agent.exchange import MAX_REQUEST_BYTES, Grant, encode_grant
+from leoflow_airflow.errors import ConfigError
+from leoflow_airflow.ledger.states import AttemptRef, AttemptState
+from leoflow_airflow.runtime.kubernetes.identity import IDENTITY_ANNOTATION, parse_identity_annotation
+from leoflow_airflow.runtime.kubernetes.review import (
+    EXTRA_CREDENTIAL_ID,
+    EXTRA_POD_NAME,
+    EXTRA_POD_UID,
+    KubeReader,
+    KubeRejected,
+    KubeUnavailable,
+)
+
+if TYPE_CHECKING:
+    from leoflow_airflow.settings import KubernetesSettings
+
+__all__ = [
+    "REFUSALS",
+    "RETRY_AFTER_SECONDS",
+    "UNAVAILABLE",
+    "Answer",
+    "Exchange",
+    "ExchangeLedger",
+    "ExchangeService",
+    "Refused",
+    "Unavailable",
+    "airflow_minter",
+    "build_generator",
+    "check_can_mint",
+    "from_airflow",
+    "parse_request",
+    "signing_configured",
+]
+
+log = logging.getLogger(__name__)
+
+REFUSALS: frozenset[str] = frozenset({
+    "disabled",               # this api-server serves no exchange ([leoflow] runtime is not kubernetes)
+    "malformed_request",      # not a JSON object with a string "token", or too large
+    "malformed_token",        # not shaped like a JWT: never sent to Kubernetes
+    "review_rejected",        # the apiserver refused the TokenReview request as invalid
+    "unauthenticated",        # TokenReview: not valid (expired, wrong audience, bound object gone, garbage)
+    "audience_mismatch",      # authenticated, but our audience not echoed back
+    "wrong_service_account",  # another ServiceAccount (or namespace), or not a ServiceAccount at all
+    "not_pod_bound",          # the token is not bound to exactly one pod
+    "pod_gone",               # the bound pod does not exist any more
+    "pod_replaced",           # a pod of that name exists with another UID
+    "pod_terminating",        # the pod has a deletionTimestamp
+    "no_identity",            # the pod carries no valid identity annotation
+    "unknown_attempt",        # the ledger has no attempt of that ti_id
+    "stale_epoch",            # the annotation names another attempt than the ledger's current one
+    "not_kubernetes",         # the current attempt is not a Kubernetes one
+    "not_dispatched",         # the current attempt is not in state dispatched
+    "already_exchanged",      # the attempt was exchanged before (a second exchange, or a lost race)
+    "pod_not_recorded",       # the ledger recorded another pod name or UID for the attempt
+    "bad_workload",           # the stored workload cannot be rebuilt (logged as an error: a leoflow defect)
+})
+"""Why an exchange was refused (403). Logged with the ``error_id``; never sent to the caller."""
+
+UNAVAILABLE: frozenset[str] = frozenset({
+    "kube_unavailable",   # TokenReview or the pod GET gave no usable answer in time
+    "ledger_unavailable",  # the ledger could not be read or written
+    "cannot_mint",        # no JWT generator: [api_auth] jwt_secret / jwt_private_key_path missing or unusable
+    "not_configured",     # runtime = kubernetes, but the exchange's settings or Kubernetes client are unusable
+})
+"""Why an exchange could not be decided (503). Logged with the ``error_id``; never sent to the caller."""
+
+RETRY_AFTER_SECONDS = 5
+"""``Retry-After`` of a 503 answer, in seconds."""
+
+_JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
+_MAX_TOKEN_LEN = 8192
+
+
+class Refused(Exception):
+    """The exchange is refused for good. ``reason``: one of :data:`REFUSALS`; ``detail``: for the log only."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        assert reason in REFUSALS, reason
+        self.reason, self.detail = reason, detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+class Unavailable(Exception):
+    """The exchange could not be decided; the same request may succeed later. ``reason``: one of
+    :data:`UNAVAILABLE`; ``detail``: for the log only."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        assert reason in UNAVAILABLE, reason
+        self.reason, self.detail = reason, detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+class ExchangeLedger(Protocol):
+    """The two ledger calls of an exchange (``LedgerStore`` is one)."""
+
+    def current(self, ti_id: str) -> Any:
+        """The highest-epoch ``Attempt`` of ``ti_id``, or None."""
+        ...
+
+    def record_exchange(self, ref: AttemptRef, *, credential_id: str | None) -> bool:
+        """The guarded "exchanged" write; whether it changed the row."""
+        ...
+
+
+Minter = Callable[[Any], str]
+"""``mint(attempt) -> workload JSON`` with a workload token minted now for ``attempt.ref.ti_id``. Raises
+``ValueError`` (pydantic's ``ValidationError`` is one) when the stored workload cannot be rebuilt."""
+
+
+def parse_request(body: bytes) -> str:
+    """The token of an exchange request body (see :mod:`leoflow_agent.exchange`).
+
+    :raises Refused: ``malformed_request`` when ``body`` is larger than ``MAX_REQUEST_BYTES``, not UTF-8 JSON,
+        not an object, or has no string ``token``; ``malformed_token`` when the token is not shaped like a JWT
+        (three base64url parts, at most 8192 characters).
+    """
+    if len(body) > MAX_REQUEST_BYTES:
+        raise Refused("malformed_request", f"body of {len(body)} bytes")
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        raise Refused("malformed_request", "body is not JSON") from None
+    if not isinstance(data, dict):
+        raise Refused("malformed_request", f"body is a JSON {type(data).__name__}, not an object")
+    token = data.get("token")
+    if not isinstance(token, str):
+        raise Refused("malformed_request", "no string 'token'")
+    token = token.strip()
+    if len(token) > _MAX_TOKEN_LEN or not _JWT.fullmatch(token):
+        raise Refused("malformed_token", f"token of {len(token)} characters is not a JWT")
+    return token
+
+
+def _one(extra: Mapping[str, tuple[str, ...]], key: str) -> str | None:
+    values = extra.get(key) or ()
+    if len(values) != 1 or not values[0]:
+        return None
+    return values[0]
+
+
+class Exchange:
+    """The exchange's check order over its three seams (Kubernetes, the ledger, the minter). Thread-safe as
+    its seams are; holds no state of its own.
+
+    :param config: the ``[leoflow]`` Kubernetes group the pod builder read too; the exchange checks against its
+        ``exchange_audience``, ``namespace`` and ``service_account`` (:attr:`~leoflow_airflow.settings.
+        KubernetesSettings.service_account_username`).
+    :param kube: TokenReview and pod GET (:class:`~leoflow_airflow.runtime.kubernetes.review.KubeReader`).
+    :param ledger: the attempt ledger (:class:`ExchangeLedger`).
+    :param mint: rebuilds an attempt's stored workload with a fresh workload token (:data:`Minter`).
+    """
+
+    def __init__(self, *, config: KubernetesSettings, kube: KubeReader, ledger: ExchangeLedger, mint: Minter) -> None:
+        """Keep the seams; nothing is called yet."""
+        self.config = config
+        self.kube = kube
+        self.ledger = ledger
+        self.mint = mint
+
+    def exchange(self, token: str) -> Grant:
+        """Run the checks (module docstring) on a JWT-shaped ``token`` and return the attempt's :class:`Grant`.
+
+        :raises Refused: a check failed (its reason names which).
+        :raises Unavailable: Kubernetes or the ledger gave no usable answer.
+        """
+        cfg = self.config
+        try:
+            review = self.kube.review(token, [cfg.exchange_audience])
+        except KubeRejected as exc:
+            raise Refused("review_rejected", str(exc)) from None
+        except KubeUnavailable as exc:
+            raise Unavailable("kube_unavailable", str(exc)) from None
+        if not review.authenticated:
+            raise Refused("unauthenticated", review.error[:300])
+        if cfg.exchange_audience not in review.audiences:
+            raise Refused("audience_mismatch", f"audiences {list(review.audiences)[:5]}")
+        if review.username != cfg.service_account_username:
+            raise Refused("wrong_service_account", f"user {review.username[:300]!r}")
+        credential_id = _one(review.extra, EXTRA_CREDENTIAL_ID)
+        pod_name, pod_uid = _one(review.extra, EXTRA_POD_NAME), _one(review.extra, EXTRA_POD_UID)
+        if pod_name is None or pod_uid is None:
+            raise Refused("not_pod_bound", f"credential {credential_id}")
+        where = f"pod {cfg.namespace}/{pod_name} uid {pod_uid} credential {credential_id}"
+
+        try:
+            pod = self.kube.read_pod(cfg.namespace, pod_name)
+        except KubeUnavailable as exc:
+            raise Unavailable("kube_unavailable", f"{where}: {exc}") from None
+        if pod is None:
+            raise Refused("pod_gone", where)
+        if pod.uid != pod_uid:
+            raise Refused("pod_replaced", f"{where}: the pod of that name now has uid {pod.uid}")
+        if pod.deletion_timestamp is not None:
+            raise Refused("pod_terminating", f"{where}: deletionTimestamp {pod.deletion_timestamp.isoformat()}")
+        ident = parse_identity_annotation(pod.annotations.get(IDENTITY_ANNOTATION))
+        if ident is None:
+            raise Refused("no_identity", f"{where}: no valid {IDENTITY_ANNOTATION} annotation")
+        where = f"attempt {ident} {where}"
+
+        try:
+            attempt = self.ledger.current(ident.ti_id)
+        except Exception as exc:  # noqa: BLE001 - any database error: undecided, never a refusal
+            raise Unavailable("ledger_unavailable", f"{where}: {type(exc).__name__}: {str(exc)[:200]}") from None
+        if attempt is None:
+            raise Refused("unknown_attempt", where)
+        if attempt.ref != ident:
+            raise Refused("stale_epoch", f"{where}: the ledger's current attempt is {attempt.ref}")
+        if attempt.runtime != "kubernetes":
+            raise Refused("not_kubernetes", f"{where}: runtime {attempt.runtime}")
+        if attempt.exchanged_at is not None:
+            raise Refused("already_exchanged", f"{where}: exchanged at {attempt.exchanged_at.isoformat()} "
+                                               f"with credential {attempt.exchange_credential_id}")
+        if attempt.state is not AttemptState.DISPATCHED:
+            raise Refused("not_dispatched", f"{where}: state {attempt.state.value}")
+        if (attempt.pod_name is not None and attempt.pod_name != pod.name) or (
+                attempt.pod_uid is not None and attempt.pod_uid != pod.uid):
+            raise Refused("pod_not_recorded", f"{where}: the ledger recorded pod {attempt.pod_name} uid "
+                                              f"{attempt.pod_uid}")
+
+        try:
+            workload = self.mint(attempt)
+        except ValueError as exc:
+            log.error("exchange: the stored workload of attempt %s cannot be rebuilt: %s", attempt.ref, exc)
+            raise Refused("bad_workload", f"{where}: {type(exc).__name__}") from None
+        try:
+            changed = self.ledger.record_exchange(attempt.ref, credential_id=credential_id)
+        except Exception as exc:  # noqa: BLE001 - any database error: undecided (the token minted is dropped)
+            raise Unavailable("ledger_unavailable", f"{where}: {type(exc).__name__}: {str(exc)[:200]}") from None
+        if not changed:
+            raise Refused("already_exchanged", f"{where}: the guarded write changed nothing (a concurrent "
+                                               "exchange, or the attempt moved on)")
+        log.info("exchange: attempt %s exchanged by pod %s/%s (uid %s, credential %s)", attempt.ref,
+                 cfg.namespace, pod.name, pod.uid, credential_id)
+        ref = attempt.ref
+        return Grant(workload=workload, ti_id=ref.ti_id, try_number=ref.try_number, attempt_epoch=ref.attempt_epoch)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer of the exchange route: ``status`` (200, 403 or 503), JSON ``body``, extra ``headers``."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+_NO_STORE = {"Cache-Control": "no-store"}
+
+
+class ExchangeService:
+    """What the route calls: request body in, :class:`Answer` out; every refusal and undecided exchange is
+    logged under a fresh ``error_id`` with its reason and detail, and the answer carries only that id.
+
+    :param exchange: the check order, or None when this api-server serves no exchange; then every request is
+        answered from ``off`` (``(reason, detail)``: a reason of :data:`REFUSALS` answers 403, one of
+        :data:`UNAVAILABLE` 503).
+    :param closers: called once by :meth:`close` (the Kubernetes client, the ledger's engine).
+    """
+
+    def __init__(self, exchange: Exchange | None, *, off: tuple[str, str] = ("disabled", ""),
+                 closers: tuple[Callable[[], None], ...] = ()) -> None:
+        """Keep ``exchange`` (or the reason there is none) and what to close."""
+        self.exchange = exchange
+        self.off = off
+        self._closers = closers
+
+    def handle(self, body: bytes) -> Answer:
+        """Answer one request body (blocking: Kubernetes and the ledger are called; run it in a thread).
+
+        200 with :func:`~leoflow_agent.exchange.encode_grant` and ``Cache-Control: no-store``; 403 or 503 with
+        ``{"error_id": …}`` (503 adds ``Retry-After``). Never raises for a bad request; an unexpected error is
+        logged with its traceback and answered 503.
+        """
+        error_id = uuid.uuid4().hex
+        try:
+            token = parse_request(body)
+            if self.exchange is None:
+                reason, detail = self.off
+                if reason in REFUSALS:
+                    raise Refused(reason, detail)
+                raise Unavailable(reason, detail)
+            grant = self.exchange.exchange(token)
+        except Refused as exc:
+            log.warning("exchange refused: error_id=%s reason=%s %s", error_id, exc.reason, exc.detail)
+            return Answer(403, {"error_id": error_id}, dict(_NO_STORE))
+        except Unavailable as exc:
+            log.error("exchange undecided: error_id=%s reason=%s %s", error_id, exc.reason, exc.detail)
+            return Answer(503, {"error_id": error_id}, {**_NO_STORE, "Retry-After": str(RETRY_AFTER_SECONDS)})
+        except Exception:  # noqa: BLE001 - a defect: logged in full, answered like an undecided exchange
+            log.exception("exchange failed unexpectedly: error_id=%s", error_id)
+            return Answer(503, {"error_id": error_id}, {**_NO_STORE, "Retry-After": str(RETRY_AFTER_SECONDS)})
+        return Answer(200, encode_grant(grant), dict(_NO_STORE))
+
+    def close(self) -> None:
+        """Run the closers once each (errors logged, not raised)."""
+        closers, self._closers = self._closers, ()
+        for close in closers:
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - shutting down
+                log.warning("exchange: closing %r failed", close, exc_info=True)
+
+
+# ---------------------------------------------------------------------------------------------- Airflow glue
+
+
+def build_generator() -> Any:
+    """A ``JWTGenerator`` built exactly like ``BaseExecutor.jwt_generator`` (Airflow 3.3.2
+    ``executors/base_executor.py``; the execution API's own ``_jwt_generator`` is the same):
+    ``valid_for=[execution_api] jwt_expiration_time``, ``audience=`` the first ``[execution_api] jwt_audience``,
+    ``issuer=[api_auth] jwt_issuer``, ``**get_signing_args(make_secret_key_if_needed=False)``.
+
+    Called in the plugin app's lifespan (never at import). Raises ``ValueError`` when neither ``[api_auth]
+    jwt_private_key_path`` nor ``jwt_secret`` is set (Airflow's own message), ``OSError`` when the key file
+    cannot be read.
+    """
+    from airflow.api_fastapi.auth.tokens import JWTGenerator, get_signing_args
+    from airflow.configuration import conf
+
+    return JWTGenerator(
+        valid_for=conf.getint("execution_api", "jwt_expiration_time"),
+        audience=conf.get_mandatory_list_value("execution_api", "jwt_audience")[0],
+        issuer=conf.get("api_auth", "jwt_issuer", fallback=None),
+        **get_signing_args(make_secret_key_if_needed=False),
+    )
+
+
+def airflow_minter(generator: Any) -> Minter:
+    """A :data:`Minter` over ``generator``: the attempt's stored workload (token stripped at dispatch) as an
+    ``ExecuteTask`` with ``token = ExecuteTask.generate_token(ti_id, generator)`` (``sub=ti_id``,
+    ``scope=workload``, valid ``[scheduler] task_queued_timeout``: Airflow's own workload token), dumped to
+    JSON. The rebuild raises ``ValueError`` when the stored JSON is not an ``ExecuteTask`` of that ``ti_id``.
+    """
+    from airflow.executors.workloads import ExecuteTask
+
+    def mint(attempt: Any) -> str:
+        ti_id = attempt.ref.ti_id
+        stored = json.loads(attempt.workload_json)
+        if not isinstance(stored, dict):
+            raise ValueError("the stored workload is not a JSON object")
+        token = ExecuteTask.generate_token(ti_id, generator)
+        workload = ExecuteTask.model_validate({**stored, "token": token})
+        if str(workload.ti.id) != ti_id:
+            raise ValueError(f"the stored workload is of ti {workload.ti.id}, not {ti_id}")
+        return workload.model_dump_json()
+
+    return mint
+
+
+def from_airflow(*, ledger: ExchangeLedger | None = None, kube: KubeReader | None = None,
+                 get: Callable[[str, str, str], str] | None = None) -> ExchangeService:
+    """The exchange this api-server worker serves, built from Airflow's config (the plugin app's lifespan).
+
+    ``[leoflow] runtime`` other than ``kubernetes``: no exchange, every request refused (``disabled``).
+    Otherwise the settings (:func:`leoflow_airflow.settings.load_exchange`: the same ``[leoflow]`` Kubernetes
+    group the scheduler builds pods from), a JWT generator (:func:`build_generator`), a Kubernetes client
+    (``[leoflow] in_cluster``, else ``kube_config``) and a ledger
+    store on Airflow's metadata DB; when one of them cannot be built the reason is logged as an error and
+    every request is answered 503 (``not_configured`` / ``cannot_mint``), so the api-server itself still
+    starts. ``ledger``, ``kube`` and ``get`` replace the real ones (tests). Never raises.
+    """
+    from leoflow_airflow import settings as leoflow_settings
+
+    try:
+        cfg = leoflow_settings.load_exchange(get)
+    except ConfigError as exc:
+        log.error("leoflow token exchange off: %s", exc)
+        return ExchangeService(None, off=("not_configured", str(exc)))
+    if cfg is None:
+        return ExchangeService(None, off=("disabled", "[leoflow] runtime is not kubernetes"))
+    try:
+        mint = airflow_minter(build_generator())
+    except Exception as exc:  # noqa: BLE001 - logged; the api-server keeps serving everything else
+        log.error("leoflow token exchange cannot mint workload tokens: %s: %s (set [api_auth] jwt_secret or "
+                  "[api_auth] jwt_private_key_path, the same as the scheduler's)", type(exc).__name__, exc)
+        return ExchangeService(None, off=("cannot_mint", f"{type(exc).__name__}: {exc}"))
+    closers: list[Callable[[], None]] = []
+    try:
+        if kube is None:
+            from leoflow_airflow.runtime.kubernetes.review import KubeClient
+
+            client = KubeClient.from_config(in_cluster=cfg.in_cluster, kube_config=cfg.kube_config,
+                                            timeout=cfg.exchange_timeout_seconds)
+            closers.append(client.close)
+            kube = client
+        if ledger is None:
+            from leoflow_airflow.ledger.store import LedgerStore
+
+            store = LedgerStore.from_airflow()
+            closers.append(store.engine.dispose)
+            ledger = store
+    except Exception as exc:  # noqa: BLE001 - logged; the api-server keeps serving everything else
+        log.error("leoflow token exchange off: %s: %s", type(exc).__name__, exc)
+        for close in closers:
+            close()
+        return ExchangeService(None, off=("not_configured", f"{type(exc).__name__}: {exc}"))
+    log.info("leoflow token exchange serving %s (audience %s)", cfg.service_account_username, cfg.exchange_audience)
+    return ExchangeService(Exchange(config=cfg, kube=kube, ledger=ledger, mint=mint), closers=tuple(closers))
+
+
+# ------------------------------------------------------------------------- the scheduler's start() check
+
+_SIGNING_KEYS = ("jwt_secret", "jwt_private_key_path")
+_SOURCE_SUFFIXES = ("", "_cmd", "_secret")
+
+
+def signing_configured(environ: Mapping[str, str], config_file: str | None) -> bool:
+    """Whether the operator configured a signing key Airflow shares between processes: ``[api_auth]
+    jwt_secret`` or ``jwt_private_key_path``, directly or as its ``_cmd``/``_secret`` form, non-empty, in the
+    environment (``AIRFLOW__API_AUTH__…``) or in the config file ``config_file`` (None or unreadable: not
+    there).
+
+    Asked of the sources rather than of ``conf``: ``BaseExecutor.__init__`` makes up a random per-process
+    ``jwt_secret`` when none is configured and sets it into ``conf``, so ``conf`` always has one in a scheduler.
+    """
+    for key in _SIGNING_KEYS:
+        for suffix in _SOURCE_SUFFIXES:
+            if environ.get(f"AIRFLOW__API_AUTH__{(key + suffix).upper()}", "").strip():
+                return True
+    if not config_file:
+        return False
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        parser.read(config_file, encoding="utf-8")
+    except (OSError, configparser.Error, UnicodeDecodeError):
+        return False
+    if not parser.has_section("api_auth"):
+        return False
+    return any(parser.get("api_auth", key + suffix, fallback="").strip()
+               for key in _SIGNING_KEYS for suffix in _SOURCE_SUFFIXES)
+
+
+def check_can_mint(*, environ: Mapping[str, str] | None = None, config_file: str | None = None) -> None:
+    """Refuse a scheduler whose api-servers could not mint tokens the Execution API accepts (issue 9 item 3).
+
+    The Kubernetes runtime's tokens are minted by the api-server at exchange time and validated by every
+    api-server worker and replica, so all of them and the scheduler must share ``[api_auth] jwt_secret`` or
+    ``[api_auth] jwt_private_key_path``. Checked in the executor's ``start()`` when ``[leoflow] runtime =
+    kubernetes``. ``environ`` defaults to ``os.environ``, ``config_file`` to Airflow's ``AIRFLOW_CONFIG``.
+
+    :raises ConfigError: neither key is configured (the message names both), or the configured one cannot
+        build a ``JWTGenerator`` (an unreadable key file, for instance).
+    """
+    if environ is None:
+        environ = os.environ
+    if config_file is None:
+        from airflow.configuration import AIRFLOW_CONFIG
+
+        config_file = AIRFLOW_CONFIG
+    if not signing_configured(environ, config_file):
+        raise ConfigError(
+            "api_auth.jwt_secret", "<not set>",
+            "runtime = kubernetes needs a signing key shared by the scheduler and every api-server worker and "
+            "replica, because the api-server mints each pod's workload token at exchange time: set [api_auth] "
+            "jwt_secret (AIRFLOW__API_AUTH__JWT_SECRET) or [api_auth] jwt_private_key_path "
+            "(AIRFLOW__API_AUTH__JWT_PRIVATE_KEY_PATH) to the same value everywhere; without one, each process "
+            "makes up its own secret and the tokens one mints fail validation in another")
+    try:
+        build_generator()
+    except Exception as exc:  # noqa: BLE001 - reported with what failed
+        raise ConfigError("api_auth.jwt_secret", "<configured>",
+                          "the configured [api_auth] jwt_secret or jwt_private_key_path cannot mint tokens: "
+                          f"{type(exc).__name__}: {exc}") from None
