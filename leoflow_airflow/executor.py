@@ -44,6 +44,18 @@ def _token_lifetime() -> float:
     return value if value > 0 else 600.0
 
 
+def _killed_task_cleanup_time() -> float:
+    """Seconds a killed task gets between SIGTERM and SIGKILL: ``[core] killed_task_cleanup_time`` (Airflow
+    3.3's default 60), 60 when malformed; never negative."""
+    from airflow.configuration import conf
+
+    try:
+        value = conf.getfloat("core", "killed_task_cleanup_time", fallback=60.0)
+    except (ValueError, TypeError):
+        return 60.0
+    return max(0.0, value)
+
+
 class LeoflowExecutor(BaseExecutor):
     """Runs each attempt through leoflow's lifecycle on the configured runtime (``[leoflow] runtime = lite``).
 
@@ -107,7 +119,7 @@ class LeoflowExecutor(BaseExecutor):
             airflow = AirflowIO(jwt_generator=self.jwt_generator, server=get_execution_api_server_url,
                                 settle_timeout=settings.settle_timeout, infra_retry_budget=settings.infra_retry_budget)
             self._life = Lifecycle(ledger=self.ledger, runtime=runtime, airflow=airflow, settings=settings,
-                                   job_id=self.job_id, fault_for=fault_for)
+                                   job_id=self.job_id, fault_for=fault_for, kill_grace=_killed_task_cleanup_time())
         return self._life
 
     def start(self) -> None:
@@ -121,8 +133,9 @@ class LeoflowExecutor(BaseExecutor):
         from airflow.executors.executor_loader import ExecutorLoader
 
         settings = self.settings
-        report = ladder.evaluate(ladder.read_values(settings))
-        ladder.enforce(report, self._warn_rung)
+        values = ladder.read_values(settings)
+        ladder.enforce(ladder.evaluate(values), self._warn_rung)
+        self.life.reap_kill_grace = ladder.reap_kill_grace(values)
         try:
             self._sole_executor = len(ExecutorLoader.get_executor_names(validate_teams=False)) <= 1
         except Exception:  # noqa: BLE001 - unknown: count the held workloads (the safe side)
@@ -150,7 +163,9 @@ class LeoflowExecutor(BaseExecutor):
                       sum(not l.exited for l in self.life.table.launches.values()))
 
     def terminate(self) -> None:
-        """Kill everything: every live attempt's whole subtree, then the runtime."""
+        """Kill everything: every live attempt's whole subtree, each task given SIGTERM and ``[core]
+        killed_task_cleanup_time`` seconds first so its ``on_kill`` runs (this call waits for that, at most the
+        grace), then the runtime."""
         self._started = False
         self.life.terminate()
         self.life.runtime.terminate()
@@ -325,8 +340,9 @@ class LeoflowExecutor(BaseExecutor):
 
     # --- revoke, logs ---------------------------------------------------------------------------------
     def revoke_task(self, *, ti: TaskInstance) -> None:
-        """Kill exactly that attempt's whole process subtree and forget it; never touches TI state or
-        writes executor events (Airflow's contract for stuck-in-queued handling)."""
+        """Kill exactly that attempt's whole process subtree at once (no grace: Airflow revokes a TI stuck in
+        queued, whose attempt must not run) and forget it; never touches TI state or writes executor events
+        (Airflow's contract for stuck-in-queued handling)."""
         self.queued_tasks.pop(ti.key, None)
         with self.ledger.pinned():
             self.life.revoke(str(ti.id), ti.key)
