@@ -273,7 +273,22 @@ class LeoflowExecutor(BaseExecutor):
             elif isinstance(action, act.SendCallback):
                 self.send_callback(action.request)
             elif isinstance(action, act.TaskEvent):
-                self.log_task_event(event=action.event, extra=action.extra, ti_key=action.key)
+                self._task_event(action)
+
+    def _task_event(self, action: act.TaskEvent) -> None:
+        """Write the TaskEvent's Log row now, in a session of its own. Not through ``log_task_event``: Airflow
+        3.3.2's scheduler saves those with ``bulk_save_objects(<generator>, preserve_order=False)``, which under
+        the pinned SQLAlchemy 2.1.9 emits ``INSERT INTO log DEFAULT VALUES`` (NOT NULL ``event``): every row
+        is lost and the scheduler logs an error. A failed write is logged, never raised (the row is help for
+        the operator, the kill it records has happened)."""
+        from airflow.models.log import Log
+        from airflow.utils.session import create_session
+
+        try:
+            with create_session() as session:
+                session.add(Log(event=action.event, task_instance=action.key, extra=action.extra))
+        except Exception:  # noqa: BLE001 - an event-log row must never break the scheduler loop
+            self.log.exception("could not write the %r event of %s", action.event, action.key)
 
     # --- adoption ---------------------------------------------------------------------------------------
     def try_adopt_task_instances(self, tis: Any) -> list[Any]:
