@@ -90,10 +90,10 @@ def test_the_agent_lost_reaper_runs_on_kill_and_the_task_is_redriven_on_the_infr
 
         assert stack.wait_for_run(DAG, run, timeout=300) == "success"
         assert marker.exists() and marker.read_text() == "on_kill", "the kill never ran the task's on_kill"
-        assert not proc.is_alive(agent_ident) and not proc.is_alive(task)
-
         ti = stack.ti_row(DAG, run, TASK)
         assert (ti["try_number"], ti["max_tries"]) == (2, 2), ("one infra re-run, the user's retry unspent", ti)
+        # the re-drive waited for proof of death: nothing of try 1 ran beside try 2
+        assert not proc.is_alive(agent_ident) and not proc.is_alive(task)
         events = stack.log_events(DAG, run, TASK)
         assert events.count("leoflow agent-lost") == 1, events  # killed once, not once per sync()
         assert events.count("leoflow infra re-drive") == 1, events
