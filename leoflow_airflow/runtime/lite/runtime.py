@@ -486,7 +486,6 @@ class LiteRuntime:
         self._ahead.finished(held_for)
 
 
-
 def _signal(agent: proc.ProcessIdentity, sig: int) -> None:
     """Send ``sig`` to ``agent`` if it is still that process (pid + start time); a vanished one is fine."""
     if proc.is_alive(agent):
