@@ -56,6 +56,7 @@ __all__ = [
     "encode",
     "format_rfc3339",
     "heartbeat_lost",
+    "killed",
     "parse_rfc3339",
     "read_record_file",
     "record_for_state",
@@ -110,6 +111,7 @@ class Reason(enum.StrEnum):
     """
 
     HEARTBEAT_LOST = "heartbeat_lost"
+    KILLED = "killed"
     EXECUTION_TIMEOUT = "execution_timeout"
     AGENT_START_FAILED = "agent_start_failed"
     RUN_REFUSED = "run_refused"
@@ -369,6 +371,23 @@ def heartbeat_lost(attempt: AttemptIdentity) -> OutcomeRecord:
         try_number=attempt.try_number,
         attempt_epoch=attempt.attempt_epoch,
         reason=Reason.HEARTBEAT_LOST.value,
+    )
+
+
+def killed(attempt: AttemptIdentity) -> OutcomeRecord:
+    """The record an agent writes when leoflow killed its attempt gracefully (its kill marker exists,
+    ``leoflow_agent.protocol.kill_marker_path``) and the task then ended ``failed`` or ``up_for_retry``.
+
+    Outcome ``failed``, reason ``killed``, no state and no payload: the agent refuses that report, which the
+    kill caused, and the reconciler re-drives the attempt as an infra loss (issue 8 hole 16), as it did when
+    every kill was a SIGKILL that left no record at all.
+    """
+    return OutcomeRecord(
+        outcome=Outcome.FAILED,
+        ti_id=attempt.ti_id,
+        try_number=attempt.try_number,
+        attempt_epoch=attempt.attempt_epoch,
+        reason=Reason.KILLED.value,
     )
 
 

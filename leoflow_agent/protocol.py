@@ -11,7 +11,9 @@ the names below, so the wire is what it was.
 
 Executor -> zygote ("op"):
   ``launch``  {"op","launch_id","workload","server","record_path","fault"}
-  ``kill``    {"op","launch_id"}                             kill its agent's subtree, or drop it if held
+  ``kill``    {"op","launch_id","grace"?}                    drop it if held; else SIGTERM + SIGCONT its
+              agent (the supervisor forwards SIGTERM to the task: ``on_kill``) and SIGKILL the subtree after
+              ``grace`` seconds (default ``[core] killed_task_cleanup_time``; 0: at once)
   ``limit``   {"op","max_agents"}                            busy agents at most (int, or null: no limit);
               launches beyond it are held and forked in-band, first in first out, as busy agents report
               or exit (:mod:`leoflow_agent.handoff`)
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -125,6 +128,19 @@ def callback_launch_id(callback_id: object, serial: int) -> str:
     """Return the launch id of a callback workload: ``"callback:<callback id>:<serial>"`` (``serial`` makes
     two launches of one callback distinct; the executor passes ``time.monotonic_ns()``)."""
     return f"callback:{callback_id}:{int(serial)}"
+
+
+KILL_MARKER = "killed"
+"""File name, beside an attempt's record file, of its kill marker: the executor writes it before it gives the
+attempt a graceful kill (SIGTERM, then SIGKILL after a grace), and the agent reads it before a terminal report
+(:func:`kill_marker_path`)."""
+
+
+def kill_marker_path(record_path: str) -> str:
+    """The kill marker of the attempt whose outcome record file is ``record_path``: ``<its dir>/killed``. While
+    it exists the agent refuses a ``failed`` or ``up_for_retry`` report (the kill caused it; the reconciler
+    re-drives the attempt as an infra loss) and lets every other terminal report through."""
+    return os.path.join(os.path.dirname(record_path), KILL_MARKER)
 
 
 def agent_title_marker(launch_id: str) -> str:

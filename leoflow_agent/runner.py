@@ -80,6 +80,14 @@ def run_launch(
         sinks.append(file_sink(message["record_path"]))
     from leoflow_agent.transport import RecordingTransport
 
+    killed: Callable[[], bool] = _never_killed
+    if message.get("record_path"):
+        import functools
+
+        from leoflow_agent.protocol import kill_marker_path
+
+        killed = functools.partial(os.path.exists, kill_marker_path(message["record_path"]))
+
     transport = RecordingTransport(
         httpx.HTTPTransport(retries=0, verify=sdk_ssl_context()),
         attempt=attempt,
@@ -88,6 +96,7 @@ def run_launch(
         fault=message.get("fault"),
         max_failed_heartbeats=_conf_int("workers", "max_failed_heartbeats", 3),
         task_log=task_log_writer(workload.log_path),
+        killed=killed,
     )
     from leoflow_agent.proc import ATTEMPT_ENV
 
@@ -110,6 +119,11 @@ def run_launch(
         sentry_integration=getattr(workload, "sentry_integration", ""),
     )
     return 0
+
+
+def _never_killed() -> bool:
+    """An attempt without a record file has no kill marker either: never killed gracefully by leoflow."""
+    return False
 
 
 def reported_event(state: str, recorded: bool) -> dict[str, Any]:

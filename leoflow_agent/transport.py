@@ -10,6 +10,9 @@ Keying off the requests the supervisor actually sends covers every sink without 
   attempt's slot;
 * once a terminal record is written it is never replaced: heartbeat loss after it refuses later reports but
   keeps the record, so the reconciler replays it (issue 8 hole 5);
+* after leoflow killed the attempt gracefully (its kill marker exists) a ``failed`` or ``up_for_retry`` report is
+  refused locally and a ``killed`` record written instead: the kill caused it, and the reconciler re-drives the
+  attempt as an infra loss rather than spend a user retry (issue 8 hole 16);
 * the named fault-injection points SIGKILL the agent, only when the launch message asked for one (test mode).
 """
 
@@ -34,6 +37,10 @@ _STATE_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/state$")
 _RUN_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/run$")
 _HEARTBEAT_CALL = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/heartbeat$")
 _TERMINATED_STATUSES = frozenset({404, 409, 410})  # the supervisor's "stop, the server says so" answers
+REFUSED_AFTER_KILL = frozenset({"failed", "up_for_retry"})
+"""Terminal states a graceful kill by leoflow causes (the operator's ``on_kill`` stopped the work, the task
+failed): refused once the kill marker exists. Success, skips and hand-offs still land (the work is done or
+handed off; re-running it would run a finished body twice)."""
 
 RecordSink = Callable[[outcome.OutcomeRecord], "outcome.WrittenRecord | None"]
 """Writes one outcome record durably and returns what it wrote (``None``: nothing to say); raises
@@ -90,6 +97,10 @@ class RecordingTransport(httpx.BaseTransport):
     :param task_log: writes a line into the TI's log (:data:`TaskLog`): a record not written, a record that
         dropped asset events, heartbeat loss.
     :param fault: one of :data:`leoflow_agent.protocol.FAULT_POINTS` or ``None``.
+    :param killed: ``killed() -> bool``: True once leoflow killed this attempt gracefully (Lite: its kill marker
+        exists). A terminal report of a state in :data:`REFUSED_AFTER_KILL` is then refused locally and a
+        ``killed`` record written (unless a terminal record is kept), so the reconciler re-drives the attempt
+        as an infra loss. Read only when a terminal report leaves.
     :param max_failed_heartbeats: ``[workers] max_failed_heartbeats``: after this many consecutive failed
         heartbeats the supervisor kills the task; the wrapper then writes a ``heartbeat_lost`` record and
         refuses every later terminal PATCH of the attempt locally (DESIGN §2 "Heartbeat loss"), so the
@@ -109,8 +120,10 @@ class RecordingTransport(httpx.BaseTransport):
         fault: str | None = None,
         max_failed_heartbeats: int = 3,
         task_log: TaskLog = _no_task_log,
+        killed: Callable[[], bool] = lambda: False,
     ) -> None:
         self._inner = inner
+        self._killed = killed
         self._max_failed_heartbeats = max(1, int(max_failed_heartbeats))
         self._failed_heartbeats = 0
         self.heartbeat_lost = False
@@ -179,6 +192,33 @@ class RecordingTransport(httpx.BaseTransport):
             except (OSError, ValueError) as exc:
                 self._tell("error", f"leoflow could not write the heartbeat_lost record ({_reasons([exc])}).")
 
+    def _refused_after_kill(self, request: httpx.Request) -> bool:
+        """True (``killed`` record written, the TI's log told) when leoflow killed this attempt and ``request``
+        reports a state of :data:`REFUSED_AFTER_KILL`. Never raises."""
+        try:
+            if not self._killed():
+                return False
+        except OSError:
+            return False
+        request.read()
+        try:
+            body = json.loads(request.content or b"{}")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        state = body.get("state") if isinstance(body, dict) else None
+        if state not in REFUSED_AFTER_KILL:
+            return False
+        if self.terminal_recorded is None:
+            for sink in self._sinks:
+                try:
+                    sink(outcome.killed(self._attempt))
+                except (OSError, ValueError) as exc:
+                    self._tell("error", f"leoflow could not write the killed record ({_reasons([exc])}).")
+        self._tell("warning", f"leoflow killed this attempt (SIGTERM, so on_kill ran, then its grace); the {state} "
+                              "report that followed is refused here, so the scheduler runs the task again as an "
+                              "infra loss, without spending a retry.")
+        return True
+
     def _tell(self, level: str, message: str) -> None:
         """Log ``message`` in the agent's log and in the TI's log (which the operator reads)."""
         getattr(log, level)("%s", message)
@@ -231,6 +271,12 @@ class RecordingTransport(httpx.BaseTransport):
             return httpx.Response(
                 409, json={"detail": {"reason": "leoflow_heartbeat_lost",
                                       "message": "refused locally by the leoflow agent after heartbeat loss"}},
+                request=request,
+            )
+        if is_state and self._refused_after_kill(request):
+            return httpx.Response(
+                409, json={"detail": {"reason": "leoflow_killed",
+                                      "message": "refused locally by the leoflow agent: leoflow killed this attempt"}},
                 request=request,
             )
         if is_state:

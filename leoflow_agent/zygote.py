@@ -13,8 +13,8 @@ agent first moves into its own attempt cgroup (``<hierarchy>/<our cgroup>/leoflo
 of death sees every process of the attempt whatever it did with sessions and environments
 (:func:`leoflow_agent.proc.attempt_leftovers`). A failed fork is infra: that launch goes back as a retryable
 ``launch_failed`` and the other held launches wait out a bounded back-off (:mod:`leoflow_agent.handoff`). A
-``kill`` is graceful and never blocks the loop: SIGTERM (the Task SDK supervisor forwards it to the task, so
-``on_kill`` runs), SIGKILL of the subtree after ``[core] killed_task_cleanup_time``.
+``kill`` is graceful and never blocks the loop: SIGTERM and SIGCONT (the Task SDK supervisor forwards SIGTERM to
+the task, so ``on_kill`` runs), SIGKILL of the subtree after ``[core] killed_task_cleanup_time``.
 
 Messages beyond :mod:`leoflow_agent.protocol`'s list: ``kill`` takes an optional ``"grace"`` (seconds; 0:
 SIGKILL at once), and every ``launch_failed`` carries ``"retryable"`` (true only for a fork or pipe failure:
@@ -304,8 +304,8 @@ class Zygote:
     def _kill(self, msg: dict[str, Any]) -> None:
         """The ``kill`` op: ``{"op": "kill", "launch_id": str, "grace": seconds (optional)}``.
 
-        A held launch is dropped (``launch_failed``, not retryable). A running agent gets SIGTERM, which the
-        Task SDK supervisor forwards to the task process so the operator's ``on_kill`` runs (Airflow's
+        A held launch is dropped (``launch_failed``, not retryable). A running agent gets SIGTERM (and SIGCONT,
+        so a stopped one acts on it), which the Task SDK supervisor forwards to the task process so the operator's ``on_kill`` runs (Airflow's
         ``ActivitySubprocess.wait`` installs that forwarder); its whole subtree (and attempt cgroup) gets
         SIGKILL once ``grace`` seconds pass (default ``[core] killed_task_cleanup_time``, 60 s), from the
         event loop, which never blocks on it (:meth:`_escalate_kills`). ``grace`` 0 kills at once. A bad
@@ -331,6 +331,7 @@ class Zygote:
                 continue
             if pid not in self.kills:  # a repeated kill keeps the first deadline
                 os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGCONT)  # a stopped agent (a frozen, "lost" supervisor) acts on it too
                 self.kills[pid] = (ident, now + float(grace))
 
     def _kill_now(self, ident: proc.ProcessIdentity, launch_id: str) -> None:

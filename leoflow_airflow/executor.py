@@ -44,6 +44,18 @@ def _token_lifetime() -> float:
     return value if value > 0 else 600.0
 
 
+def _killed_task_cleanup_time() -> float:
+    """Seconds a killed task gets between SIGTERM and SIGKILL: ``[core] killed_task_cleanup_time`` (Airflow
+    3.3's default 60), 60 when malformed; never negative."""
+    from airflow.configuration import conf
+
+    try:
+        value = conf.getfloat("core", "killed_task_cleanup_time", fallback=60.0)
+    except (ValueError, TypeError):
+        return 60.0
+    return max(0.0, value)
+
+
 class LeoflowExecutor(BaseExecutor):
     """Runs each attempt through leoflow's lifecycle on the configured runtime (``[leoflow] runtime = lite``).
 
@@ -107,7 +119,7 @@ class LeoflowExecutor(BaseExecutor):
             airflow = AirflowIO(jwt_generator=self.jwt_generator, server=get_execution_api_server_url,
                                 settle_timeout=settings.settle_timeout, infra_retry_budget=settings.infra_retry_budget)
             self._life = Lifecycle(ledger=self.ledger, runtime=runtime, airflow=airflow, settings=settings,
-                                   job_id=self.job_id, fault_for=fault_for)
+                                   job_id=self.job_id, fault_for=fault_for, kill_grace=_killed_task_cleanup_time())
         return self._life
 
     def start(self) -> None:
@@ -123,8 +135,9 @@ class LeoflowExecutor(BaseExecutor):
         from airflow.executors.executor_loader import ExecutorLoader
 
         settings = self.settings
-        report = ladder.evaluate(ladder.read_values(settings))
-        ladder.enforce(report, self._warn_rung)
+        values = ladder.read_values(settings)
+        ladder.enforce(ladder.evaluate(values), self._warn_rung)
+        self.life.reap_kill_grace = ladder.reap_kill_grace(values)
         if settings.runtime == "kubernetes":
             # Inert until the Kubernetes runtime exists (settings.load refuses it today). Its pods' workload
             # tokens are minted by the api-server's exchange: refuse a scheduler whose api-servers cannot.
@@ -158,7 +171,9 @@ class LeoflowExecutor(BaseExecutor):
                       sum(not l.exited for l in self.life.table.launches.values()))
 
     def terminate(self) -> None:
-        """Kill everything: every live attempt's whole subtree, then the runtime."""
+        """Kill everything: every live attempt's whole subtree, each task given SIGTERM and ``[core]
+        killed_task_cleanup_time`` seconds first so its ``on_kill`` runs (this call waits for that, at most the
+        grace), then the runtime."""
         self._started = False
         self.life.terminate()
         self.life.runtime.terminate()
@@ -266,7 +281,22 @@ class LeoflowExecutor(BaseExecutor):
             elif isinstance(action, act.SendCallback):
                 self.send_callback(action.request)
             elif isinstance(action, act.TaskEvent):
-                self.log_task_event(event=action.event, extra=action.extra, ti_key=action.key)
+                self._task_event(action)
+
+    def _task_event(self, action: act.TaskEvent) -> None:
+        """Write the TaskEvent's Log row now, in a session of its own. Not through ``log_task_event``: Airflow
+        3.3.2's scheduler saves those with ``bulk_save_objects(<generator>, preserve_order=False)``, which under
+        the pinned SQLAlchemy 2.1.9 emits ``INSERT INTO log DEFAULT VALUES`` (NOT NULL ``event``): every row
+        is lost and the scheduler logs an error. A failed write is logged, never raised (the row is help for
+        the operator, the kill it records has happened)."""
+        from airflow.models.log import Log
+        from airflow.utils.session import create_session
+
+        try:
+            with create_session() as session:
+                session.add(Log(event=action.event, task_instance=action.key, extra=action.extra))
+        except Exception:  # noqa: BLE001 - an event-log row must never break the scheduler loop
+            self.log.exception("could not write the %r event of %s", action.event, action.key)
 
     # --- adoption ---------------------------------------------------------------------------------------
     def try_adopt_task_instances(self, tis: Any) -> list[Any]:
@@ -333,8 +363,9 @@ class LeoflowExecutor(BaseExecutor):
 
     # --- revoke, logs ---------------------------------------------------------------------------------
     def revoke_task(self, *, ti: TaskInstance) -> None:
-        """Kill exactly that attempt's whole process subtree and forget it; never touches TI state or
-        writes executor events (Airflow's contract for stuck-in-queued handling)."""
+        """Kill exactly that attempt's whole process subtree at once (no grace: Airflow revokes a TI stuck in
+        queued, whose attempt must not run) and forget it; never touches TI state or writes executor events
+        (Airflow's contract for stuck-in-queued handling)."""
         self.queued_tasks.pop(ti.key, None)
         with self.ledger.pinned():
             self.life.revoke(str(ti.id), ti.key)

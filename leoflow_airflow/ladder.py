@@ -22,6 +22,7 @@ AIRFLOW_KEYS: dict[str, tuple[str, str, float]] = {
     "task_queued_timeout": ("scheduler", "task_queued_timeout", 600.0),
     "max_failed_heartbeats": ("workers", "max_failed_heartbeats", 3.0),
     "scheduler_health_check_threshold": ("scheduler", "scheduler_health_check_threshold", 30.0),
+    "killed_task_cleanup_time": ("core", "killed_task_cleanup_time", 60.0),
 }
 
 
@@ -40,6 +41,7 @@ class LadderValues:
     settle_timeout: float
     dispatch_lost_threshold: float = 120.0
     scheduler_health_check_threshold: float = 30.0
+    killed_task_cleanup_time: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,15 @@ def window(v: LadderValues) -> tuple[float, float]:
     """The recovery window's bounds in seconds: ``(lower, upper)`` for ``agent_lost_threshold`` (DESIGN §2)."""
     lower = v.task_success_overtime + v.min_heartbeat_interval + v.socket_cleanup_timeout
     return lower, v.task_instance_heartbeat_timeout - 2 * v.maintenance_interval - v.settle_timeout
+
+
+def reap_kill_grace(v: LadderValues) -> float:
+    """Seconds the agent-lost reaper gives a task between SIGTERM and SIGKILL (issue 8 hole 16): ``[core]
+    killed_task_cleanup_time``, shortened where the kill would otherwise end after the recovery window's upper
+    bound (:func:`window`), i.e. after Airflow's purge may have failed the TI and spent a user retry; never
+    below 0. ``agent_lost_threshold + grace <= upper``."""
+    _, upper = window(v)
+    return max(0.0, min(v.killed_task_cleanup_time, upper - v.agent_lost_threshold))
 
 
 def evaluate(v: LadderValues) -> LadderReport:
@@ -110,6 +121,17 @@ def evaluate(v: LadderValues) -> LadderReport:
             window_values,
         ))
     warnings: list[Rung] = []
+    if not violations and reap_kill_grace(v) < v.killed_task_cleanup_time:
+        warnings.append(Rung(
+            "kill_grace",
+            f"the agent-lost reaper gives a killed task {reap_kill_grace(v):g} s for its on_kill, not [core] "
+            f"killed_task_cleanup_time = {v.killed_task_cleanup_time:g} s, so that it ends before Airflow's "
+            f"heartbeat purge ({upper:g} s into the window); lower [leoflow] agent_lost_threshold or raise "
+            f"[scheduler] task_instance_heartbeat_timeout to give it all",
+            {"core.killed_task_cleanup_time": v.killed_task_cleanup_time,
+             "leoflow.agent_lost_threshold": v.agent_lost_threshold,
+             "scheduler.task_instance_heartbeat_timeout": v.task_instance_heartbeat_timeout},
+        ))
     hb_budget = v.max_failed_heartbeats * v.min_heartbeat_interval
     if hb_budget >= v.task_instance_heartbeat_timeout:
         warnings.append(Rung(

@@ -57,6 +57,9 @@ def decide(
     if ti.state == "running" and not reported:
         if record is not None and record.reason == Reason.HEARTBEAT_LOST:
             return Action(Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE, "the agent lost its heartbeat")
+        if record is not None and record.reason == Reason.KILLED and record.payload is None:
+            return Action(Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE,
+                          "leoflow killed the attempt; the agent refused the failure the kill caused")
         if record is not None and record.payload is not None and record.state is not None:
             return Action(Act.REPLAY, Resolution.REPLAYED, f"the {record.state} report was lost; replaying it")
         return Action(Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE, "the agent died with no outcome record")

@@ -67,7 +67,8 @@ class ChangeState:
 
 @dataclass(frozen=True, slots=True)
 class TaskEvent:
-    """``executor.log_task_event(event=…, extra=…, ti_key=key)``: a Log row an operator sees."""
+    """A Log row an operator sees (``event``, ``extra``) on the TI of ``key``; the executor writes it itself
+    (``LeoflowExecutor._task_event``: Airflow's ``log_task_event`` rows are lost on 3.3.2)."""
 
     key: Any
     event: str

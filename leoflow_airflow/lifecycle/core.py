@@ -16,6 +16,15 @@ Rules it keeps (``docs/DESIGN.md`` §2 "Lifecycle seam"):
   replay landed after its caller gave up (a timeout, a dead settler) and the row closes ``replayed``.
 * Settling stops for the pass at ``[leoflow] settle_budget`` settles, after ``[leoflow] settle_timeout``
   seconds of wall clock, or after the first replay that did not settle.
+* **Kills** (issue 8 hole 16). A kill of an agent whose task may be doing the user's work is graceful: the
+  task gets SIGTERM (its operator's ``on_kill`` runs, as under Airflow's own supervisor) and ``[core]
+  killed_task_cleanup_time`` seconds before the runtime SIGKILLs what is left; that is the agent-lost reaper
+  (``reap_kill_grace``, kept inside the recovery window by ``ladder.reap_kill_grace``) and ``terminate()``.
+  A kill of a launch that must not run at all is immediate (grace 0): a ``Started`` nobody knows, a held
+  launch never started, ``revoke`` (Airflow revokes QUEUED TIs: stuck in queued) and the dispatch-lost reaper
+  (the agent never reached ``/run``, so no body runs). A kill is signalled once per attempt (the in-flight
+  kill set) and never waited for in a ``sync()``: it ends through the normal path, ``Exited`` / GONE ->
+  evidence -> settle.
 """
 
 from __future__ import annotations
@@ -87,12 +96,18 @@ class Lifecycle:
     :param monotonic: ``monotonic() -> float`` seconds (injected by tests).
     :param utcnow: ``utcnow() -> datetime`` tz-aware (injected by tests; the reapers' clock).
     :param fault_for: TEST ONLY ``fault_for(workload, attempt_epoch) -> str | None``.
+    :param kill_grace: seconds a graceful kill gives the task between SIGTERM and SIGKILL (``[core]
+        killed_task_cleanup_time``); ``terminate()`` uses it.
+    :param reap_kill_grace: the agent-lost reaper's grace, seconds (``None``: ``kill_grace``); the executor
+        sets it at ``start()`` from :func:`leoflow_airflow.ladder.reap_kill_grace`, which keeps the kill inside
+        the recovery window.
     """
 
     def __init__(self, *, ledger: LedgerStore, runtime: Runtime, airflow: AirflowPort, settings: LeoflowSettings,
                  job_id: int | None = None, monotonic: Callable[[], float] = time.monotonic,
                  utcnow: Callable[[], Any] | None = None,
-                 fault_for: Callable[[Any, int], str | None] | None = None) -> None:
+                 fault_for: Callable[[Any, int], str | None] | None = None,
+                 kill_grace: float = 0.0, reap_kill_grace: float | None = None) -> None:
         from datetime import datetime, timezone
 
         self.ledger, self.runtime, self.airflow, self.settings = ledger, runtime, airflow, settings
@@ -111,6 +126,11 @@ class Lifecycle:
         self._replay_stalled_at: dict[AttemptRef, float] = {}
         self._later: list[tuple[float, Reoffer]] = []  # (due, re-offer): backed-off re-dispatches
         self.draining = False  # end(): nothing new is dispatched
+        self.kill_grace = float(kill_grace)
+        self.reap_kill_grace = self.kill_grace if reap_kill_grace is None else float(reap_kill_grace)
+        # reaper kills signalled and not yet over: ref -> monotonic time past which a still-live attempt is
+        # killed once more, at once (the runtime lost the kill: e.g. its zygote died mid-grace)
+        self._killing: dict[AttemptRef, float] = {}
 
     # --- output -----------------------------------------------------------------------------------------
     def take(self) -> list[SchedulerAction]:
@@ -550,12 +570,21 @@ class Lifecycle:
         self.runtime.forget(attempt.ref)
         self._waiting_for_api.discard(attempt.ref)
         self._replay_stalled_at.pop(attempt.ref, None)
+        self._killing.pop(attempt.ref, None)
         return changed
 
     # --- reap -------------------------------------------------------------------------------------------
     def reap(self) -> None:
-        """Run the lost-agent reapers (pure decisions) on the LIVE dispatched attempts and kill what they name."""
+        """Run the lost-agent reapers (pure decisions) on the LIVE dispatched attempts and kill what they name.
+
+        Each attempt is killed once (logged, a ``TaskEvent``, one signal): the agent-lost reaper with
+        ``reap_kill_grace`` (its task's ``on_kill`` runs), the dispatch-lost reaper at once (no body started).
+        The kill is never waited for here; it ends as ``Exited`` / GONE and the attempt is settled from its
+        evidence. An attempt still named :data:`KILL_ESCALATION_SLACK` seconds past its grace is killed once
+        more, at once (the runtime lost the first kill)."""
         live = [a for a in self.ledger.open_attempts(runtime=self.runtime.kind) if a.state == _S.DISPATCHED]
+        still = {a.ref for a in live}
+        self._killing = {ref: due for ref, due in self._killing.items() if ref in still}  # left DISPATCHED: over
         if not live:
             return
         presence = self.runtime.observe(live)
@@ -568,11 +597,23 @@ class Lifecycle:
         ]
         settings = reapers.ReapSettings(self.settings.agent_lost_threshold, self.settings.dispatch_lost_threshold)
         by_ref = {a.ref: a for a in live}
+        now = self.monotonic()
         for action in reapers.decide(snapshot, self.utcnow(), settings):
             attempt = by_ref[action.ref]
-            log.warning("leoflow %s reaper: killing attempt %s: %s", action.reaper, action.ref, action.why)
+            due = self._killing.get(action.ref)
+            if due is not None:
+                if now >= due:
+                    log.warning("attempt %s still lives %.0f s past its kill grace; killing it at once",
+                                action.ref, KILL_ESCALATION_SLACK)
+                    self._killing[action.ref] = float("inf")
+                    self.runtime.kill(attempt, grace=0.0)
+                continue  # signalled already: its end comes through the runtime's events and presence
+            grace = self.reap_kill_grace if action.reaper == "agent-lost" else 0.0
+            self._killing[action.ref] = now + grace + KILL_ESCALATION_SLACK
+            log.warning("leoflow %s reaper: killing attempt %s (SIGTERM, then SIGKILL after %.0f s): %s",
+                        action.reaper, action.ref, grace, action.why)
             self._out.append(TaskEvent(self.key_of(attempt), f"leoflow {action.reaper}", action.why))
-            self.runtime.kill(attempt)
+            self.runtime.kill(attempt, grace=grace)
 
     # --- adoption, revoke, shutdown ---------------------------------------------------------------------
     def adopt(self, tis: Sequence[Any], now: Any) -> tuple[list[Any], list[Any]]:
@@ -619,11 +660,13 @@ class Lifecycle:
         return not_adopted, lost
 
     def revoke(self, ti_id: str, key: Any) -> None:
-        """Kill exactly that ti_id's attempts and forget them; never an Airflow state change."""
+        """Kill exactly that ti_id's attempts at once and forget them; never an Airflow state change. Airflow
+        revokes a TI it holds QUEUED (stuck in queued) before it queues it again: that attempt must not run at
+        all, so the kill has no grace."""
         for attempt in self.ledger.open_attempts(runtime=self.runtime.kind):
             if attempt.ref.ti_id != ti_id:
                 continue
-            gone = self.runtime.kill(attempt) == Presence.GONE
+            gone = self.runtime.kill(attempt, grace=0.0) == Presence.GONE
             lid = launch_id(attempt.ref)
             launch = self.table.get(lid)
             if launch is not None:
@@ -637,17 +680,31 @@ class Lifecycle:
                 self.runtime.forget(attempt.ref)
         self._out.append(Release(key))
 
-    def terminate(self) -> None:
+    def terminate(self, sleep: Callable[[float], None] = time.sleep) -> None:
         """Kill every live attempt of this scheduler: its own (``scheduler_job_id``), those it adopted, unowned
         rows, and those whose owner job is no longer alive (orphans this scheduler would adopt); never a live
         peer scheduler's (issue 8 hole 14). Another host's attempt is never signalled (the runtime answers
-        UNKNOWN for it)."""
+        UNKNOWN for it).
+
+        Graceful: each task gets SIGTERM and ``kill_grace`` seconds (its ``on_kill`` runs). No scheduler loop
+        follows ``terminate()`` and the runtime is stopped right after it, so this call (the last one) waits,
+        polling the runtime, until nothing of those attempts is left or the grace (plus 2 s for the runtime's
+        own escalation to be seen) is over, then SIGKILLs whatever still lives."""
         live = [a for a in self.ledger.open_attempts(runtime=self.runtime.kind) if a.state in LIVE_STATES]
         owners = {a.scheduler_job_id for a in live} - {None, self.job_id}
         peers = self.airflow.jobs_alive(owners) if owners else set()
-        for attempt in live:
-            if attempt.scheduler_job_id not in peers or launch_id(attempt.ref) in self.table.launches:
-                self.runtime.kill(attempt)
+        pending = [a for a in live
+                   if (a.scheduler_job_id not in peers or launch_id(a.ref) in self.table.launches)
+                   and self.runtime.kill(a, grace=self.kill_grace) == Presence.LIVE]
+        deadline = self.monotonic() + self.kill_grace + 2.0
+        while pending and self.monotonic() < deadline:
+            sleep(0.2)
+            self.apply(self.runtime.poll())  # the runtime's escalation and the zygote's ``exited`` events
+            presence = self.runtime.observe(pending)
+            pending = [a for a in pending if presence.get(a.ref) != Presence.GONE]
+        for attempt in pending:
+            log.warning("attempt %s outlived its kill grace at terminate(); SIGKILL", attempt.ref)
+            self.runtime.kill(attempt, grace=0.0)
 
     def drain(self, timeout: float, sleep: Callable[[float], None] = time.sleep) -> list[SchedulerAction]:
         """``end()``: dispatch nothing new, run cycles while launches run (at most ``timeout`` seconds), then
@@ -664,6 +721,10 @@ class Lifecycle:
             self.apply(self.runtime.stop(timeout=max(1.0, self.settings.settle_timeout)))
         return self.take()
 
+
+KILL_ESCALATION_SLACK = 30.0
+"""Seconds past a reaper kill's grace after which an attempt the reaper still names (its agent lives) is killed
+once more, at once: the runtime lost the first kill (Lite: the zygote died before it escalated)."""
 
 REDISPATCH_BACKOFF_SECONDS = 5.0
 """The first back-off of a re-dispatch in a row, in seconds; doubled per further one, at most 60 s."""

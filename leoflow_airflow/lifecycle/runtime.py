@@ -195,11 +195,23 @@ class Runtime(Protocol):
     def evidence(self, attempt: Attempt) -> Evidence:
         """What a GONE attempt left (never raises)."""
 
-    def kill(self, attempt: Attempt) -> Presence:
-        """Kill everything of the attempt; GONE once nothing is left, UNKNOWN while a kill is in flight."""
+    def kill(self, attempt: Attempt, *, grace: float) -> Presence:
+        """Start killing everything of the attempt and return at once (never waits out ``grace``).
+
+        :param grace: seconds the task gets between SIGTERM and SIGKILL, as Airflow's supervisor gives a
+            killed task ``[core] killed_task_cleanup_time`` so the operator's ``on_kill`` runs. The runtime
+            escalates to a SIGKILL of everything left once it is over, on its own (Lite: the zygote's loop, or
+            :meth:`poll` for an agent no zygote of ours owns). 0: SIGKILL now, for a launch that must not run
+            at all.
+        :returns: GONE once nothing of the attempt is left (an immediate kill that worked, or nothing there);
+            LIVE while something of it may run (a graceful kill in its grace: the end comes as ``Exited`` /
+            GONE through :meth:`poll` and :meth:`observe`); UNKNOWN when it cannot be signalled from here
+            (another host's attempt).
+        """
 
     def kill_launch(self, launch_id: str) -> None:
-        """Kill a launch the lifecycle does not know (a ``Started`` for a closed or unknown attempt)."""
+        """Kill a launch the lifecycle does not know (a ``Started`` for a closed or unknown attempt) at once:
+        it must not run at all, so no grace."""
 
     def forget(self, ref: AttemptRef) -> None:
         """The lifecycle closed ``ref``: drop whatever the runtime remembers of it."""

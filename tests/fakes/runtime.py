@@ -40,6 +40,7 @@ class FakeRuntime:
         self.located: dict[AttemptRef, RuntimeFacts] = {}
         self.records: dict[AttemptRef, OutcomeRecord] = {}
         self.killed: list[AttemptRef] = []
+        self.kill_graces: list[float] = []  # the grace of each kill, in the order of ``killed``
         self.killed_launches: list[str] = []
         self.adopted: list[AttemptRef] = []
         self.forgotten: list[AttemptRef] = []
@@ -94,9 +95,14 @@ class FakeRuntime:
         """From ``records``."""
         return Evidence(self.records.get(attempt.ref), attempt.exit_status)
 
-    def kill(self, attempt: Any) -> Presence:
-        """Record the kill; the attempt is GONE afterwards."""
+    def kill(self, attempt: Any, *, grace: float) -> Presence:
+        """Record the kill and its grace. Grace 0: the attempt is GONE at once. A graceful kill leaves its
+        presence as it was and answers LIVE (the task has its grace; a test ends it with an ``Exited`` and
+        GONE, as the runtime's escalation would)."""
         self.killed.append(attempt.ref)
+        self.kill_graces.append(grace)
+        if grace > 0:
+            return Presence.LIVE
         self.presence[attempt.ref] = Presence.GONE
         self.located.pop(attempt.ref, None)
         return Presence.GONE

@@ -8,7 +8,8 @@ One real Airflow runs ``leoflow_test_sleepy`` under LeoflowExecutor (Lite): two 
 2. a fresh ``LeoflowExecutor`` (in a driver process with the stack's configuration, as the scheduler that
    adopts them would be) revokes ``bash_forever``: its agent, task child, ``bash`` and ``sleep`` are all gone,
    the other attempts are untouched, and its ledger row is closed as revoked;
-3. ``terminate()`` kills every remaining attempt's whole subtree.
+3. ``terminate()`` kills every remaining attempt's whole subtree: SIGTERM first, SIGKILL of what is left after
+   ``[core] killed_task_cleanup_time`` (5 s here; the Python task ignores its SIGTERM), before it returns.
 
 Processes are identified by pid + kernel start time throughout, so a recycled pid can never pass as alive.
 """
@@ -110,7 +111,8 @@ def alive(idents) -> list[proc.ProcessIdentity]:
 def test_end_leaves_agents_revoke_and_terminate_leave_nothing(tmp_path):
     """end(): no zygote, agents carry on and finish; revoke_task/terminate(): no process of the attempt left."""
     t0 = time.monotonic()
-    with lite_stack(tmp_path / "home", parallelism=8) as stack:
+    with lite_stack(tmp_path / "home", parallelism=8,
+                    extra_env={"AIRFLOW__CORE__KILLED_TASK_CLEANUP_TIME": "5"}) as stack:
         stack.migrate()
         stack.start(wait_for_dags=[DAG])
         stack.unpause(DAG)

@@ -98,7 +98,8 @@ def test_lite_never_judges_or_kills_another_hosts_attempt_by_local_pids(lite):
             dead_here.ref: Presence.GONE, dead_unstamped.ref: Presence.GONE,
         }
         assert runtime.locate(live_there) is None
-        assert runtime.kill(live_there) == Presence.UNKNOWN
+        assert runtime.kill(live_there, grace=0) == Presence.UNKNOWN
+        assert runtime.kill(live_there, grace=30) == Presence.UNKNOWN
         assert sleeper.poll() is None  # its pid named a process of this host: never signalled
     finally:
         sleeper.kill()

@@ -120,3 +120,23 @@ def test_read_values_takes_airflow_keys_and_leoflow_settings():
     assert values.task_instance_heartbeat_timeout == 60
     assert values.socket_cleanup_timeout == 60
     assert (values.agent_lost_threshold, values.settle_timeout, values.maintenance_interval) == (100, 3, 5)
+
+
+@pytest.mark.parametrize(("threshold", "grace"), [(120, 60), (UPPER - 60, 60), (UPPER - 20, 20), (UPPER - 0.5, 0.5)])
+def test_the_agent_lost_kill_grace_ends_inside_the_recovery_window(threshold, grace):
+    """Issue 8 hole 16: the reaper's kill gives the task ``[core] killed_task_cleanup_time`` (60) for its
+    on_kill, shortened so that ``agent_lost_threshold + grace`` never passes the window's upper bound (past it,
+    Airflow's purge may fail the TI and spend a user retry first); shortened, it is a soft rung."""
+    values = replace(DEFAULTS, agent_lost_threshold=threshold)
+    assert ladder.reap_kill_grace(values) == grace
+    report = ladder.evaluate(values)
+    rungs = [r for r in report.warnings if r.rung == "kill_grace"]
+    if grace < 60:
+        (rung,) = rungs
+        assert f"gives a killed task {grace:g} s" in rung.message and rung.values["core.killed_task_cleanup_time"] == 60
+    else:
+        assert rungs == []
+
+
+def test_a_shorter_killed_task_cleanup_time_is_kept():
+    assert ladder.reap_kill_grace(replace(DEFAULTS, killed_task_cleanup_time=5)) == 5

@@ -630,6 +630,116 @@ def test_reaper_kills_a_live_agent_whose_heartbeat_went_silent(tmp_path):
     assert [a.event for a in actions if isinstance(a, TaskEvent)] == ["leoflow agent-lost"]
 
 
+# --- hole 16: kills give the task its SIGTERM and grace, once, and end through the normal path ---------------
+def _silent(world, ref, seconds: float = 120) -> None:
+    """Make ``ref``'s TI RUNNING with a heartbeat ``seconds`` old at every later look."""
+    world.airflow.set_state(ref.ti_id, "running")
+    world.airflow.ti_liveness = lambda ids: {i: ("running", world.clock.utcnow() - timedelta(seconds=seconds))
+                                             for i in ids}
+
+
+def test_agent_lost_kill_is_graceful_signalled_once_and_ends_through_settle(tmp_path):
+    """The agent-lost reaper kills with the grace (the task's on_kill runs), and only once: the cycles of
+    that grace neither signal again, nor log or tell Airflow again. The kill ends the normal way: the
+    runtime's ``Exited``, GONE, no record -> an infra re-drive, no user retry."""
+    world = World(tmp_path, agent_lost_threshold="60")
+    world.life.reap_kill_grace = 8.0
+    w, ref = world.dispatched()
+    _silent(world, ref)
+    events = []
+    for _ in range(5):  # cycles within the grace: the agent still lives
+        events += [a for a in world.life.cycle() if isinstance(a, TaskEvent)]
+        world.clock.tick(1)
+    assert (world.runtime.killed, world.runtime.kill_graces) == ([ref], [8.0])
+    assert [e.event for e in events] == ["leoflow agent-lost"]
+    assert world.row(ref).state == S.DISPATCHED and world.airflow.redrives == []
+    world.exit(ref, code=-9)  # the runtime escalated after the grace: nothing of it is left
+    assert world.row(ref).resolution == Resolution.INFRA_REDRIVE
+    assert world.airflow.redrives == [ref.ti_id]
+    assert world.runtime.killed == [ref]
+
+
+def test_a_failure_refused_after_the_kill_is_redriven_not_replayed(tmp_path):
+    """The task's on_kill stopped its work and the task failed; the agent refused that report and recorded
+    ``killed``. The attempt is re-driven on the infra budget; the failure is never replayed."""
+    world = World(tmp_path, agent_lost_threshold="60")
+    world.life.reap_kill_grace = 8.0
+    w, ref = world.dispatched()
+    _silent(world, ref)
+    world.life.cycle()
+    world.runtime.records[ref] = outcome.killed(outcome.AttemptIdentity(ref.ti_id, ref.try_number,
+                                                                        ref.attempt_epoch))
+    world.exit(ref)
+    assert world.airflow.replays == [] and world.airflow.redrives == [ref.ti_id]
+    assert world.row(ref).resolution == Resolution.INFRA_REDRIVE
+
+
+def test_a_kill_the_runtime_lost_is_repeated_at_once_past_its_grace(tmp_path):
+    """The agent still lives well past its grace (Lite: the zygote died before it escalated): the reaper
+    kills it once more, at once, without a second TaskEvent; then never again."""
+    from leoflow_airflow.lifecycle.core import KILL_ESCALATION_SLACK
+
+    world = World(tmp_path, agent_lost_threshold="60")
+    world.life.reap_kill_grace = 8.0
+    w, ref = world.dispatched()
+    _silent(world, ref)
+    events = [a for a in world.life.cycle() if isinstance(a, TaskEvent)]
+    world.clock.tick(8.0 + KILL_ESCALATION_SLACK - 1)
+    world.life.cycle()
+    assert world.runtime.kill_graces == [8.0]
+    world.clock.tick(2)
+    events += [a for a in world.life.cycle() if isinstance(a, TaskEvent)]
+    world.clock.tick(600)
+    events += [a for a in world.life.cycle() if isinstance(a, TaskEvent)]
+    assert (world.runtime.killed, world.runtime.kill_graces) == ([ref, ref], [8.0, 0.0])
+    assert len(events) == 1
+
+
+def test_dispatch_lost_kill_is_immediate(tmp_path):
+    """The agent never reached /run, so no body runs: no grace (DESIGN §3 "Kills")."""
+    world = World(tmp_path, dispatch_lost_threshold="60")
+    world.life.reap_kill_grace = 8.0
+    w, ref = world.dispatched()
+    world.clock.tick(120)
+    world.life.cycle()
+    assert (world.runtime.killed, world.runtime.kill_graces) == ([ref], [0.0])
+
+
+def test_revoke_is_immediate(world):
+    """Airflow revokes a TI stuck in queued: its attempt must not run at all."""
+    world.life.kill_grace = world.life.reap_kill_grace = 8.0
+    w, ref = world.dispatched()
+    world.life.revoke(ref.ti_id, w.key)
+    assert world.runtime.kill_graces == [0.0]
+
+
+def test_terminate_gives_the_grace_and_waits_until_nothing_is_left(world):
+    """terminate() is the executor's last call: each task gets SIGTERM and the grace, and the call returns
+    once the runtime shows nothing of the attempts left; no SIGKILL from here."""
+    world.life.kill_grace = 8.0
+    _, first = world.dispatched()
+    _, second = world.dispatched()
+    slept = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        world.clock.tick(seconds)
+        if len(slept) == 3:  # the tasks ran their on_kill and exited
+            world.runtime.presence[first] = world.runtime.presence[second] = Presence.GONE
+
+    world.life.terminate(sleep=sleep)
+    assert world.runtime.killed == [first, second] and world.runtime.kill_graces == [8.0, 8.0]
+    assert len(slept) == 3
+
+
+def test_terminate_sigkills_what_outlives_the_grace(world):
+    world.life.kill_grace = 8.0
+    _, ref = world.dispatched()
+    world.life.terminate(sleep=world.clock.tick)
+    assert world.runtime.kill_graces == [8.0, 0.0]
+    assert world.clock.t >= 1000.0 + 8.0
+
+
 # --- hole 2 (part): adopting what this process already runs changes nothing ----------------------------
 def test_adopting_an_attempt_this_process_runs_changes_nothing(world):
     w, ref = world.dispatched()

@@ -30,11 +30,14 @@ PAYLOADS = {
 
 
 def rec(state: str | None) -> outcome.OutcomeRecord | None:
-    """A record as the agent writes it before a PATCH of ``state`` (``"heartbeat_lost"`` for the kill record)."""
+    """A record as the agent writes it before a PATCH of ``state`` (``"heartbeat_lost"`` for the heartbeat-loss
+    record, ``"killed"`` for the record of a failure refused after leoflow's graceful kill)."""
     if state is None:
         return None
     if state == "heartbeat_lost":
         return outcome.heartbeat_lost(ATTEMPT)
+    if state == "killed":
+        return outcome.killed(ATTEMPT)
     return outcome.record_for_state(state, PAYLOADS[state], attempt=ATTEMPT, api_version="2025-09-23")
 
 
@@ -49,6 +52,8 @@ MATRIX = [
     *[((s, TI_ID, "running", 1, False), (Act.REPLAY, Resolution.REPLAYED)) for s in PAYLOADS],
     # row 2: record says heartbeat_lost, RUNNING -> infra loss
     (("heartbeat_lost", TI_ID, "running", 1, False), (Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE)),
+    # ... and so does a failure the agent refused after leoflow killed it (issue 8 hole 16)
+    (("killed", TI_ID, "running", 1, False), (Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE)),
     # row 3: no record, RUNNING -> infra loss
     ((None, TI_ID, "running", 1, False), (Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE)),
     # row 4: no record, that ti_id QUEUED (died before /run) -> re-dispatch the same ti_id

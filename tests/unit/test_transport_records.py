@@ -5,7 +5,9 @@
 * hole 12: a record that cannot be written never blocks the terminal PATCH: it is sent, the TI log says why the
   record is missing, and the zygote hears ``recorded: false``;
 * hole 16h: a record that had to drop its asset events to fit says so in the TI log, while the PATCH that leaves
-  still carries every event.
+  still carries every event;
+* hole 16 (kills): once leoflow killed the attempt gracefully (its kill marker exists) a failed / up_for_retry
+  report, which the kill caused, is refused and a ``killed`` record written; a success still lands.
 
 The "api-server" is an ``httpx.MockTransport`` answering as a stopped or healthy one would; the SDK client is
 stood in for by a small client that raises and retries as the SDK's does (as ``test_heartbeat_counting.py``).
@@ -20,6 +22,7 @@ import httpx
 import pytest
 
 from leoflow_agent import outcome
+from leoflow_agent.protocol import kill_marker_path
 from leoflow_agent.transport import RecordingTransport, file_sink, heartbeat_counting_client
 
 TI = "01900000-0000-7000-8000-0000000000b5"
@@ -61,6 +64,7 @@ class Harness:
             on_reported=lambda state, recorded: self.reported.append((state, recorded)),
             task_log=lambda level, message: self.ti_log.append((level, message)),
             max_failed_heartbeats=max_failed,
+            killed=lambda: os.path.exists(kill_marker_path(record_path)),
         )
         self.client = heartbeat_counting_client(SdkLikeClient)(transport=self.transport)
         self.client.leoflow_transport = self.transport
@@ -209,3 +213,44 @@ def test_one_sink_failing_still_keeps_the_others_terminal_record_through_heartbe
     with pytest.raises(httpx.HTTPStatusError):
         h.report(SUCCESS)
     assert outcome.read_record_file(kept, expect=ATTEMPT).state == "success"
+
+
+FAILED = {"state": "failed", "end_date": "2026-01-01T00:00:00Z", "rendered_map_index": None}
+UP_FOR_RETRY = {"state": "up_for_retry", "end_date": "2026-01-01T00:00:00Z", "rendered_map_index": None}
+
+
+def _kill(record_path: str) -> None:
+    """What LiteRuntime.kill does before it signals a graceful kill: write the attempt's kill marker."""
+    with open(kill_marker_path(record_path), "w") as fh:
+        fh.write("killed\n")
+
+
+@pytest.mark.parametrize("body", [FAILED, UP_FOR_RETRY], ids=["failed", "up_for_retry"])
+def test_a_failure_after_leoflows_kill_is_refused_and_recorded_killed(tmp_path, body):
+    """Hole 16: the kill's SIGTERM ran the operator's ``on_kill``, which stopped its work, so the task failed.
+    That report would spend a user retry on an infra kill: it never leaves, the record says ``killed`` (the
+    reconciler re-drives it on the infra budget) and the TI log says why."""
+    h = Harness(str(tmp_path / "record.json"))
+    _kill(h.record_path)
+    with pytest.raises(httpx.HTTPStatusError) as refused:
+        h.report(body)
+    assert refused.value.response.status_code == 409
+    assert not [r for r in h.sent if r.url.path.endswith("/state")], "a failure left after leoflow's kill"
+    assert h.record().reason == outcome.Reason.KILLED and h.record().payload is None
+    assert h.reported == []
+    assert any("leoflow killed this attempt" in m for _, m in h.ti_log), h.ti_log
+
+
+def test_a_success_after_leoflows_kill_still_lands(tmp_path):
+    """A task that finished its work during its kill grace is done: its success is reported and recorded."""
+    h = Harness(str(tmp_path / "record.json"))
+    _kill(h.record_path)
+    assert h.report(SUCCESS).status_code == 200
+    assert h.reported == [("success", True)] and h.record().state == "success"
+
+
+def test_a_failure_without_a_kill_lands(tmp_path):
+    """No kill marker: a task's own failure is reported as always (the user's retry is Airflow's to spend)."""
+    h = Harness(str(tmp_path / "record.json"))
+    assert h.report(UP_FOR_RETRY).status_code == 200
+    assert h.reported == [("up_for_retry", True)] and h.record().state == "up_for_retry"

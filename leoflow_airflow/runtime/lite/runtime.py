@@ -5,21 +5,31 @@ zygote reaps a dead agent and kills what is left of its subtree before it sends 
 attempt is UNKNOWN, after it GONE. An agent no zygote of ours watches (a predecessor's, or our zygote died)
 reparented its orphans to init: they are found by session and ``LEOFLOW_ATTEMPT`` marker, and the attempt is
 GONE only once none is left. ``observe`` finishes that orphan clean-up itself: it is the zygote's own reaping,
-done on the dead zygote's behalf, never a kill of a live agent (only the lifecycle's reapers and revoke kill
-those, through :meth:`LiteRuntime.kill`). An attempt without a pid is looked up by its agent's process-title
-marker (``leoflow_agent.protocol.agent_title_marker``) or, untitled, by its ``LEOFLOW_ATTEMPT`` environment
-marker, never presumed dead.
+done on the dead zygote's behalf, never a kill of a live agent (only the lifecycle's reapers, revoke and
+terminate kill those, through :meth:`LiteRuntime.kill`). An attempt without a pid is looked up by its agent's
+process-title marker (``leoflow_agent.protocol.agent_title_marker``) or, untitled, by its ``LEOFLOW_ATTEMPT``
+environment marker, never presumed dead.
 
 Issue 8's seam ("observations answer from what the runtime already holds"): every lookup of one
 :meth:`LiteRuntime.observe` call shares one :class:`leoflow_agent.proc.ProcessTable`, so a pass scans ``/proc``
 at most once however many attempts it looks at (none when each is answered by its agent's pid or its attempt
 cgroup), plus once more only after it killed leftovers, to prove them gone.
+
+Kills (issue 8 hole 16). A graceful kill never blocks: an agent our zygote owns is killed through the zygote's
+``kill`` op (SIGTERM and SIGCONT, SIGKILL of the subtree from its own loop once the grace is over, then
+``exited``); any other agent (adopted from a predecessor, or orphaned by our own dead zygote) gets SIGTERM and
+SIGCONT from here, and :meth:`LiteRuntime.poll` SIGKILLs its subtree and attempt cgroup once the grace is over.
+Before either, the attempt's kill marker (``leoflow_agent.protocol.kill_marker_path``) is written, so the agent
+refuses a failed report the kill caused (the reconciler re-drives it as an infra loss instead of spending a
+user retry). The attempt stays LIVE (UNKNOWN once its agent died and the zygote's word is due) until nothing of
+it is left. A kill with grace 0 SIGKILLs at once, for a launch that must not run.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -68,6 +78,17 @@ class _Launch:
     orphaned: bool = False  # its zygote died: no event will come for it, liveness is polled
 
 
+@dataclass(frozen=True)
+class _Kill:
+    """A graceful kill in its grace: the agent signalled, when to SIGKILL what is left (``time.monotonic()``
+    seconds), and whether our zygote escalates it (else :meth:`LiteRuntime.poll` does)."""
+
+    agent: proc.ProcessIdentity
+    launch_id: str
+    due: float
+    by_zygote: bool
+
+
 class LiteRuntime:
     """Local agent processes forked by one zygote (``[leoflow] runtime = lite``).
 
@@ -100,6 +121,7 @@ class LiteRuntime:
         self._server = server
         self._launches: dict[str, _Launch] = {}
         self._adopted: dict[AttemptRef, proc.ProcessIdentity | None] = {}
+        self._kills: dict[AttemptRef, _Kill] = {}  # graceful kills in their grace
         self._limit: int | None = None
         self._limit_sent = False
         self._retoken_after = min(60.0, token_lifetime / 4)
@@ -190,10 +212,13 @@ class LiteRuntime:
     def poll(self) -> list[RuntimeEvent]:
         """The zygote's events, typed; then the upkeep: restart a dead zygote (its launches in flight come
         back as retryable ``LaunchFailed``; a callback it ran comes back as ``CallbackDone(ok=None)`` once
-        its agent is gone), keep the busy limit, re-token held launches."""
+        its agent is gone; a zygote this runtime never started is not started here), SIGKILL what is left of
+        a graceful kill no zygote of ours escalates once its grace is over, keep the busy limit, re-token held
+        launches."""
         events = self._typed(self.zygote.events())  # also what a zygote that just died still had sent
-        if not self._stopped and not self.zygote.alive() and not self.zygote.starting:
+        if not self._stopped and self.zygote.pid is not None and not self.zygote.alive() and not self.zygote.starting:
             events.extend(self._restart())
+        self._escalate_kills(time.monotonic())
         if self._up():
             self._update_limit()
             self._retoken_held()
@@ -341,6 +366,9 @@ class LiteRuntime:
                 return Presence.UNKNOWN  # ours: wait for the zygote's word
         # no zygote of ours saw this agent die: its orphans reparented to init; finish the zygote's reaping
         left = proc.leftover_processes(agent, lid, table=table)
+        kill = self._kills.get(attempt.ref)
+        if left and kill is not None and time.monotonic() < kill.due:
+            return Presence.LIVE  # killed gracefully and its task still finishes its on_kill: SIGKILL at ``due``
         if left:
             reaping.append((attempt.ref, agent, lid, left))
             return Presence.LIVE  # decided by observe() once they are killed
@@ -384,26 +412,70 @@ class LiteRuntime:
             record = outcome.read_record_file(attempt.record_path, expect=attempt.ref)
         return Evidence(record, attempt.exit_status)
 
-    def kill(self, attempt: Attempt) -> Presence:
-        """SIGKILL the attempt's agent and whole subtree (GONE when nothing is left). Without a pid: ask the
-        zygote to drop or kill the launch, or kill every process found by its title or environment marker (one
-        ``/proc`` scan). Another host's attempt is never killed from here (UNKNOWN): its pid may name an
-        unrelated local process."""
+    def kill(self, attempt: Attempt, *, grace: float) -> Presence:
+        """Kill the attempt's agent and whole subtree; never blocks on ``grace`` (see the module docstring).
+
+        ``grace`` 0: SIGKILL the subtree and the attempt cgroup now; GONE when nothing is left, else LIVE.
+        ``grace`` > 0: write the attempt's kill marker, then SIGTERM + SIGCONT the agent (through our zygote's
+        ``kill`` op when it owns the agent, else from here) and answer LIVE; the subtree is SIGKILLed once the
+        grace is over (by the zygote, or by :meth:`poll`). A repeated graceful kill keeps the first deadline.
+        Without a pid: ask the zygote to drop (held) or kill (being forked) the launch, or kill every process found
+        by its title or environment marker (one ``/proc`` scan; the first, titled ones first, gets the grace).
+        Another host's attempt is never killed from here (UNKNOWN): its pid may name an unrelated local process.
+        """
         if hosts.is_foreign(attempt.host, self.host):
             return Presence.UNKNOWN
         lid = launch_id(attempt.ref)
+        launch = self._launches.get(lid)
         if attempt.pid is None or attempt.proc_start_time is None:
-            launch = self._launches.get(lid)
             if launch is not None and not launch.orphaned and self.zygote.alive():
                 # dropped if held; if it is being forked, its ``launched`` names an attempt no longer CLAIMED
-                # and the lifecycle kills it then: nothing of it can run on
+                # and the lifecycle kills it then: nothing of it can run on, and none of it ran
                 self.zygote.kill_launch(lid, grace=0)
                 return Presence.GONE
             found = _processes_of(lid, proc.ProcessTable())
-            return Presence.GONE if all([proc.kill_tree(ident) for ident in found]) else Presence.LIVE
-        self._adopted.pop(attempt.ref, None)
-        gone = proc.kill_tree(proc.ProcessIdentity(attempt.pid, int(attempt.proc_start_time)))
-        return Presence.GONE if gone else Presence.LIVE
+            if not found:
+                return Presence.GONE
+            agent, others = found[0], found[1:]
+        else:
+            agent, others = proc.ProcessIdentity(attempt.pid, int(attempt.proc_start_time)), []
+        if grace <= 0:
+            self._kills.pop(attempt.ref, None)
+            self._adopted.pop(attempt.ref, None)
+            gone = [_kill_now(agent, lid)] + [proc.kill_tree(ident) for ident in others]
+            return Presence.GONE if all(gone) else Presence.LIVE
+        if attempt.ref in self._kills:
+            return Presence.LIVE  # in its grace already: the first deadline stands
+        if not proc.is_alive(agent):
+            # nothing to give a grace to: what is left goes as proof of death does (observe kills leftovers)
+            return self.observe([attempt]).get(attempt.ref, Presence.UNKNOWN)
+        if attempt.record_path:
+            _mark_killed(attempt.record_path)
+        by_zygote = (launch is not None and not launch.orphaned and not launch.exited and self.zygote.alive()
+                     and self.zygote.kill_launch(lid, grace=grace))
+        if not by_zygote:
+            for sig in (signal.SIGTERM, signal.SIGCONT):  # SIGCONT: a stopped agent acts on its SIGTERM too
+                _signal(agent, sig)
+        self._kills[attempt.ref] = _Kill(agent, lid, time.monotonic() + grace, by_zygote)
+        log.info("attempt %s: SIGTERM to agent pid %d%s; SIGKILL of what is left in %.0f s", attempt.ref, agent.pid,
+                 " through the zygote" if by_zygote else "", grace)
+        return Presence.LIVE
+
+    def _escalate_kills(self, now: float) -> None:
+        """SIGKILL the subtree and attempt cgroup of every graceful kill whose grace is over and that no live
+        zygote of ours escalates (an adopted agent, or one whose zygote died); forget those whose zygote
+        reported the exit."""
+        for ref, kill in list(self._kills.items()):
+            launch = self._launches.get(kill.launch_id)
+            watched = kill.by_zygote and launch is not None and not launch.orphaned and self.zygote.alive()
+            if watched and launch is not None and launch.exited:
+                del self._kills[ref]
+            elif now >= kill.due and not watched:
+                del self._kills[ref]
+                if proc.is_alive(kill.agent):
+                    log.warning("attempt %s: agent pid %d outlived its kill grace; SIGKILL of its subtree", ref,
+                                kill.agent.pid)
+                _kill_now(kill.agent, kill.launch_id)  # what left the tree is found by observe's proof of death
 
     def kill_launch(self, launch_id: str) -> None:
         """Kill a launch's agent through the zygote at once (no grace: it must not run at all), and any process
@@ -422,6 +494,7 @@ class LiteRuntime:
     def forget(self, ref: AttemptRef) -> None:
         """The lifecycle closed ``ref``: drop what is remembered of it."""
         self._adopted.pop(ref, None)
+        self._kills.pop(ref, None)
         self._launches.pop(launch_id(ref), None)
 
     # --- housekeeping ------------------------------------------------------------------------------------
@@ -449,3 +522,30 @@ def _processes_of(lid: str, table: proc.ProcessTable) -> list[proc.ProcessIdenti
     marker (titled ones first), each once."""
     found = table.by_title(protocol.agent_title_marker(lid))
     return found + [ident for ident in table.by_marker(lid) if ident not in found]
+
+
+def _signal(agent: proc.ProcessIdentity, sig: int) -> None:
+    """Send ``sig`` to ``agent`` if it is still that process (pid + start time); a vanished one is fine."""
+    if proc.is_alive(agent):
+        try:
+            os.kill(agent.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _kill_now(agent: proc.ProcessIdentity, lid: str) -> bool:
+    """SIGKILL ``agent``'s subtree and the members of launch ``lid``'s attempt cgroup; True when none is left."""
+    gone = proc.kill_tree(agent)
+    return all([proc.kill_cgroup(path) for path in proc.attempt_cgroups(lid)]) and gone
+
+
+def _mark_killed(record_path: str) -> None:
+    """Write the attempt's kill marker (:func:`leoflow_agent.protocol.kill_marker_path`) before it is signalled;
+    a marker that cannot be written only costs the refusal of a failed report (logged)."""
+    path = protocol.kill_marker_path(record_path)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write("killed\n")
+    except OSError as exc:
+        log.warning("could not write the kill marker %s (%s): a failed report the kill causes will land", path, exc)
