@@ -190,7 +190,58 @@ class FaultStack(AirflowStack):
         httpx.get(f"{self.base_url}/execution/health", timeout=timeout).raise_for_status()
 
 
-class ForkLimit:
+class _CgroupV1:
+    """A throwaway cgroup (v1) of one controller that test processes are moved into and, at :meth:`close`, moved
+    back out of. Subclasses name the controller (``CONTROLLER``) and what :meth:`release` undoes first."""
+
+    CONTROLLER = ""
+
+    def __init__(self, name: str) -> None:
+        self.path = self.root() / name
+        self.path.mkdir(exist_ok=True)
+        self._origin: dict[int, Path] = {}
+
+    @classmethod
+    def root(cls) -> Path:
+        """The controller's hierarchy, ``/sys/fs/cgroup/<controller>``."""
+        return Path("/sys/fs/cgroup") / cls.CONTROLLER
+
+    @classmethod
+    def available(cls) -> bool:
+        """True when the controller's cgroup v1 hierarchy is mounted and writable."""
+        return os.access(cls.root() / "cgroup.procs", os.W_OK)
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into this cgroup; children it forks later stay in."""
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, where = line.split(":", 2)
+            if self.CONTROLLER in controllers.split(","):
+                self._origin[pid] = self.root() / where.lstrip("/")
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def release(self) -> None:
+        """Undo the controller's effect before the processes are moved out (lift a limit, thaw)."""
+
+    def close(self) -> None:
+        """:meth:`release`, move every process left to where it came from (the first added one's cgroup for its
+        children), wait up to 10 s for the cgroup to empty, remove it; errors are ignored (a process may exit
+        meanwhile, as one with a pending SIGKILL does)."""
+        fallback = next(iter(self._origin.values()), self.root())
+        try:
+            self.release()
+            for pid in (self.path / "cgroup.procs").read_text().split():
+                try:
+                    (self._origin.get(int(pid), fallback) / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass  # exiting: it leaves the cgroup as it goes
+            wait_until(lambda: not (self.path / "cgroup.procs").read_text().split(), 10, "the cgroup to empty",
+                       poll=0.05)
+            self.path.rmdir()
+        except (OSError, TimeoutError):
+            pass
+
+
+class ForkLimit(_CgroupV1):
     """A pids cgroup (v1, under ``/sys/fs/cgroup/pids``) to make one process's forks fail with EAGAIN, as a
     host at its pids limit does (root ignores ``RLIMIT_NPROC``, so ``prlimit --nproc`` cannot do it here).
 
@@ -200,25 +251,7 @@ class ForkLimit:
     cgroup. Raises ``OSError`` when the hierarchy is missing or read-only (check :meth:`available` first).
     """
 
-    ROOT = Path("/sys/fs/cgroup/pids")
-
-    def __init__(self, name: str) -> None:
-        self.path = self.ROOT / name
-        self.path.mkdir(exist_ok=True)
-        self._origin: dict[int, Path] = {}
-
-    @classmethod
-    def available(cls) -> bool:
-        """True when a pids cgroup v1 hierarchy is mounted and writable."""
-        return os.access(cls.ROOT / "cgroup.procs", os.W_OK)
-
-    def add(self, pid: int) -> None:
-        """Move process ``pid`` (all its threads) into this cgroup."""
-        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-            _, controllers, where = line.split(":", 2)
-            if "pids" in controllers.split(","):
-                self._origin[pid] = self.ROOT / where.lstrip("/")
-        (self.path / "cgroup.procs").write_text(str(pid))
+    CONTROLLER = "pids"
 
     def block(self) -> int:
         """Forbid any new task in the cgroup; returns the limit set (the tasks inside now, at least 1)."""
@@ -230,23 +263,10 @@ class ForkLimit:
         """No limit any more."""
         (self.path / "pids.max").write_text("max")
 
-    def close(self) -> None:
-        """Lift, move every process left to where it came from (the first added one's cgroup for its
-        children), remove the cgroup; errors are ignored (a process may exit meanwhile)."""
-        fallback = next(iter(self._origin.values()), self.ROOT)
-        try:
-            self.lift()
-            for pid in (self.path / "cgroup.procs").read_text().split():
-                try:
-                    (self._origin.get(int(pid), fallback) / "cgroup.procs").write_text(pid)
-                except OSError:
-                    pass
-            self.path.rmdir()
-        except OSError:
-            pass
+    release = lift
 
 
-class Freezer:
+class Freezer(_CgroupV1):
     """A freezer cgroup (v1, under ``/sys/fs/cgroup/freezer``) that holds processes in uninterruptible sleep,
     as a hung NFS mount or a dying disk does: ``ps`` shows them in state ``D`` and a SIGKILL sent to them stays
     pending (they neither run nor die) until :meth:`thaw`, when it takes effect.
@@ -258,25 +278,7 @@ class Freezer:
     in a ``finally``: a frozen process cannot be killed, so a stack's cleanup would wait on it for ever.
     """
 
-    ROOT = Path("/sys/fs/cgroup/freezer")
-
-    def __init__(self, name: str) -> None:
-        self.path = self.ROOT / name
-        self.path.mkdir(exist_ok=True)
-        self._origin: dict[int, Path] = {}
-
-    @classmethod
-    def available(cls) -> bool:
-        """True when a freezer cgroup v1 hierarchy is mounted and writable."""
-        return os.access(cls.ROOT / "cgroup.procs", os.W_OK)
-
-    def add(self, pid: int) -> None:
-        """Move process ``pid`` (all its threads) into this cgroup."""
-        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-            _, controllers, where = line.split(":", 2)
-            if "freezer" in controllers.split(","):
-                self._origin[pid] = self.ROOT / where.lstrip("/")
-        (self.path / "cgroup.procs").write_text(str(pid))
+    CONTROLLER = "freezer"
 
     def freeze(self, timeout: float = 10.0) -> None:
         """Freeze every process inside; returns once the kernel says FROZEN (``TimeoutError`` after ``timeout``
@@ -289,22 +291,7 @@ class Freezer:
         """Let every process inside run again (a pending SIGKILL then takes effect)."""
         (self.path / "freezer.state").write_text("THAWED")
 
-    def close(self) -> None:
-        """Thaw, move every process left to where it came from (the first added one's cgroup for its children),
-        remove the cgroup; errors are ignored (a process may exit meanwhile)."""
-        fallback = next(iter(self._origin.values()), self.ROOT)
-        try:
-            self.thaw()
-            for pid in (self.path / "cgroup.procs").read_text().split():
-                try:
-                    (self._origin.get(int(pid), fallback) / "cgroup.procs").write_text(pid)
-                except OSError:
-                    pass  # exiting (a pending SIGKILL): it leaves the cgroup as it goes
-            wait_until(lambda: not (self.path / "cgroup.procs").read_text().split(), 10, "the freezer cgroup to empty",
-                       poll=0.05)
-            self.path.rmdir()
-        except (OSError, TimeoutError):
-            pass
+    release = thaw
 
 
 def zygote_pid(stack: AirflowStack) -> int | None:
@@ -405,6 +392,21 @@ def callbacks(stack: AirflowStack, dag_id: str) -> Counter:
     path = stack.traces_dir / "callbacks.log"
     lines = path.read_text().splitlines() if path.exists() else []
     return Counter(tuple(line.split()[1:]) for line in lines if line.split() and line.split()[0] == dag_id)
+
+
+SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
+
+
+def catches_sigterm(pid: int) -> bool:
+    """True when ``pid`` has a SIGTERM handler installed (``SigCgt`` of ``/proc/<pid>/status``)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) & SIGTERM_BIT)
+    except OSError:
+        return False
+    return False
 
 
 def pid_alive(pid: int) -> bool:

@@ -23,14 +23,13 @@ from pathlib import Path
 import pytest
 
 from devtools import procs
-from fault_helpers import FaultStack, pid_alive, wait_until
+from fault_helpers import FaultStack, catches_sigterm, pid_alive, wait_until
 from leoflow_agent import proc
 
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(600)]
 
 ZYGOTE_DAGS = Path(__file__).resolve().parent.parent / "zygote_dags"
 DAG, TASK = "leoflow_test_on_kill_lost", "stops"
-SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 
 EXTRA = {
     "AIRFLOW__LEOFLOW__AGENT_ENV_PASSTHROUGH": procs.MARKER_VAR,  # the stack's cleanup finds our agents
@@ -50,18 +49,6 @@ class KillStack(FaultStack):
     def __init__(self, home: Path) -> None:
         super().__init__(home, extra_env=EXTRA, parallelism=2)
         self.dags_folder = ZYGOTE_DAGS.resolve()
-
-
-def catches_sigterm(pid: int) -> bool:
-    """True when ``pid`` has a SIGTERM handler installed (``SigCgt`` of ``/proc/<pid>/status``)."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) & SIGTERM_BIT)
-    except OSError:
-        return False
-    return False
 
 
 def test_the_agent_lost_reaper_runs_on_kill_and_the_task_is_redriven_on_the_infra_budget(tmp_path_factory):

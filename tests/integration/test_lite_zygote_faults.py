@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from devtools import procs
-from fault_helpers import FaultStack, pid_alive, wait_until
+from fault_helpers import FaultStack, catches_sigterm, pid_alive, wait_until
 from leoflow_agent import proc
 from lite_procs import AGENT_TITLE, agents, all_procs, descendants, scheduler, zygotes
 from zygote_client import ZygoteClient
@@ -30,7 +30,6 @@ pytestmark = [pytest.mark.airflow, pytest.mark.timeout(600)]
 
 ZYGOTE_DAGS = Path(__file__).resolve().parent.parent / "zygote_dags"
 PIDS_ROOT = "/sys/fs/cgroup/pids"
-SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 
 
 class ZygoteStack(FaultStack):
@@ -41,18 +40,6 @@ class ZygoteStack(FaultStack):
         env = {"AIRFLOW__LEOFLOW__AGENT_ENV_PASSTHROUGH": procs.MARKER_VAR, **(extra_env or {})}
         super().__init__(home, extra_env=env, parallelism=parallelism)
         self.dags_folder = ZYGOTE_DAGS.resolve()
-
-
-def catches_sigterm(pid: int) -> bool:
-    """True when ``pid`` has a SIGTERM handler installed (``SigCgt`` of ``/proc/<pid>/status``)."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) & SIGTERM_BIT)
-    except OSError:
-        return False
-    return False
 
 
 def zygote_socket(stack: FaultStack) -> str:

@@ -497,16 +497,22 @@ def test_adopted_queued_ti_whose_epoch_deferred_is_dispatched_again(world):
 
 
 # --- hole 11: the settle budget is wall-clock time -------------------------------------------------------
-def test_one_stalled_replay_stops_replaying_for_the_pass(tmp_path):
-    world = World(tmp_path, settle_timeout="10")
+def _lost_successes(world, n: int) -> list:
+    """``n`` RUNNING TIs whose agents wrote a success record and are GONE: each waits for a replay."""
     refs = []
-    for n in range(3):
-        w, ref = world.dispatched(task_id=f"t{n}")
+    for i in range(n):
+        _, ref = world.dispatched(task_id=f"t{i}")
         world.airflow.set_state(ref.ti_id, "running")
         world.record(ref, "success")
         refs.append(ref)
-    for ref in refs:
+    for ref in refs:  # only now: dispatching the next one runs a cycle
         world.runtime.presence[ref] = Presence.GONE
+    return refs
+
+
+def test_one_stalled_replay_stops_replaying_for_the_pass(tmp_path):
+    world = World(tmp_path, settle_timeout="10")
+    refs = _lost_successes(world, 3)
     world.airflow.replay_result = lambda r: SettleResult(False, False, "transport error: ReadTimeout", retryable=True)
     world.airflow.on_replay = lambda: world.clock.tick(10)
     world.life.cycle()
@@ -522,14 +528,7 @@ def test_one_stalled_replay_stops_replaying_for_the_pass(tmp_path):
 def test_a_replay_that_keeps_stalling_does_not_starve_the_other_lost_reports(tmp_path):
     """One TI's PATCH hangs on every pass; the other lost reports are still replayed, one pass each."""
     world = World(tmp_path, settle_timeout="10")
-    refs = []
-    for n in range(3):
-        w, ref = world.dispatched(task_id=f"t{n}")
-        world.airflow.set_state(ref.ti_id, "running")
-        world.record(ref, "success")
-        refs.append(ref)
-    for ref in refs:
-        world.runtime.presence[ref] = Presence.GONE
+    refs = _lost_successes(world, 3)
     stuck = refs[0]  # first in ledger order: the pass always met it first before the fix
 
     def answer(record):
