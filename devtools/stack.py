@@ -249,6 +249,7 @@ class AirflowStack:
             if time.monotonic() > deadline:
                 raise StackError(f"api-server not answering on {self.base_url}; see {self.process_logs}")
             time.sleep(0.5)
+        self.warm_execution_api(timeout=max(1.0, deadline - time.monotonic()))
         missing = set(wait_for_dags)
         while missing:
             self._check_alive()
@@ -270,6 +271,23 @@ class AirflowStack:
         for name, popen in zip(self._names, self._popens):
             if name != "migrate" and popen.poll() is not None:
                 raise StackError(f"{name} exited with {popen.returncode}; see {self.process_logs}/{name}.log")
+
+    def warm_execution_api(self, timeout: float = 180.0) -> None:
+        """Have the api-server answer one Execution API request (``GET /execution/health``); ``start()`` does.
+
+        A fresh api-server builds its Execution API sub-application on the first request to it, and that blocks
+        every request it serves: 7 to 42 s on a loaded 2-core host. A long-running deployment paid that once,
+        long ago; a scenario must not pay it while its first tasks start: every request queued behind it then
+        lands at once, and on SQLite a public-API write (its audit row is written on the event loop) meeting an
+        open ``/run`` transaction stalls the api-server for the 30 s busy timeout (CI: agents died before
+        ``/run``, the harness's own ``PATCH`` got a 500). Raises ``StackError`` when it does not answer 2xx
+        within ``timeout`` seconds.
+        """
+        try:
+            httpx.get(f"{self.base_url}/execution/health", timeout=timeout,
+                      verify=self._verify).raise_for_status()
+        except httpx.HTTPError as exc:
+            raise StackError(f"the Execution API did not answer ({exc!r}); see {self.process_logs}") from None
 
     def _api_up(self) -> bool:
         try:
@@ -340,9 +358,25 @@ class AirflowStack:
         body = self._call("GET", "/importErrors", params={"limit": 1000})
         return [{"filename": e["filename"], "stack_trace": e["stack_trace"]} for e in body["import_errors"]]
 
-    def unpause(self, dag_id: str) -> None:
-        """Unpause ``dag_id``. Raises ``StackError`` if the API refuses (e.g. unknown DAG: 404)."""
-        self._call("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+    def unpause(self, dag_id: str, *, attempts: int = 4) -> None:
+        """Unpause ``dag_id``; the call is idempotent, so a transport error or a 5xx (a busy SQLite: see
+        :meth:`warm_execution_api`) is retried, up to ``attempts`` calls. Raises ``StackError`` if the API
+        refuses (e.g. unknown DAG: 404) or every attempt failed."""
+        last: Exception | None = None
+        for attempt in range(attempts):
+            try:
+                response = self._api().patch(f"/dags/{dag_id}", json={"is_paused": False})
+            except httpx.HTTPError as exc:
+                last = exc
+            else:
+                if response.status_code < 300:
+                    return
+                if response.status_code < 500:
+                    raise StackError(f"PATCH /dags/{dag_id} answered {response.status_code}: {response.text[:500]}")
+                last = StackError(f"answered {response.status_code}")
+            time.sleep(2 * (attempt + 1))
+        raise StackError(f"PATCH /dags/{dag_id} failed {attempts} times ({last!r}); "
+                         f"see {self.process_logs}/api-server.log")
 
     def trigger(self, dag_id: str, conf: dict[str, Any] | None = None, *, attempts: int = 4) -> str:
         """Trigger a manual run of ``dag_id`` with logical date now (so ``{{ ds }}`` renders); returns run_id.

@@ -176,19 +176,6 @@ class FaultStack(AirflowStack):
         """Wait until the api-server answers again."""
         wait_until(self._api_up, timeout, "the api-server to answer")
 
-    def warm_execution_api(self, timeout: float = 180.0) -> None:
-        """Have the api-server answer one Execution API request (``GET /execution/health``) before a scenario.
-
-        A fresh api-server builds its Execution API sub-application on the first request to it, and that blocks
-        every request it serves: 8 to 42 s on a loaded 2-core host. A long-running deployment paid that once,
-        long ago; a scenario that stops the api-server, or times a re-dispatch against Airflow's own timers,
-        must not pay it in the middle (agents with lowered SDK retries die before ``/run``, a reachability probe
-        of leoflow's says "unreachable"). ``httpx.HTTPError`` when it does not answer 2xx within ``timeout``.
-        """
-        import httpx
-
-        httpx.get(f"{self.base_url}/execution/health", timeout=timeout).raise_for_status()
-
 
 class _CgroupV1:
     """A throwaway cgroup (v1) of one controller that test processes are moved into and, at :meth:`close`, moved
