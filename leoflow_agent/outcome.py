@@ -359,19 +359,25 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
+def _refusal(attempt: AttemptIdentity, reason: Reason) -> OutcomeRecord:
+    """A ``failed`` record with ``reason`` and no state or payload: the agent refused the attempt's terminal
+    report, and the reconciler treats the attempt as an infra loss."""
+    return OutcomeRecord(
+        outcome=Outcome.FAILED,
+        ti_id=attempt.ti_id,
+        try_number=attempt.try_number,
+        attempt_epoch=attempt.attempt_epoch,
+        reason=reason.value,
+    )
+
+
 def heartbeat_lost(attempt: AttemptIdentity) -> OutcomeRecord:
     """The record an agent writes when the supervisor gave up heartbeating (DESIGN §2 "Heartbeat loss").
 
     Outcome ``failed``, reason ``heartbeat_lost``, no state and no payload: the agent refuses the
     attempt's later terminal PATCH, and the reconciler treats the attempt as an infra loss.
     """
-    return OutcomeRecord(
-        outcome=Outcome.FAILED,
-        ti_id=attempt.ti_id,
-        try_number=attempt.try_number,
-        attempt_epoch=attempt.attempt_epoch,
-        reason=Reason.HEARTBEAT_LOST.value,
-    )
+    return _refusal(attempt, Reason.HEARTBEAT_LOST)
 
 
 def killed(attempt: AttemptIdentity) -> OutcomeRecord:
@@ -382,13 +388,7 @@ def killed(attempt: AttemptIdentity) -> OutcomeRecord:
     kill caused, and the reconciler re-drives the attempt as an infra loss (issue 8 hole 16), as it did when
     every kill was a SIGKILL that left no record at all.
     """
-    return OutcomeRecord(
-        outcome=Outcome.FAILED,
-        ti_id=attempt.ti_id,
-        try_number=attempt.try_number,
-        attempt_epoch=attempt.attempt_epoch,
-        reason=Reason.KILLED.value,
-    )
+    return _refusal(attempt, Reason.KILLED)
 
 
 # --------------------------------------------------------------------------------------------------
