@@ -1,6 +1,8 @@
 """The ``airflow leoflow`` CLI group (registered through the provider's ``cli`` entry).
 
-* ``airflow leoflow check``: parse ``[leoflow]`` and evaluate the resilience ladder; exit 1 on a violation.
+* ``airflow leoflow check``: parse ``[leoflow]`` and evaluate the resilience ladder; with ``runtime = kubernetes``
+  also report the namespace, image, exchange URL and audience, and ask the API server what the scheduler may do
+  there (``SelfSubjectAccessReview``); exit 1 on a violation, a missing permission or an unreachable API server.
 * ``airflow leoflow attempts [--limit N]``: list the ledger's open attempts.
 """
 
@@ -39,7 +41,48 @@ def check(args: Any) -> None:
         print(f"WARNING {rung.rung}: {rung.message} {rung.values}")
     for rung in report.violations:
         print(f"VIOLATION {rung.rung}: {rung.message}", file=sys.stderr)
-    sys.exit(1 if report.violations else 0)
+    kube_ok = _check_kubernetes(parsed) if parsed.runtime == "kubernetes" else True
+    sys.exit(1 if report.violations or not kube_ok else 0)
+
+
+def _check_kubernetes(parsed: Any) -> bool:
+    """Print what the Kubernetes runtime will use and what the scheduler's identity may do in the task namespace
+    (:mod:`leoflow_airflow.runtime.kubernetes.access`); return False when something is missing."""
+    from leoflow_airflow.api.exchange import check_can_mint
+    from leoflow_airflow.errors import ConfigError
+    from leoflow_airflow.runtime.kubernetes import access
+    from leoflow_airflow.runtime.kubernetes.review import api_client_from_config
+
+    kube = parsed.kubernetes
+    ok = True
+    print(f"kubernetes: namespace {kube.namespace}, image {kube.image}, service account {kube.service_account}")
+    print(f"kubernetes: exchange URL {kube.exchange_url}/v1/exchange, audience {kube.exchange_audience}")
+    try:
+        check_can_mint()
+    except ConfigError as exc:
+        print(f"FAIL token exchange: {exc}", file=sys.stderr)
+        ok = False
+    where = "in-cluster ServiceAccount" if kube.in_cluster else f"kubeconfig {kube.kube_config or '(default)'}"
+    try:
+        api_client = api_client_from_config(in_cluster=kube.in_cluster, kube_config=kube.kube_config)
+    except Exception as exc:  # noqa: BLE001 - reported: a config the client cannot load
+        print(f"FAIL kubernetes API access ({where}): {type(exc).__name__}: {exc}", file=sys.stderr)
+        return False
+    try:
+        results = access.review_access(api_client, kube.namespace)
+    finally:
+        api_client.close()
+    print(f"kubernetes: API server {api_client.configuration.host} as the {where}; in namespace {kube.namespace}:")
+    for result in results:
+        mark = {True: "ok  ", False: "DENY", None: "??  "}[result.allowed]
+        print(f"  {mark} {result.rule:<22} {result.rule.why}" + (f" ({result.reason})" if result.reason else ""))
+    if access.denied(results):
+        print(f"FAIL the scheduler's identity lacks {len(access.denied(results))} of {len(results)} permissions in "
+              f"namespace {kube.namespace} (grant them with a Role and RoleBinding)", file=sys.stderr)
+        ok = False
+    rules = ", ".join(str(rule) for rule in access.EXCHANGE_RULES)
+    print(f"kubernetes: the api-server's identity needs {rules} (not checked from here)")
+    return ok
 
 
 def attempts(args: Any) -> None:

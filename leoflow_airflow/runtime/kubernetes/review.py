@@ -27,6 +27,7 @@ __all__ = [
     "KubeRejected",
     "KubeUnavailable",
     "PodFacts",
+    "api_client_from_config",
     "TokenReviewResult",
 ]
 
@@ -100,6 +101,29 @@ class KubeReader(Protocol):
         ...
 
 
+def api_client_from_config(*, in_cluster: bool, kube_config: str) -> Any:
+    """A ``kubernetes.client.ApiClient`` as ``[leoflow] in_cluster`` and ``kube_config`` say, read the way the
+    cncf KubernetesExecutor reads its ``in_cluster`` and ``config_file``: the in-cluster configuration (the
+    pod's own ServiceAccount, its rotating token re-read) when ``in_cluster``; else the kubeconfig file
+    ``kube_config``, or the client's default ($KUBECONFIG, then ``~/.kube/config``) when it is "". urllib3
+    retries are off (each caller bounds its own calls).
+
+    :raises kubernetes.config.ConfigException: the configuration cannot be loaded (no in-cluster environment, a
+        malformed or missing kubeconfig).
+    :raises OSError: the kubeconfig file cannot be read.
+    """
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    if in_cluster:
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        config.load_kube_config(config_file=kube_config or None, client_configuration=configuration,
+                                persist_config=False)
+    configuration.retries = 0
+    return client.ApiClient(configuration)
+
+
 class KubeClient:
     """:class:`KubeReader` on the official ``kubernetes`` client.
 
@@ -123,26 +147,12 @@ class KubeClient:
 
     @classmethod
     def from_config(cls, *, in_cluster: bool, kube_config: str, timeout: float) -> KubeClient:
-        """A client as ``[leoflow] in_cluster`` and ``kube_config`` say, the way the cncf KubernetesExecutor
-        reads its ``in_cluster`` and ``config_file``: the in-cluster configuration (the pod's own
-        ServiceAccount, its rotating token re-read) when ``in_cluster``; else the kubeconfig file
-        ``kube_config``, or the client's default ($KUBECONFIG, then ``~/.kube/config``) when it is "".
-        urllib3 retries are off.
+        """A client on :func:`api_client_from_config` (``[leoflow] in_cluster`` / ``kube_config``).
 
-        :raises kubernetes.config.ConfigException: the configuration cannot be loaded (no in-cluster
-            environment, a malformed or missing kubeconfig).
+        :raises kubernetes.config.ConfigException: the configuration cannot be loaded.
         :raises OSError: the kubeconfig file cannot be read.
         """
-        from kubernetes import client, config
-
-        configuration = client.Configuration()
-        if in_cluster:
-            config.load_incluster_config(client_configuration=configuration)
-        else:
-            config.load_kube_config(config_file=kube_config or None, client_configuration=configuration,
-                                    persist_config=False)
-        configuration.retries = 0
-        return cls(client.ApiClient(configuration), timeout=timeout)
+        return cls(api_client_from_config(in_cluster=in_cluster, kube_config=kube_config), timeout=timeout)
 
     def close(self) -> None:
         """Release the client's connection pool (and its thread pool, if one was made). Idempotent."""
