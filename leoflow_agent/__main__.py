@@ -1,6 +1,8 @@
 """``python -m leoflow_agent serve --socket PATH``: start the Lite zygote (DESIGN §3).
+``python -m leoflow_agent pod``: the agent of one Kubernetes task pod (:mod:`leoflow_agent.podmain`).
 
-Nothing secret is accepted on this command line: workloads and tokens arrive over the socket only.
+Nothing secret is accepted on this command line: Lite workloads and tokens arrive over the socket only, and a
+task pod's agent reads only public settings from its environment and trades its projected token for the workload.
 """
 
 from __future__ import annotations
@@ -16,12 +18,20 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the Lite zygote on a Unix socket")
     serve.add_argument("--socket", required=True, help="path of the 0600 Unix socket to listen on")
     serve.add_argument("--preload", default="", help="comma-separated extra modules to import before serving")
+    pod = sub.add_parser("pod", help="run the attempt of this Kubernetes task pod (settings from LEOFLOW_* env)")
+    pod.add_argument("--termination-message-path", default=None,
+                     help="where the outcome record goes (default: /dev/termination-log, the pinned "
+                          "terminationMessagePath); for running the agent outside a pod")
     args = parser.parse_args(argv)
     if args.command == "serve":
         from leoflow_agent.zygote import serve_main
 
         extra = tuple(n.strip() for n in args.preload.split(",") if n.strip())
         return serve_main(args.socket, extra)
+    if args.command == "pod":
+        from leoflow_agent import podmain
+
+        return podmain.main(termination_path=args.termination_message_path or podmain.TERMINATION_MESSAGE_PATH)
     return 2
 
 

@@ -14,7 +14,8 @@ Answers:
        deleted, terminating or replaced pod; a second exchange of one attempt). No detail: the api-server logs
        the reason under that id. The agent stops and leaves its attempt to the reconciler.
   503  ``{"error_id": "<hex>"}`` with ``Retry-After`` (seconds): the exchange could not decide (Kubernetes or
-       the database did not answer, or the api-server cannot mint). The agent may try again.
+       the database did not answer, the api-server cannot mint, or the pod asked before the scheduler recorded
+       its attempt dispatched). The agent tries again (:mod:`leoflow_agent.podmain`).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ does not know). DESIGN §4 adds, still at v 1: ``ti_id``, ``try_number``, ``stat
 ``api_version``, ``callbacks_pending``, ``assets_dropped`` and a fourth outcome, ``deferred``.
 
 Two sinks, two sizes: the Lite record file holds the whole body (:func:`write_record_file`, bounded only
-by :data:`MAX_RECORD_BYTES`); a Kubernetes termination message keeps what fits
-:data:`TERMINATION_MESSAGE_BUDGET` bytes (:func:`encode` with ``budget=``).
+by :data:`MAX_RECORD_BYTES`); a Kubernetes termination message keeps what fits the pod's byte budget
+(:func:`write_termination_message`, :func:`encode` with ``budget=``).
 
 This module is standard library only: the in-pod agent and the control plane both import it.
 
@@ -52,8 +52,11 @@ __all__ = [
     "Reason",
     "RecordTooLarge",
     "WrittenRecord",
+    "agent_start_failed",
     "decode",
     "encode",
+    "exchange_refused",
+    "exchange_unreachable",
     "format_rfc3339",
     "heartbeat_lost",
     "killed",
@@ -62,6 +65,7 @@ __all__ = [
     "record_for_state",
     "truncate_utf8",
     "write_record_file",
+    "write_termination_message",
 ]
 
 VERSION = 1
@@ -115,6 +119,10 @@ class Reason(enum.StrEnum):
     EXECUTION_TIMEOUT = "execution_timeout"
     AGENT_START_FAILED = "agent_start_failed"
     RUN_REFUSED = "run_refused"
+    EXCHANGE_REFUSED = "exchange_refused"
+    """A task pod's token exchange was answered 403 (or another final refusal): the attempt never started."""
+    EXCHANGE_UNREACHABLE = "exchange_unreachable"
+    """A task pod's token exchange got no usable answer before the agent's exchange deadline."""
 
 
 CALLBACKS_PENDING_STATES = frozenset({"success", "up_for_retry"})
@@ -359,14 +367,17 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def _refusal(attempt: AttemptIdentity, reason: Reason) -> OutcomeRecord:
+def _refusal(attempt: AttemptIdentity | None, reason: Reason) -> OutcomeRecord:
     """A ``failed`` record with ``reason`` and no state or payload: the agent refused the attempt's terminal
-    report, and the reconciler treats the attempt as an infra loss."""
+    report (or never started it), and the reconciler treats the attempt as an infra loss, or re-dispatches it
+    when Airflow still holds it QUEUED. ``attempt`` ``None``: the agent does not know its attempt (a task pod
+    before its exchange); the record then carries no identity, which :func:`decode` accepts (the reader checks
+    the pod's labels)."""
     return OutcomeRecord(
         outcome=Outcome.FAILED,
-        ti_id=attempt.ti_id,
-        try_number=attempt.try_number,
-        attempt_epoch=attempt.attempt_epoch,
+        ti_id=attempt.ti_id if attempt else None,
+        try_number=attempt.try_number if attempt else None,
+        attempt_epoch=attempt.attempt_epoch if attempt else None,
         reason=reason.value,
     )
 
@@ -389,6 +400,30 @@ def killed(attempt: AttemptIdentity) -> OutcomeRecord:
     every kill was a SIGKILL that left no record at all.
     """
     return _refusal(attempt, Reason.KILLED)
+
+
+def exchange_refused(attempt: AttemptIdentity | None = None) -> OutcomeRecord:
+    """The record a task pod's agent writes when its token exchange was refused for good (HTTP 403: a stale
+    epoch, a second exchange, a replaced or terminating pod, ...). The agent never reached ``/run``.
+
+    Outcome ``failed``, reason ``exchange_refused``, no state, no payload, and (before a grant) no attempt
+    identity: the reconciler re-dispatches the attempt when Airflow still holds its TI QUEUED (never a user
+    retry), and otherwise closes it (DESIGN §2's table).
+    """
+    return _refusal(attempt, Reason.EXCHANGE_REFUSED)
+
+
+def exchange_unreachable(attempt: AttemptIdentity | None = None) -> OutcomeRecord:
+    """The record a task pod's agent writes when its token exchange got no usable answer (transport errors,
+    timeouts, 5xx) until its exchange deadline ran out. Read like :func:`exchange_refused`."""
+    return _refusal(attempt, Reason.EXCHANGE_UNREACHABLE)
+
+
+def agent_start_failed(attempt: AttemptIdentity | None = None) -> OutcomeRecord:
+    """The record an agent writes when it could not start its attempt's supervisor (a malformed environment
+    or workload); ``attempt`` ``None`` when it failed before it knew its attempt. Read like
+    :func:`exchange_refused`."""
+    return _refusal(attempt, Reason.AGENT_START_FAILED)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -522,9 +557,21 @@ def decode(text: str | bytes | None, *, expect: AttemptIdentity | None = None) -
     is present and differs (an absent one is accepted; the caller has checked it against the pod's
     labels or the ledger, seed 003). Unknown keys are ignored (additive evolution); ``reason`` longer
     than :data:`MAX_REASON_LEN` bytes is truncated, not rejected; ``attempt_epoch`` 0 reads as absent.
+
+    A termination message may arrive as ``"<runtime message>: <record>"`` (the kubelet prepends the container
+    runtime's own message when there is one): when the whole text is no record, the record is read from a
+    later ``{"v":1`` (the last one that starts a valid record to the end of the text, at most
+    :data:`_MAX_PREFIX_CANDIDATES` tried). A message the kubelet cut, at its head (it keeps a file's last 4096
+    bytes) or at its tail (the pod-wide 12288-byte share keeps the head), is not valid JSON and stays "no
+    record".
     """
     try:
-        record = _decode_fields(text, ceiling=MAX_RECORD_BYTES)
+        try:
+            record = _decode_fields(text, ceiling=MAX_RECORD_BYTES)
+        except Exception:  # noqa: BLE001 - not a record as a whole; perhaps after a prefix
+            record = None
+        if record is None:
+            record = _decode_after_prefix(text)
         if record is None or expect is None:
             return record
         for name in ("ti_id", "try_number", "attempt_epoch"):
@@ -534,6 +581,54 @@ def decode(text: str | bytes | None, *, expect: AttemptIdentity | None = None) -
         return record
     except Exception:  # noqa: BLE001 - the contract: bad input is "no record", whatever it is
         return None
+
+
+_RECORD_START = '{"v":%d' % VERSION
+_MAX_PREFIX_CANDIDATES = 16
+"""How many ``{"v":1`` positions :func:`decode` tries after a prefix (from the last one back): a record has one at
+its start and one per nested object with a ``v`` key, so a few suffice, and a hostile text is never parsed
+more than this many times."""
+
+
+def _decode_after_prefix(text: str | bytes | None) -> OutcomeRecord | None:
+    """The record that ends ``text`` after some prefix (a runtime message), or ``None``. Tries each
+    :data:`_RECORD_START` after position 0, last first: a suffix starting at a nested object's ``{"v":1`` is never
+    valid JSON (the outer object's closing braces follow it), so the first suffix that decodes starts at the
+    record's own opening brace. May raise on pathological input (:func:`decode` catches it)."""
+    text = _as_text(text, ceiling=MAX_RECORD_BYTES)
+    if text is None:
+        return None
+    end = len(text)
+    for _ in range(_MAX_PREFIX_CANDIDATES):
+        start = text.rfind(_RECORD_START, 1, end)
+        if start < 0:
+            return None
+        try:
+            record = _decode_fields(text[start:], ceiling=MAX_RECORD_BYTES)
+        except ValueError:  # not JSON from there (json.JSONDecodeError is one): try an earlier opening
+            record = None
+        if record is not None:
+            return record
+        end = start + len(_RECORD_START) - 1
+    return None
+
+
+def _as_text(text: Any, *, ceiling: int | None) -> str | None:
+    """``text`` as ``str``: bytes-like decoded as strict UTF-8; ``None`` for anything else, invalid UTF-8, or
+    more than ``ceiling`` bytes (``None``: no limit)."""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        raw = bytes(text)
+        if ceiling is not None and len(raw) > ceiling:
+            return None
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(text, str):
+        return None
+    if ceiling is not None and (len(text) > ceiling or len(text.encode("utf-8", "surrogatepass")) > ceiling):
+        return None
+    return text
 
 
 def _reject_constant(name: str) -> Any:
@@ -549,21 +644,8 @@ def _is_int(value: Any) -> bool:
 def _decode_fields(text: str | bytes | None, *, ceiling: int | None) -> OutcomeRecord | None:
     """The validating core of :func:`decode` (no attempt check). May raise on pathological input;
     :func:`decode` catches everything."""
-    if text is None:
-        return None
-    if isinstance(text, (bytes, bytearray, memoryview)):
-        raw = bytes(text)
-        if ceiling is not None and len(raw) > ceiling:
-            return None
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    elif not isinstance(text, str):
-        return None
-    elif ceiling is not None and (len(text) > ceiling or len(text.encode("utf-8", "surrogatepass")) > ceiling):
-        return None
-    if not text.strip():
+    text = _as_text(text, ceiling=ceiling)
+    if text is None or not text.strip():
         return None
     doc = json.loads(text, parse_constant=_reject_constant)
     if not isinstance(doc, dict):
@@ -661,10 +743,7 @@ def write_record_file(path: str | os.PathLike, record: OutcomeRecord) -> Written
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(target) + ".", suffix=".tmp")
     try:
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            _write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -680,6 +759,38 @@ def write_record_file(path: str | os.PathLike, record: OutcomeRecord) -> Written
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    return WrittenRecord(size=len(data), assets_dropped=assets_dropped)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may write less than asked). Raises ``OSError``."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def write_termination_message(path: str | os.PathLike, record: OutcomeRecord, *, budget: int) -> WrittenRecord:
+    """Make the file at ``path`` (a container's ``terminationMessagePath``) hold exactly ``encode(record,
+    budget=budget)``; returns what was written (:class:`WrittenRecord`).
+
+    The whole file, never appended to: opened ``O_WRONLY | O_CREAT | O_TRUNC`` (mode 0644 when created), written,
+    fsynced, closed. The kubelet keeps the file's last 4096 bytes and cuts the pod's messages to 12288 bytes over
+    its containers, so what it reports is the record only when the file holds nothing else, within ``budget``
+    (the pod builder's ``LEOFLOW_TERMINATION_MESSAGE_BUDGET``). Not a rename: the file is a bind mount, which
+    cannot be replaced. A crash between the truncation and the write leaves an empty or cut file, which reads as
+    "no record" (never a wrong one).
+
+    Raises ``OSError`` on any I/O failure, :class:`RecordTooLarge`/``ValueError`` from :func:`encode` for a record
+    that cannot be written within ``budget`` (the file is then left as it was).
+    """
+    data, assets_dropped = _encode_bytes(record, budget=budget)
+    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     return WrittenRecord(size=len(data), assets_dropped=assets_dropped)
 
 

@@ -2,18 +2,22 @@
 
 The agent is the Task SDK supervisor: it calls ``supervise_task(..., client=...)`` with an SDK client whose
 HTTP transport is a :class:`~leoflow_agent.transport.RecordingTransport` (DESIGN §3 "Run"). Callbacks and
-connection tests run through ``BaseExecutor.run_workload`` unchanged.
+connection tests run through ``BaseExecutor.run_workload`` unchanged. A task pod's agent runs its workload
+through the same :func:`supervise_attempt` (:mod:`leoflow_agent.podmain`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from leoflow_agent import outcome
 from leoflow_agent.protocol import Ev, agent_title_marker, ev_message
+
+if TYPE_CHECKING:
+    from leoflow_agent.transport import RecordSink
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +61,7 @@ def run_launch(
     :returns: 0 when the supervisor returned (whatever the task's outcome: exit codes are never the outcome,
         DESIGN §3); 1 when the workload could not be started.
     """
-    import httpx
-
     from airflow.executors.workloads import ExecuteTask
-    from airflow.sdk.api.client import Client
-    from airflow.sdk.execution_time.supervisor import supervise_task
 
     workload = decode_workload(message["workload"])
     server = message["server"]
@@ -74,40 +74,85 @@ def run_launch(
     ti = workload.ti
     attempt = outcome.AttemptIdentity(str(ti.id), int(ti.try_number), int(message["attempt_epoch"]))
     sinks = []
-    if message.get("record_path"):
-        from leoflow_agent.transport import file_sink
-
-        sinks.append(file_sink(message["record_path"]))
-    from leoflow_agent.transport import RecordingTransport
-
     killed: Callable[[], bool] = _never_killed
     if message.get("record_path"):
         import functools
 
         from leoflow_agent.protocol import kill_marker_path
+        from leoflow_agent.transport import file_sink
 
+        sinks.append(file_sink(message["record_path"]))
         killed = functools.partial(os.path.exists, kill_marker_path(message["record_path"]))
-
-    transport = RecordingTransport(
-        httpx.HTTPTransport(retries=0, verify=sdk_ssl_context()),
-        attempt=attempt,
-        sinks=sinks,
-        on_reported=lambda state, recorded: report(reported_event(state, recorded)),
-        fault=message.get("fault"),
-        max_failed_heartbeats=_conf_int("workers", "max_failed_heartbeats", 3),
-        task_log=task_log_writer(workload.log_path),
-        killed=killed,
-    )
     from leoflow_agent.proc import ATTEMPT_ENV
 
     os.environ[ATTEMPT_ENV] = str(message["launch_id"])  # lets a successor find this attempt's orphans
     if message.get("fault") == "mid_task":
         _arm_mid_task_fault(message)
-    from leoflow_agent.transport import heartbeat_counting_client
+    return supervise_attempt(
+        workload,
+        server=server,
+        attempt=attempt,
+        sinks=sinks,
+        on_reported=lambda state, recorded: report(reported_event(state, recorded)),
+        fault=message.get("fault"),
+        killed=killed,
+        title=agent_title_marker(message["launch_id"]),
+    )
 
+
+def supervise_attempt(
+    workload: Any,
+    *,
+    server: str,
+    attempt: outcome.AttemptIdentity,
+    sinks: Sequence[RecordSink],
+    on_reported: Callable[[str, bool], None],
+    fault: str | None = None,
+    killed: Callable[[], bool] | None = None,
+    title: str = "",
+    subprocess_logs_to_stdout: bool = False,
+) -> int:
+    """Run one ``ExecuteTask`` workload under the Task SDK supervisor with leoflow's wrapping transport; the one
+    way every agent runs a task (a Lite agent: :func:`run_launch`; a task pod: :mod:`leoflow_agent.podmain`).
+
+    The SDK client's HTTP transport is a :class:`~leoflow_agent.transport.RecordingTransport` over a plain
+    ``httpx.HTTPTransport`` (the SDK's own SSL context, no transport retries: the SDK client retries), and the
+    client class counts heartbeats as the supervisor does (:func:`~leoflow_agent.transport.heartbeat_counting_client`).
+
+    :param workload: an ``airflow.executors.workloads.ExecuteTask`` carrying its workload token.
+    :param server: the Execution API's base URL (``…/execution/``).
+    :param attempt: the attempt stamped on every outcome record.
+    :param sinks: where outcome records go, each written before a terminal PATCH leaves.
+    :param on_reported: ``(state, recorded)`` once a terminal PATCH returned 2xx.
+    :param fault: a fault-injection point (test mode only) or ``None``.
+    :param killed: ``killed() -> bool`` (see ``RecordingTransport``); ``None``: never killed by leoflow.
+    :param title: the process title's prefix (followed by ``dag_id.task_id map_index=N``).
+    :param subprocess_logs_to_stdout: the task's log lines also go to stdout (a pod's log), as Airflow's
+        ``execute_workload`` has them in a KubernetesExecutor pod.
+    :returns: 0 once the supervisor returned, whatever the task's outcome (exit codes are never the outcome,
+        DESIGN §3). Whatever the supervisor raises propagates.
+    """
+    import httpx
+
+    from airflow.sdk.api.client import Client
+    from airflow.sdk.execution_time.supervisor import supervise_task
+
+    from leoflow_agent.transport import RecordingTransport, heartbeat_counting_client
+
+    ti = workload.ti
+    transport = RecordingTransport(
+        httpx.HTTPTransport(retries=0, verify=sdk_ssl_context()),
+        attempt=attempt,
+        sinks=sinks,
+        on_reported=on_reported,
+        fault=fault,
+        max_failed_heartbeats=_conf_int("workers", "max_failed_heartbeats", 3),
+        task_log=task_log_writer(workload.log_path),
+        killed=killed or _never_killed,
+    )
     client = heartbeat_counting_client(Client)(base_url=server, token=workload.token, transport=transport)
     client.leoflow_transport = transport
-    _set_title(f"{agent_title_marker(message['launch_id'])} {ti.dag_id}.{ti.task_id} map_index={ti.map_index}")
+    _set_title(f"{title} {ti.dag_id}.{ti.task_id} map_index={ti.map_index}".strip())
     supervise_task(
         ti=ti,
         bundle_info=workload.bundle_info,
@@ -116,6 +161,7 @@ def run_launch(
         server=server,
         log_path=workload.log_path,
         client=client,
+        subprocess_logs_to_stdout=subprocess_logs_to_stdout,
         sentry_integration=getattr(workload, "sentry_integration", ""),
     )
     return 0

@@ -61,6 +61,17 @@ def file_sink(path: str) -> RecordSink:
     return write
 
 
+def termination_sink(path: str, budget: int) -> RecordSink:
+    """Return a sink that makes the file at ``path`` (a task pod's termination message) hold exactly the record,
+    encoded within ``budget`` bytes (:func:`~leoflow_agent.outcome.write_termination_message`: truncate, write,
+    fsync; never append)."""
+
+    def write(record: outcome.OutcomeRecord) -> outcome.WrittenRecord:
+        return outcome.write_termination_message(path, record, budget=budget)
+
+    return write
+
+
 def _no_task_log(level: str, message: str) -> None:
     """The default :data:`TaskLog`: the agent's own log only."""
 
@@ -179,7 +190,7 @@ class RecordingTransport(httpx.BaseTransport):
             self._tell(
                 "warning",
                 f"leoflow's outcome record of this attempt left out its {events} asset events and {outlets} task "
-                f"outlets to fit {outcome.MAX_RECORD_BYTES} bytes. The {state} report sent now carries them all; "
+                f"outlets to fit its size limit. The {state} report sent now carries them all; "
                 "only if that report is lost does leoflow replay the record, and then no asset event is registered.",
             )
         return state, not failures

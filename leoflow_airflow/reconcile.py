@@ -63,8 +63,11 @@ def decide(
         if record is not None and record.payload is not None and record.state is not None:
             return Action(Act.REPLAY, Resolution.REPLAYED, f"the {record.state} report was lost; replaying it")
         return Action(Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE, "the agent died with no outcome record")
-    if ti.state == "queued" and record is None and not reported:
-        return Action(Act.REDISPATCH, Resolution.REDISPATCHED, "the agent died before /run")
+    if ti.state == "queued" and not reported and (record is None or record.state is None):
+        # no record, or one that reports no state (a task pod whose exchange was refused or never answered, an
+        # agent that could not start): the agent never reached /run
+        why = "the agent died before /run" if record is None else f"the agent never reached /run ({record.reason})"
+        return Action(Act.REDISPATCH, Resolution.REDISPATCHED, why)
     if reported or (record is not None and record.state == ti.state):
         return Action(Act.CLOSE, Resolution.REPORTED, f"Airflow has the agent's report (now {ti.state})")
     if record is not None and record.state in ("up_for_reschedule", "deferred", "awaiting_input"):

@@ -12,7 +12,8 @@ The checks, in this order (:meth:`Exchange.exchange`); the first that fails refu
    has no ``deletionTimestamp`` (Kubernetes still authenticates a terminating pod's token for its grace period
    + 60 s: this check is what closes that window);
 6. the pod's identity annotation names the ledger's CURRENT epoch of its ``ti_id``, a Kubernetes attempt in
-   state ``dispatched``, not exchanged yet, and (where the ledger recorded them) this pod's name and UID;
+   state ``dispatched``, not exchanged yet, and (where the ledger recorded them) this pod's name and UID; an
+   attempt still ``claimed`` (the pod asked before the scheduler recorded its create) is undecided, 503;
 7. the stored workload is rebuilt with a token minted now, exactly as Airflow mints one
    (``ExecuteTask.generate_token`` with a ``JWTGenerator`` built like ``BaseExecutor.jwt_generator``);
 8. one guarded ledger write marks the attempt exchanged with the review's credential id (``JTI=…``); only if it
@@ -102,6 +103,7 @@ UNAVAILABLE: frozenset[str] = frozenset({
     "ledger_unavailable",  # the ledger could not be read or written
     "cannot_mint",        # no JWT generator: [api_auth] jwt_secret / jwt_private_key_path missing or unusable
     "not_configured",     # runtime = kubernetes, but the exchange's settings or Kubernetes client are unusable
+    "not_yet_dispatched",  # the attempt is still claimed: its pod asked before the scheduler recorded it dispatched
 })
 """Why an exchange could not be decided (503). Logged with the ``error_id``; never sent to the caller."""
 
@@ -251,6 +253,10 @@ class Exchange:
         if attempt.exchanged_at is not None:
             raise Refused("already_exchanged", f"{where}: exchanged at {attempt.exchanged_at.isoformat()} "
                                                f"with credential {attempt.exchange_credential_id}")
+        if attempt.state is AttemptState.CLAIMED:
+            # the scheduler created the pod and has not yet recorded it dispatched (pod creation is asynchronous,
+            # so a fast pod can ask first): undecided, the agent asks again
+            raise Unavailable("not_yet_dispatched", f"{where}: state claimed")
         if attempt.state is not AttemptState.DISPATCHED:
             raise Refused("not_dispatched", f"{where}: state {attempt.state.value}")
         if (attempt.pod_name is not None and attempt.pod_name != pod.name) or (

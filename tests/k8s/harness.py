@@ -19,9 +19,14 @@ Mount points that do not exist on the host are created empty (and removed by ``s
 is only ever visible inside the pod's own namespace, so concurrent pods never see each other's files.
 
 Status goes back through the pod's ``status`` subresource: Running with ``state.running`` when the
-processes start; Succeeded/Failed with ``state.terminated`` (exit code, reason Completed/Error, message =
-the termination file's content, at most 4096 bytes, or the log tail for ``FallbackToLogsOnError``) when
-they end. A pod that is deleted while running gets SIGTERM, SIGKILL after its grace period, and is then
+processes start; Succeeded/Failed with ``state.terminated`` (exit code, reason Completed/Error, message) when
+they end. The message is made as the kubelet makes it (``research/k8s-runtime-facts.md`` §6.1): the **last**
+4096 bytes of the termination file (``tail.ReadAtMost``), or the log tail for ``FallbackToLogsOnError``
+(exit code not 0 and the file empty: the last 80 lines, at most 2048 bytes); then, when
+``NodeHarness.runtime_message`` is set, that text and ``": "`` in front (what the kubelet does when the
+container runtime reports a message of its own); then the pod-wide cap, which keeps the **head** of every
+container's message, ``12288 // (containers + initContainers + ephemeralContainers)`` bytes, a raw byte slice
+that may split a UTF-8 character (shown as U+FFFD, as the API server's JSON encoding shows it). A pod that is deleted while running gets SIGTERM, SIGKILL after its grace period, and is then
 removed with grace 0 and a UID precondition, as the kubelet does.
 
 Environment the process gets: the container's ``env`` (``value``, ``fieldRef`` on metadata.name,
@@ -56,6 +61,26 @@ from kubernetes.client.rest import ApiException
 HARNESS_LABEL = "leoflow.test/harness"
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 MAX_MESSAGE_BYTES = 4096
+"""The kubelet keeps the last this many bytes of a termination-message file (``MaxContainerTerminationMessageLength``)."""
+MAX_POD_MESSAGE_BYTES = 12288
+"""… and cuts each container's message to this // (containers + initContainers + ephemeralContainers) bytes
+(``MaxPodTerminationMessageLogLength``; ``status_manager.normalizeStatus``)."""
+MAX_LOG_MESSAGE_LINES, MAX_LOG_MESSAGE_BYTES = 80, 2048
+"""``FallbackToLogsOnError``: the last 80 lines of the log, at most 2048 bytes."""
+
+
+def kubelet_message(file_content: bytes, *, containers: int, runtime_message: str | None = None,
+                    log_tail: bytes | None = None) -> str:
+    """The ``state.terminated.message`` the kubelet reports for one container whose termination file holds
+    ``file_content``, in a pod of ``containers`` containers (all kinds counted, >= 1): the file's last
+    :data:`MAX_MESSAGE_BYTES` bytes (``log_tail`` instead when given: the caller decided the log fallback
+    applies), ``runtime_message + ": "`` in front when given, then the head
+    ``MAX_POD_MESSAGE_BYTES // containers`` bytes, decoded as the API server's JSON shows invalid UTF-8."""
+    data = log_tail if log_tail is not None else file_content[-MAX_MESSAGE_BYTES:]
+    if runtime_message:
+        data = runtime_message.encode() + b": " + data
+    data = data[:MAX_POD_MESSAGE_BYTES // max(1, containers)]
+    return data.decode(errors="replace")
 
 
 class HarnessError(RuntimeError):
@@ -402,13 +427,17 @@ class _PodRun:
                     raise
 
     def _message(self, c: client.V1Container, code: int) -> str:
-        """Return the termination message: the file's content, else (FallbackToLogsOnError and a failure)
-        the log tail; both cut to 4096 bytes."""
-        data = (self.dir / f"termination-{c.name}").read_bytes()[:MAX_MESSAGE_BYTES]
+        """Return the container's termination message as the kubelet makes it (:func:`kubelet_message`): the
+        file's last 4096 bytes, else (FallbackToLogsOnError, a failure, an empty file) the log tail; the
+        harness's ``runtime_message`` in front when set; cut to the pod-wide share keeping the head."""
+        data = (self.dir / f"termination-{c.name}").read_bytes()
+        tail = None
         if not data and code != 0 and c.termination_message_policy == "FallbackToLogsOnError":
-            lines = (self.dir / f"{c.name}.log").read_bytes().splitlines()[-80:]
-            data = b"\n".join(lines)[-2048:]
-        return data.decode(errors="replace")
+            lines = (self.dir / f"{c.name}.log").read_bytes().splitlines()[-MAX_LOG_MESSAGE_LINES:]
+            tail = b"\n".join(lines)[-MAX_LOG_MESSAGE_BYTES:]
+        spec = self.pod.spec
+        count = sum(len(getattr(spec, f) or []) for f in ("containers", "init_containers", "ephemeral_containers"))
+        return kubelet_message(data, containers=count, runtime_message=self.h.runtime_message, log_tail=tail)
 
     def _stop_procs(self, grace: float) -> None:
         """SIGTERM every running process group, SIGKILL what is left after `grace` seconds."""
@@ -459,6 +488,10 @@ class NodeHarness:
         refresh_after_seconds: if set, refresh tokens at this fixed period instead (tests of the refresh).
         unshare: the unshare command to use.
 
+    Attribute ``runtime_message`` (default ``None``): when set, every termination message the harness reports
+    from then on gets this text and ``": "`` in front, as a kubelet does when the container runtime has a
+    message of its own. The session fixture's harness is shared: a test sets it with ``monkeypatch.setattr``.
+
     Raises HarnessError from the constructor when unshare is missing or cannot make mount namespaces.
     Use ``start()`` / ``stop()``, or the object as a context manager.
     """
@@ -477,6 +510,7 @@ class NodeHarness:
         self.refresh_fraction, self.refresh_after_seconds = refresh_fraction, refresh_after_seconds
         self.runs: dict[str, _PodRun] = {}
         self.errors: list[str] = []
+        self.runtime_message: str | None = None
         self._created_mount_points: list[tuple[Path, bool]] = []
         self._mp_lock = threading.Lock()
         self._stop = threading.Event()

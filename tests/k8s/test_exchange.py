@@ -291,9 +291,29 @@ def test_a_second_exchange_of_one_attempt_is_refused(xenv, caplog):
     assert xenv.store.get(ref).exchange_credential_id == f"JTI={jwt_claims(token)['jti']}"
 
 
-def test_an_attempt_not_dispatched_yet_is_refused(xenv, caplog):
+def test_an_attempt_not_dispatched_yet_is_undecided_then_granted(xenv, caplog):
+    """The pod asked before the scheduler recorded its attempt DISPATCHED (pod creation is asynchronous): 503
+    with Retry-After and nothing recorded, so the agent asks again; once recorded, the same token is granted."""
     ref = xenv.attempt(state=AttemptState.CLAIMED)
-    assert refused(caplog, xenv.exchange(request_body(xenv.token(xenv.pod(ref))))) == "not_dispatched"
+    pod = xenv.pod(ref)
+    token = xenv.token(pod)
+    r = xenv.exchange(request_body(token))
+    assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text
+    assert [m for m in caplog.messages if r.json()["error_id"] in m and "reason=not_yet_dispatched" in m]
+    assert xenv.store.get(ref).exchanged_at is None
+    assert xenv.store.transition(ref, expected=[AttemptState.CLAIMED], to=AttemptState.DISPATCHED,
+                                 pod_name=pod.metadata.name, pod_uid=pod.metadata.uid)
+    r = xenv.exchange(request_body(token))
+    assert r.status_code == 200, r.text
+    assert decode_grant(r.content).ti_id == ref.ti_id
+
+
+def test_a_closed_attempt_is_refused(xenv, caplog):
+    ref = xenv.attempt(state=AttemptState.CLAIMED)
+    pod = xenv.pod(ref)
+    assert xenv.store.transition(ref, expected=[AttemptState.CLAIMED], to=AttemptState.CLOSED,
+                                 resolution=Resolution.ABANDONED)
+    assert refused(caplog, xenv.exchange(request_body(xenv.token(pod)))) == "not_dispatched"
 
 
 @pytest.mark.parametrize("body, reason", [

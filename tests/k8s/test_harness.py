@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 
 from .conftest import HARNESS_NODE, wait_for
-from .harness import HarnessError, NodeHarness, decode_jwt_claims
+from .harness import HarnessError, NodeHarness, decode_jwt_claims, kubelet_message
 
 pytestmark = pytest.mark.k8s
 
@@ -93,6 +93,61 @@ def test_failed_command_reports_exit_code_and_falls_back_to_logs(harness, core, 
     term = pod.status.container_statuses[0].state.terminated
     assert (pod.status.phase, term.exit_code) == ("Failed", 2)
     assert term.message == "first\nlast-words"
+
+
+WRITE_MESSAGE = "import os; open('/dev/termination-log', 'wb').write(bytes.fromhex(os.environ['CONTENT']))"
+
+
+def _message_pod(h: NodeHarness, name: str, contents: list[bytes]) -> client.V1Pod:
+    """A harness pod of one container per item of ``contents``, each writing its item as its whole termination
+    message and exiting 0."""
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels=h.pod_labels),
+        spec=client.V1PodSpec(node_name=h.node_name, restart_policy="Never", automount_service_account_token=False,
+                              containers=[client.V1Container(
+                                  name=f"c{i}", image="leoflow.test/none:0",
+                                  command=[sys.executable, "-c", WRITE_MESSAGE],
+                                  env=[client.V1EnvVar(name="CONTENT", value=content.hex())])
+                                  for i, content in enumerate(contents)]))
+
+
+def _messages(core, ns: str, name: str) -> dict[str, str]:
+    pod = _terminated(core, ns, name)
+    assert pod.status.phase == "Succeeded", pod.status
+    return {s.name: s.state.terminated.message or "" for s in pod.status.container_statuses}
+
+
+def test_kubelet_message_keeps_the_files_tail_then_the_pod_shares_head():
+    """The kubelet's two cuts in their order (research/k8s-runtime-facts.md §6.1), without a cluster."""
+    body = b"H" * 1000 + b"T" * 4000
+    assert kubelet_message(body, containers=1) == "H" * 96 + "T" * 4000          # the last 4096 bytes
+    assert kubelet_message(body, containers=4) == ("H" * 96 + "T" * 4000)[:3072]  # then 12288 // 4, the head
+    assert kubelet_message(b"abc", containers=2, runtime_message="rt said") == "rt said: abc"
+    assert kubelet_message(b"x" * 4096, containers=6, runtime_message="rt") == "rt: " + "x" * 2044
+    assert kubelet_message("é".encode() * 2000, containers=5) == "é" * 1228 + "\ufffd"  # 2457 bytes: split
+    assert kubelet_message(b"", containers=1, log_tail=b"last words") == "last words"
+
+
+def test_a_long_termination_file_loses_its_head_not_its_tail(harness, core, namespace):
+    """A file longer than 4096 bytes is reported by its last 4096 bytes, as tail.ReadAtMost reads it."""
+    core.create_namespaced_pod(namespace, _message_pod(harness, "long", [b"HEAD" + b"h" * 2000 + b"t" * 4000 + b"END"]))
+    assert _messages(core, namespace, "long") == {"c0": "h" * 93 + "t" * 4000 + "END"}
+
+
+def test_every_containers_message_is_cut_to_its_share_of_the_pod_budget(harness, core, namespace):
+    """Four containers: each message keeps its first 12288 // 4 = 3072 bytes (after the 4096-byte tail), a raw
+    byte slice that can split a character; a message within its share is whole."""
+    contents = [b"a" * 4000, b"b" + "é".encode() * 1999, b"short", b"z" * 3072]
+    core.create_namespaced_pod(namespace, _message_pod(harness, "four", contents))
+    assert _messages(core, namespace, "four") == {
+        "c0": "a" * 3072, "c1": "b" + "é" * 1535 + "\ufffd", "c2": "short", "c3": "z" * 3072}
+
+
+def test_the_runtime_prefix_switch_puts_the_runtimes_message_in_front(harness, core, namespace, monkeypatch):
+    monkeypatch.setattr(harness, "runtime_message", "container runtime: OOM score adjusted")
+    core.create_namespaced_pod(namespace, _message_pod(harness, "prefixed", [b'{"v":1,"outcome":"failed"}']))
+    assert _messages(core, namespace, "prefixed") == {
+        "c0": 'container runtime: OOM score adjusted: {"v":1,"outcome":"failed"}'}
 
 
 def test_token_is_bound_to_pod_with_volume_audience_and_refreshed(harness, api, core, namespace):

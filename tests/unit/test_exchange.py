@@ -362,10 +362,24 @@ def test_a_try_number_other_than_the_ledgers_is_a_stale_epoch(world, caplog):
     assert refused_reason(caplog, world.post(request_body(TOKEN))) == "stale_epoch"
 
 
-@pytest.mark.parametrize("state", [S.CLAIMED, S.CLOSED])
-def test_an_attempt_not_dispatched_is_refused(world, caplog, state):
-    world.attempt(state=state)
+def test_a_closed_attempt_is_refused(world, caplog):
+    world.attempt(state=S.CLOSED)
     assert refused_reason(caplog, world.post(request_body(TOKEN))) == "not_dispatched"
+
+
+def test_an_attempt_still_claimed_is_undecided_until_the_scheduler_records_it_dispatched(world, caplog):
+    """Pod creation is asynchronous: a pod can ask before the scheduler recorded its attempt DISPATCHED. That
+    answer is a 503 with Retry-After (the agent asks again), nothing recorded; once DISPATCHED, the same token is
+    granted."""
+    ref, name, uid = world.attempt(state=S.CLAIMED)
+    answer = world.post(request_body(TOKEN))
+    assert answer.status == 503 and set(answer.body) == {"error_id"} and answer.headers["Retry-After"] == "5"
+    [line] = [r.getMessage() for r in caplog.records if answer.body["error_id"] in r.getMessage()]
+    assert "reason=not_yet_dispatched" in line
+    assert world.store.get(ref).exchanged_at is None
+    assert world.store.transition(ref, expected=[S.CLAIMED], to=S.DISPATCHED, pod_name=name, pod_uid=uid)
+    granted = world.post(request_body(TOKEN))
+    assert granted.status == 200 and decode_grant(json.dumps(granted.body)).ti_id == ref.ti_id
 
 
 def test_a_lite_attempt_is_refused(world, caplog):

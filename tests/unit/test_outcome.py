@@ -28,13 +28,17 @@ from leoflow_agent.outcome import (
     OutcomeRecord,
     Reason,
     RecordTooLarge,
+    agent_start_failed,
     decode,
     encode,
+    exchange_refused,
+    exchange_unreachable,
     heartbeat_lost,
     read_record_file,
     record_for_state,
     truncate_utf8,
     write_record_file,
+    write_termination_message,
 )
 
 TI = "0190b6c2-7e4f-7a3c-9d1e-2b5f6a7c8d90"
@@ -721,3 +725,105 @@ def test_fuzz_encode_with_random_budgets_never_exceeds_them():
 def test_encode_refuses_a_reason_that_is_not_text():
     with pytest.raises(ValueError):
         encode(OutcomeRecord(Outcome.FAILED, reason=5))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------------
+# a task pod's records and its termination message (issue 9 item 4)
+
+
+@pytest.mark.parametrize(("build", "reason"), [(exchange_refused, "exchange_refused"),
+                                               (exchange_unreachable, "exchange_unreachable"),
+                                               (agent_start_failed, "agent_start_failed")])
+def test_a_pod_agents_refusal_records_carry_a_reason_and_no_state(build, reason):
+    """Before its grant a pod's agent does not know its attempt: the record carries none, and any reader's
+    expectation accepts it (the reader matched the pod by its labels); after it, the record names the attempt."""
+    anonymous = build()
+    assert (anonymous.outcome, anonymous.reason, anonymous.state, anonymous.payload) == (
+        Outcome.FAILED, reason, None, None)
+    assert anonymous.attempt() is None
+    text = encode(anonymous, budget=MIN_TERMINATION_MESSAGE_BUDGET)
+    assert text == '{"v":1,"outcome":"failed","reason":"%s"}' % reason
+    assert decode(text, expect=ATTEMPT) == anonymous
+    named = build(ATTEMPT)
+    assert decode(encode(named), expect=ATTEMPT) == named and named.attempt() == ATTEMPT
+    assert decode(encode(named), expect=AttemptIdentity(TI, 2, 4)) is None
+
+
+def _message_records() -> list[OutcomeRecord]:
+    """Records as a termination message carries them: a success with non-ASCII text (a raw byte cut can split a
+    character), a deferral whose payload nests an object with a ``v`` key of 1, and a refusal."""
+    return [
+        valid_record("success", rendered_map_index="Zürich-€-𝄞"),
+        valid_record("deferred", trigger_kwargs={"v": 1, "outcome": "success", "x": {"v": 1}}),
+        exchange_refused(),
+    ]
+
+
+@pytest.mark.parametrize("prefix", ["", "container runtime said: ", 'oom {"v":1 odd: ', ": "])
+def test_decode_reads_a_record_after_the_kubelets_runtime_message_prefix(prefix):
+    """The kubelet writes ``"<runtime message>: <file content>"`` when the runtime has a message of its own; the
+    record is read from the ``{"v":1`` that starts a valid record to the end, even when the payload nests one."""
+    for record in _message_records():
+        text = encode(record, budget=TERMINATION_MESSAGE_BUDGET)
+        assert decode(prefix + text, expect=ATTEMPT) == record
+        assert decode((prefix + text).encode("utf-8"), expect=ATTEMPT) == record
+        assert decode(prefix + text, expect=AttemptIdentity(TI, 2, 4)) in (None, record) and (
+            record.attempt() is None or decode(prefix + text, expect=AttemptIdentity(TI, 2, 4)) is None)
+
+
+@pytest.mark.parametrize("prefix", [b"", b"runtime message: "])
+def test_a_head_or_tail_truncated_message_is_no_record(prefix):
+    """The kubelet keeps a file's last 4096 bytes (a longer file loses its head) and cuts each message to its
+    share of 12288 bytes keeping the head (a raw byte slice that may split a UTF-8 character): every cut of every
+    record, with or without a runtime prefix, reads as "no record", never as another record."""
+    for record in _message_records():
+        data = encode(record, budget=TERMINATION_MESSAGE_BUDGET).encode("utf-8")
+        whole = prefix + data
+        assert decode(whole, expect=ATTEMPT) == record
+        for cut in range(1, len(data)):
+            assert decode(prefix + data[cut:], expect=ATTEMPT) is None, ("head", cut)
+            assert decode(whole[:len(prefix) + cut], expect=ATTEMPT) is None, ("tail", cut)
+            assert decode((prefix + data[:cut]).decode("utf-8", "replace")) is None, ("tail as text", cut)
+
+
+def test_prefix_search_is_bounded_on_hostile_text():
+    """A text made of nothing but record openings is tried a bounded number of times, then "no record"."""
+    hostile = "x" + '{"v":1' * 100_000
+    assert decode(hostile) is None
+    good = encode(exchange_refused())
+    assert decode("x" + '{"v":1,' * 3 + good) == exchange_refused()
+
+
+def test_termination_message_holds_exactly_the_record_whatever_was_there(tmp_path):
+    """The record is the whole file: a longer earlier content (another record, a log line) is gone, not
+    followed or preceded by the new record; a second write replaces the first, never appends."""
+    path = tmp_path / "termination-log"
+    path.write_bytes(b"x" * 5000)
+    written = write_termination_message(path, exchange_refused(), budget=TERMINATION_MESSAGE_BUDGET)
+    assert path.read_bytes() == encode(exchange_refused()).encode()
+    assert written.size == len(path.read_bytes()) and not written.assets_dropped
+    success = valid_record("success")
+    write_termination_message(path, success, budget=TERMINATION_MESSAGE_BUDGET)
+    assert path.read_bytes() == encode(success, budget=TERMINATION_MESSAGE_BUDGET).encode()
+    assert decode(path.read_bytes(), expect=ATTEMPT) == success
+
+
+def test_termination_message_keeps_its_budget_and_says_when_assets_were_dropped(tmp_path):
+    path = tmp_path / "termination-log"
+    events = [{"dest_asset_key": {"name": f"a{i}", "uri": f"s3://b/{i}"}, "extra": {}} for i in range(200)]
+    record = valid_record("success", outlet_events=events)
+    written = write_termination_message(path, record, budget=MIN_TERMINATION_MESSAGE_BUDGET)
+    assert written.assets_dropped and written.size == len(path.read_bytes()) <= MIN_TERMINATION_MESSAGE_BUDGET
+    got = decode(path.read_bytes(), expect=ATTEMPT)
+    assert got.assets_dropped and got.payload["outlet_events"] == [] and got.state == "success"
+
+
+def test_termination_message_is_created_when_missing_and_left_alone_when_the_record_cannot_fit(tmp_path):
+    path = tmp_path / "termination-log"
+    write_termination_message(path, heartbeat_lost(ATTEMPT), budget=TERMINATION_MESSAGE_BUDGET)
+    assert decode(path.read_bytes()) == heartbeat_lost(ATTEMPT)
+    with pytest.raises(RecordTooLarge):
+        write_termination_message(path, valid_record("success"), budget=40)
+    assert decode(path.read_bytes()) == heartbeat_lost(ATTEMPT)  # not truncated by a write that never happened
+    with pytest.raises(OSError):
+        write_termination_message(tmp_path / "missing" / "log", heartbeat_lost(ATTEMPT), budget=4096)

@@ -38,6 +38,8 @@ def rec(state: str | None) -> outcome.OutcomeRecord | None:
         return outcome.heartbeat_lost(ATTEMPT)
     if state == "killed":
         return outcome.killed(ATTEMPT)
+    if state in ("exchange_refused", "exchange_unreachable", "agent_start_failed"):
+        return getattr(outcome, state)(None)  # a task pod's agent before its grant: no attempt identity
     return outcome.record_for_state(state, PAYLOADS[state], attempt=ATTEMPT, api_version="2025-09-23")
 
 
@@ -58,6 +60,15 @@ MATRIX = [
     ((None, TI_ID, "running", 1, False), (Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE)),
     # row 4: no record, that ti_id QUEUED (died before /run) -> re-dispatch the same ti_id
     ((None, TI_ID, "queued", 1, False), (Act.REDISPATCH, Resolution.REDISPATCHED)),
+    # ... and so does a record that reports no state: a task pod whose exchange was refused or never answered,
+    # or whose agent could not start (issue 9 item 4), and any other refusal record while the TI waits QUEUED
+    *[((r, TI_ID, "queued", 1, False), (Act.REDISPATCH, Resolution.REDISPATCHED))
+      for r in ("exchange_refused", "exchange_unreachable", "agent_start_failed", "heartbeat_lost", "killed")],
+    # a refusal record beside a TI that ran, or moved on, or whose report landed: the rows below, unchanged
+    (("exchange_refused", TI_ID, "running", 1, False), (Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE)),
+    (("exchange_refused", TI_ID, "success", 1, False), (Act.CLOSE, Resolution.MOVED_ON)),
+    (("exchange_unreachable", NEW_ID, "queued", 2, False), (Act.CLOSE, Resolution.MOVED_ON)),
+    (("exchange_refused", TI_ID, "queued", 1, True), (Act.CLOSE, Resolution.REPORTED)),
     # row 5: ti_id archived, logical TI RESTARTING at the same try -> success(key) once, whatever the evidence
     *[((r, NEW_ID, "restarting", 1, rep), (Act.RESTARTING_SUCCESS, Resolution.RESTARTING))
       for r in (None, "success", "heartbeat_lost") for rep in (False, True)],
