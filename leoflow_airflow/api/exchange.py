@@ -331,7 +331,9 @@ class ExchangeService:
             log.warning("exchange refused: error_id=%s reason=%s %s", error_id, exc.reason, exc.detail)
             return Answer(403, {"error_id": error_id}, dict(_NO_STORE))
         except Unavailable as exc:
-            log.error("exchange undecided: error_id=%s reason=%s %s", error_id, exc.reason, exc.detail)
+            # a pod that asks before its scheduler recorded the create is an expected race, not a fault
+            level = logging.INFO if exc.reason == "not_yet_dispatched" else logging.ERROR
+            log.log(level, "exchange undecided: error_id=%s reason=%s %s", error_id, exc.reason, exc.detail)
             return Answer(503, {"error_id": error_id}, {**_NO_STORE, "Retry-After": str(RETRY_AFTER_SECONDS)})
         except Exception:  # noqa: BLE001 - a defect: logged in full, answered like an undecided exchange
             log.exception("exchange failed unexpectedly: error_id=%s", error_id)
