@@ -144,6 +144,11 @@ class KubeClient:
         configuration.retries = 0
         return cls(client.ApiClient(configuration), timeout=timeout)
 
+    @property
+    def api_client(self) -> Any:
+        """The wrapped ``kubernetes.client.ApiClient`` (the Kubernetes runtime builds its own APIs on it)."""
+        return self._api_client
+
     def close(self) -> None:
         """Release the client's connection pool (and its thread pool, if one was made). Idempotent."""
         self._api_client.close()
