@@ -89,6 +89,8 @@ START_RETRY_SECONDS = 30.0
 """Seconds between two start-up checks while the last one found a problem."""
 READ_REUSE_SECONDS = 10.0
 """Seconds a confirming read that found the pod still there is reused before the next one is sent."""
+DELETE_RETRY_SECONDS = 5.0
+"""Seconds after a delete that got no answer before it is sent again."""
 COLLECT_INTERVAL_SECONDS = 30.0
 """Seconds between two passes of the settled-pod GC."""
 
@@ -177,17 +179,20 @@ class KubernetesRuntime:
         self._core: Any = None
         self.informer: PodInformer | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._results: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._results: queue.SimpleQueue[Any] = queue.SimpleQueue()  # create answers: become events in poll()
+        self._facts: queue.SimpleQueue[_Read | _Deleted] = queue.SimpleQueue()  # reads, deletes: taken anywhere
         self._futures: set[concurrent.futures.Future[Any]] = set()
         self._window = decide.CreateWindow()
         self._launches: dict[str, _Launch] = {}
         self._reads: dict[str, _Read] = {}
         self._reading: set[str] = set()
-        self._deleting: dict[tuple[str, str | None], float | None] = {}
+        self._deleting: dict[tuple[str, str | None], float | None] = {}  # deletes on the pool -> their grace
+        self._delete_again: dict[tuple[str, str | None], tuple[float, float | None, str]] = {}
         self._terminal_seen: dict[tuple[str, str], datetime] = {}
         self._callbacks: dict[str, subprocess.Popen[bytes]] = {}
         self._checked = False  # the start-up check passed
         self._checking = False
+        self._check_answer: _StartCheck | None = None
         self._problem = ""  # the start-up check's last problem (logged once)
         self._next_check = 0.0
         self._next_collect = 0.0
@@ -278,7 +283,11 @@ class KubernetesRuntime:
 
         def job() -> None:
             try:
-                self._results.put(fn(*args))
+                result = fn(*args)
+                if isinstance(result, (_Read, _Deleted)):
+                    self._facts.put(result)
+                elif result is not None:
+                    self._results.put(result)
             except Exception as exc:  # noqa: BLE001 - every job answers; a bug must not lose the fact
                 log.exception("leoflow Kubernetes request %s failed unexpectedly", getattr(fn, "__name__", fn))
                 self._results.put(("error", args, exc))
@@ -295,8 +304,19 @@ class KubernetesRuntime:
         if self._checking or self._stopped:
             return
         self._checking = True
-        if not self._submit(self._check):
+        if not self._submit(self._check_job):
             self._checking = False
+
+    def _check_job(self) -> None:
+        """Pool: run the start-up check and hand its answer over in one attribute (a reference assignment:
+        :meth:`admit` and :meth:`poll` take it without waiting for the results queue)."""
+        self._check_answer = self._check()
+
+    def _take_check(self) -> None:
+        """Scheduler thread: act on a start-up check's answer once it is there."""
+        answer, self._check_answer = self._check_answer, None
+        if answer is not None:
+            self._started_checked(answer)
 
     def _check(self) -> _StartCheck:
         """Pool: can the scheduler use ``[leoflow] namespace`` (pods listable) and does ``[leoflow]
@@ -389,8 +409,8 @@ class KubernetesRuntime:
         """Submit a delete unless one with the same or a shorter grace is on its way."""
         key = (name, uid)
         if key in self._deleting:
-            earlier = self._deleting[key]
-            if earlier is None or grace is None or earlier <= grace:
+            earlier = self._deleting[key]  # None: the pod's own grace, the longest
+            if grace is None or (earlier is not None and earlier <= grace):
                 return
         self._deleting[key] = grace
         if not self._submit(self._delete, name, uid, grace, why):
@@ -407,6 +427,7 @@ class KubernetesRuntime:
         transport back-off open) or BACKPRESSURE (a 429 / quota back-off open, ``Retry-After`` honoured)."""
         if not self._started or self._stopped:
             return DispatchResult(Disposition.DEFERRED, "the Kubernetes runtime is not running")
+        self._take_check()
         if not self._checked:
             return DispatchResult(Disposition.DEFERRED, self._problem or "checking the Kubernetes namespace")
         if self.informer is None or not self.informer.synced:
@@ -464,8 +485,11 @@ class KubernetesRuntime:
     def poll(self) -> list[RuntimeEvent]:
         """The pool's answers as events (``Started``/``LaunchFailed`` of creates), then ``Exited`` for every
         launch whose pod turned terminal in the cache or was confirmed gone, ``CallbackDone`` of finished
-        callback children; and the upkeep: repeat a failed start-up check. Never blocks."""
+        callback children; and the upkeep: repeat a failed start-up check and deletes that got no answer.
+        Never blocks."""
         events = self._drain()
+        self._take_check()
+        self._retry_deletes()
         if self._started and not self._stopped and not self._checked and not self._checking \
                 and self._monotonic() >= self._next_check:
             self._start_check()
@@ -485,6 +509,7 @@ class KubernetesRuntime:
         return events
 
     def _drain(self) -> list[RuntimeEvent]:
+        self._absorb()
         events: list[RuntimeEvent] = []
         while True:
             try:
@@ -493,17 +518,6 @@ class KubernetesRuntime:
                 return events
             if isinstance(item, decide.CreateResult):
                 events.extend(self._created(item))
-            elif isinstance(item, _Read):
-                self._reading.discard(item.name)
-                if not item.error:
-                    self._reads[item.name] = item
-            elif isinstance(item, _Deleted):
-                self._deleting.pop((item.name, item.uid), None)
-                if item.error:
-                    log.warning("could not delete pod %s uid %s (%s): %s; tried again when asked", item.name,
-                                item.uid, item.why, item.error)
-            elif isinstance(item, _StartCheck):
-                self._started_checked(item)
             else:  # ("error", args, exc): a bug in a job; a create's launch must not wait forever
                 for launch_id_ in [a for a in item[1] if isinstance(a, str) and a in self._launches]:
                     if self._launches[launch_id_].creating:
@@ -511,6 +525,34 @@ class KubernetesRuntime:
                                                      Verdict(VerdictKind.DEFERRED, _short(item[2])),
                                                      lookup=decide.Lookup.FAILED, detail="internal error")
                         events.extend(self._created(result))
+
+    def _absorb(self) -> None:
+        """Scheduler thread: take the answers of confirming reads and deletes (any scheduler-side method may)."""
+        while True:
+            try:
+                item = self._facts.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Read):
+                self._reading.discard(item.name)
+                if not item.error:
+                    self._reads[item.name] = item
+            else:
+                grace = self._deleting.pop((item.name, item.uid), None)
+                if item.error:
+                    log.warning("could not delete pod %s uid %s (%s): %s; trying again in %.0f s", item.name,
+                                item.uid, item.why, item.error, DELETE_RETRY_SECONDS)
+                    self._delete_again[(item.name, item.uid)] = (self._monotonic() + DELETE_RETRY_SECONDS, grace,
+                                                                 item.why)
+
+    def _retry_deletes(self) -> None:
+        """Submit again the deletes that got no answer once :data:`DELETE_RETRY_SECONDS` passed (a kill must not
+        be lost to one failed request; the UID precondition keeps a late one harmless)."""
+        now = self._monotonic()
+        for key, (due, grace, why) in list(self._delete_again.items()):
+            if now >= due:
+                del self._delete_again[key]
+                self._request_delete(key[0], key[1], grace, why)
 
     def _created(self, result: decide.CreateResult) -> list[RuntimeEvent]:
         self._window.note(result.verdict, self._monotonic())
@@ -549,6 +591,7 @@ class KubernetesRuntime:
         pool for a confirming read when the cache does not hold it (module docstring)."""
         if self.informer is None or not self.informer.synced:
             return Presence.UNKNOWN, None
+        self._absorb()
         presence, view, need_read = decide.presence(
             self.informer.get(name), self._reads.get(name), uid=uid, ref=ref, now=self._monotonic(),
             read_reuse=READ_REUSE_SECONDS)
@@ -590,6 +633,7 @@ class KubernetesRuntime:
     def evidence(self, attempt: Attempt) -> Evidence:
         """The record in the pod's termination message (the cached view, its tombstone, or the last confirming
         read), decoded against the attempt's identity (:func:`.status.pod_evidence`); never raises."""
+        self._absorb()
         name, uid, _ = self._where(attempt)
         view = None
         if self.informer is not None:
@@ -646,6 +690,7 @@ class KubernetesRuntime:
         launch = self._launches.pop(launch_id(ref), None)
         if launch is not None and not launch.creating:
             self._reads.pop(launch.name, None)
+            self._delete_again = {k: v for k, v in self._delete_again.items() if k[0] != launch.name}
 
     def adopt(self, attempt: Attempt) -> None:
         """Watch a predecessor's pod: its end is reported as ``Exited`` like our own."""
@@ -658,6 +703,7 @@ class KubernetesRuntime:
         """Delete terminal pods of closed attempts once ``[leoflow] pod_retention_success`` (Succeeded) or
         ``pod_retention_failure`` (otherwise) seconds passed since they ended (:func:`.decide.retention_due`),
         with a UID precondition; every :data:`COLLECT_INTERVAL_SECONDS`. Returns the deletes submitted."""
+        self._absorb()
         now_m = self._monotonic()
         if self.informer is None or not self.informer.synced or now_m < self._next_collect:
             return 0
