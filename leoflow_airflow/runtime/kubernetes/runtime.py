@@ -256,7 +256,7 @@ class KubernetesRuntime:
         if creates:
             concurrent.futures.wait(creates, timeout=max(0.0, timeout))
         events = self._drain()
-        self._shutdown(wait_informer=min(5.0, max(0.0, timeout)))
+        self._shutdown(wait_informer=min(1.0, max(0.0, timeout)))
         return events
 
     def terminate(self) -> None:
