@@ -111,9 +111,9 @@ def make_runtime(k8s_env, tmp_path):
     stopped at the end (its pods are left to the namespace's deletion)."""
     made: list[KubernetesRuntime] = []
     template = tmp_path / "pod.yaml"
-    template.write_text(TEMPLATE)
 
-    def make(namespace: str, **options: str) -> Driver:
+    def make(namespace: str, *, node: str = "kwok-node-0", **options: str) -> Driver:
+        template.write_text(TEMPLATE.replace("kwok-node-0", node))
         conf = {"runtime": "kubernetes", "image": "registry.example/leoflow:test",
                 "exchange_url": "http://127.0.0.1:9/leoflow", "namespace": namespace, "in_cluster": "False",
                 "kube_config": str(k8s_env.kubeconfig), "pod_template_file": str(template), **options}
@@ -275,3 +275,33 @@ def test_nothing_blocks_while_the_api_server_is_frozen(make_runtime, namespace, 
         os.kill(apiserver, signal.SIGCONT)
     assert d.started(frozen, timeout=60).facts["pod_uid"]
     assert max(d.slowest.values()) < FAST, d.slowest
+
+
+def test_an_image_that_cannot_be_pulled_is_one_clear_error(make_runtime, namespace, core, caplog):
+    """The agent container waiting in ErrImagePull (the status a kubelet writes; here patched in, the pod bound
+    to a node nobody serves) is logged once as an error naming the reason and the image's message; the attempt
+    stays LIVE (the dispatch-lost reaper re-dispatches it) and nothing is lost."""
+    import logging
+
+    caplog.set_level(logging.ERROR, logger="leoflow_airflow.runtime.kubernetes.runtime")
+    d = make_runtime(namespace, node="no-such-node")
+    ref = new_ref()
+    d.launch(ref)
+    ev = d.started(ref)
+    name = ev.facts["pod_name"]
+    core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": "Pending", "containerStatuses": [{
+        "name": "base", "image": "registry.example/leoflow:test", "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"waiting": {"reason": "ErrImagePull",
+                              "message": 'failed to pull "registry.example/leoflow:test": not found'}}}]}})
+    row = attempt(ref, ev)
+
+    def logged():
+        d.events.extend(d.call("poll"))
+        return [r for r in caplog.records if "ErrImagePull" in r.getMessage()]
+
+    [record] = wait_for(logged, 30, what="the ErrImagePull error")
+    assert name in record.getMessage() and "registry.example/leoflow:test" in record.getMessage()
+    for _ in range(5):
+        d.events.extend(d.call("poll"))
+    assert len(logged()) == 1
+    assert d.call("observe", [row])[ref] is Presence.LIVE

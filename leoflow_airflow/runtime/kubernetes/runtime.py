@@ -92,6 +92,9 @@ READ_REUSE_SECONDS = 10.0
 DELETE_RETRY_SECONDS = 5.0
 """Seconds after a delete that got no answer before it is sent again."""
 COLLECT_INTERVAL_SECONDS = 30.0
+STUCK_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                           "CreateContainerError"})
+"""Waiting reasons of the agent container that do not pass by themselves: logged once per pod as an error."""
 """Seconds between two passes of the settled-pod GC."""
 
 
@@ -111,6 +114,7 @@ class _Launch:
     creating: bool = False  # its create is on the pool
     cancelled: bool = False  # killed while its create was on the pool: delete the pod as soon as it exists
     exited: bool = False  # ``Exited`` was reported
+    warned: bool = False  # its agent container's stuck waiting reason was logged
 
 
 @dataclass(frozen=True)
@@ -500,7 +504,14 @@ class KubernetesRuntime:
             if presence is Presence.GONE:
                 launch.exited = True
                 code = view.agent.exit_code if view is not None and view.agent is not None else None
+                log.info("attempt %s: pod %s ended: %s", launch.ref, launch.name,
+                         status.describe_end(view) if view is not None else "it is gone")
                 events.append(Exited(lid, code))
+            elif view is not None and view.waiting_reason in STUCK_REASONS and not launch.warned:
+                launch.warned = True
+                log.error("attempt %s: pod %s cannot start its agent container: %s: %s (fix the image or "
+                          "[leoflow] image / the pod template; the dispatch-lost reaper re-dispatches it)",
+                          launch.ref, launch.name, view.waiting_reason, view.waiting_message or "")
         for lid, proc in list(self._callbacks.items()):
             code = proc.poll()
             if code is not None:
