@@ -107,12 +107,13 @@ def new_ref(epoch: int = 1, ti_id: str | None = None) -> AttemptRef:
 
 @pytest.fixture
 def make_runtime(k8s_env, tmp_path):
-    """``make_runtime(namespace, **options) -> Driver``: a started runtime whose ``admit()`` answers None;
+    """``make_runtime(namespace, **options) -> Driver``: a started runtime whose ``admit()`` answers None (unless
+    ``admit=False``);
     stopped at the end (its pods are left to the namespace's deletion)."""
     made: list[KubernetesRuntime] = []
     template = tmp_path / "pod.yaml"
 
-    def make(namespace: str, *, node: str = "kwok-node-0", **options: str) -> Driver:
+    def make(namespace: str, *, node: str = "kwok-node-0", admit: bool = True, **options: str) -> Driver:
         template.write_text(TEMPLATE.replace("kwok-node-0", node))
         conf = {"runtime": "kubernetes", "image": "registry.example/leoflow:test",
                 "exchange_url": "http://127.0.0.1:9/leoflow", "namespace": namespace, "in_cluster": "False",
@@ -122,7 +123,8 @@ def make_runtime(k8s_env, tmp_path):
         made.append(rt)
         rt.start()
         driver = Driver(rt)
-        wait_for(lambda: driver.call("admit") is None, 30, what="the runtime to admit launches")
+        if admit:
+            wait_for(lambda: driver.call("admit") is None, 30, what="the runtime to admit launches")
         return driver
 
     yield make
@@ -305,3 +307,31 @@ def test_an_image_that_cannot_be_pulled_is_one_clear_error(make_runtime, namespa
         d.events.extend(d.call("poll"))
     assert len(logged()) == 1
     assert d.call("observe", [row])[ref] is Presence.LIVE
+
+
+@pytest.mark.parametrize("what", ["service_account", "apiserver"])
+def test_a_missing_service_account_or_an_unreachable_apiserver_keeps_dispatch_deferred(
+        make_runtime, namespace, k8s_env, tmp_path, caplog, what):
+    """Bad input at start: one error naming what to fix, and admit() answers DEFERRED with it (the workloads
+    stay queued: nothing is lost), never a crash."""
+    import logging
+
+    caplog.set_level(logging.ERROR, logger="leoflow_airflow.runtime.kubernetes.runtime")
+    if what == "service_account":
+        d = make_runtime(namespace, admit=False, service_account="leoflow-tasks")
+        fix = f"ServiceAccount {namespace}/leoflow-tasks does not exist"
+    else:
+        dead = tmp_path / "dead.kubeconfig"
+        dead.write_text(k8s_env.kubeconfig.read_text().replace(k8s_env.server, "https://127.0.0.1:1"))
+        d = make_runtime(namespace, admit=False, kube_config=str(dead))
+        fix = "https://127.0.0.1:1 does not answer"
+
+    def deferred():
+        d.call("poll")
+        wait = d.call("admit")
+        return wait if wait is not None and fix in wait.reason else None
+
+    wait = wait_for(deferred, 60, what="admit() to name the problem")
+    assert wait.disposition is Disposition.DEFERRED
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and fix in errors[0], errors
