@@ -80,6 +80,36 @@ def load_ti_liveness(ti_ids: list[str]) -> dict[str, tuple[str | None, object]]:
     return {str(r.id): (None if r.state is None else str(r.state), r.last_heartbeat_at) for r in rows}
 
 
+def load_executor_config(ti_id: str, *, session: Any = None) -> dict | None:
+    """The ``executor_config`` of task instance ``ti_id`` as Airflow stores it (``task_instance.executor_config``,
+    an ``ExecutorConfigType`` column pickled with dill, unpickled here by the ORM), or None (no row, no config,
+    a ``ti_id`` that is not a UUID).
+
+    Airflow excludes ``ti.executor_config`` from a workload's JSON (``TaskInstanceDTO``, ``exclude=True``), so a
+    workload rebuilt from the ledger's stored JSON lacks it; this is where it comes back from, so a re-dispatched
+    pod keeps its ``pod_override``.
+
+    :param session: read in this SQLAlchemy session; default a fresh non-scoped session.
+    :raises sqlalchemy.exc.SQLAlchemyError: on a DB failure.
+    """
+    from sqlalchemy import select
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    try:
+        key = uuid.UUID(str(ti_id))
+    except ValueError:
+        return None
+    query = select(TaskInstance.executor_config).where(TaskInstance.id == key)
+    if session is not None:
+        value = session.scalar(query)
+    else:
+        with create_session(scoped=False) as own:
+            value = own.scalar(query)
+    return value or None
+
+
 def purge_holdoff_allowed(*, since: datetime | None, now: datetime, max_seconds: float) -> bool:
     """Whether Airflow's heartbeat purge may still be held off for an attempt whose report awaits a replay.
 

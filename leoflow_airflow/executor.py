@@ -4,7 +4,8 @@ records its outcome durably and reconciles what was lost (DESIGN §1-§3).
 Enable it with ``[core] executor = leoflow_airflow.executor.LeoflowExecutor``; DAGs do not change.
 
 This module is Airflow glue only. The attempt lifecycle lives in :mod:`leoflow_airflow.lifecycle` and runs
-over a :class:`~leoflow_airflow.lifecycle.runtime.Runtime` (today the Lite runtime); the executor hands it
+over a :class:`~leoflow_airflow.lifecycle.runtime.Runtime` (``[leoflow] runtime``: Lite's local agent processes
+or Kubernetes' pod per attempt); the executor hands it
 workloads and performs the :mod:`~leoflow_airflow.lifecycle.actions` it returns. The scheduler calls, per
 loop: ``heartbeat()`` → ``trigger_tasks`` → :meth:`_process_workloads` (dispatch), then :meth:`sync`
 (events, reconcile, reap). The api-server builds the executor without starting it, only to call
@@ -57,7 +58,8 @@ def _killed_task_cleanup_time() -> float:
 
 
 class LeoflowExecutor(BaseExecutor):
-    """Runs each attempt through leoflow's lifecycle on the configured runtime (``[leoflow] runtime = lite``).
+    """Runs each attempt through leoflow's lifecycle on the configured runtime (``[leoflow] runtime``: ``lite``
+    or ``kubernetes``).
 
     ``running`` holds the key of the attempt that owns each slot plus an ``AttemptRef`` for every other attempt
     still alive (one being killed), so two epochs of one key never share a slot (DESIGN §3 "Slots").
@@ -104,11 +106,19 @@ class LeoflowExecutor(BaseExecutor):
         if self._life is None:
             from leoflow_airflow.lifecycle.airflow import AirflowIO
             from leoflow_airflow.lifecycle.core import Lifecycle
-            from leoflow_airflow.runtime.lite import LiteRuntime
+            from leoflow_airflow.lifecycle.runtime import Runtime
 
             settings = self.settings
-            runtime = LiteRuntime(settings, parallelism=self.parallelism, mint=self._workload_json,
-                                  server=get_execution_api_server_url, token_lifetime=_token_lifetime())
+            runtime: Runtime
+            if settings.runtime == "kubernetes":
+                from leoflow_airflow.runtime.kubernetes.runtime import KubernetesRuntime
+
+                runtime = KubernetesRuntime(settings, server=get_execution_api_server_url)
+            else:
+                from leoflow_airflow.runtime.lite import LiteRuntime
+
+                runtime = LiteRuntime(settings, parallelism=self.parallelism, mint=self._workload_json,
+                                      server=get_execution_api_server_url, token_lifetime=_token_lifetime())
             fault_for = None
             if settings.test_fault_injection:
                 from leoflow_airflow.testing.faults import fault_for as plan_fault
@@ -123,13 +133,15 @@ class LeoflowExecutor(BaseExecutor):
         return self._life
 
     def start(self) -> None:
-        """Validate config, enforce the resilience ladder and spawn the runtime. Returns without waiting for
-        the zygote to import the Task SDK: dispatches answer DEFERRED until it is up.
+        """Validate config, enforce the resilience ladder and start the runtime. Returns without waiting for
+        it (Lite: the zygote importing the Task SDK; Kubernetes: the pod cache and the namespace check):
+        dispatches answer DEFERRED until it is up.
 
         :raises ConfigError: a malformed ``[leoflow]`` value (key and value named).
         :raises LadderViolation: the recovery window is broken (keys and values named).
         :raises ConfigError: ``runtime = kubernetes`` without a shared ``[api_auth] jwt_secret`` or
-            ``jwt_private_key_path`` (``api.exchange.check_can_mint``; inert while that runtime is refused).
+            ``jwt_private_key_path`` (``api.exchange.check_can_mint``), or with a malformed pod template or an
+            unloadable Kubernetes client configuration.
         :raises OSError: the zygote could not be spawned.
         """
         from airflow.executors.executor_loader import ExecutorLoader
@@ -139,8 +151,8 @@ class LeoflowExecutor(BaseExecutor):
         ladder.enforce(ladder.evaluate(values), self._warn_rung)
         self.life.reap_kill_grace = ladder.reap_kill_grace(values)
         if settings.runtime == "kubernetes":
-            # Inert until the Kubernetes runtime exists (settings.load refuses it today). Its pods' workload
-            # tokens are minted by the api-server's exchange: refuse a scheduler whose api-servers cannot.
+            # Task pods' workload tokens are minted by the api-server's exchange: refuse a scheduler whose
+            # api-servers cannot.
             from leoflow_airflow.api.exchange import check_can_mint
 
             check_can_mint()

@@ -105,7 +105,8 @@ def _ceiling(v: int) -> str | None:
 
 OPTIONS: tuple[Option, ...] = (
     Option("runtime", "string", "lite", "Where attempts run: `lite` (local agent processes forked by a "
-           "pre-imported zygote) or `kubernetes` (a pod per attempt; not in this release: refused at start).",
+           "pre-imported zygote) or `kubernetes` (a pod per attempt in [leoflow] namespace; the options below "
+           "from `namespace` on).",
            lambda v: None if v in ("lite", "kubernetes") else "must be `lite` or `kubernetes`"),
     Option("runtime_dir", "string", "", "Directory for the Lite per-attempt record files (`attempts/`) and, "
            "one directory per scheduler process (`zygotes/<scheduler pid>/`), the zygote socket, pidfile and "
@@ -118,8 +119,9 @@ OPTIONS: tuple[Option, ...] = (
            "Execution API.", _positive),
     Option("settle_budget", "integer", "20", "Settle calls at most per sync(), so the scheduler loop "
            "never stalls.", _positive),
-    Option("launch_queue_size", "integer", "64", "Attempts handed to the zygote but not yet forked (held "
-           "ones included), at most; beyond it a dispatch is `deferred` and re-offered.", _positive),
+    Option("launch_queue_size", "integer", "64", "Attempts handed to the runtime but not yet started, at most "
+           "(Lite: handed to the zygote and not yet forked, held ones included; Kubernetes: pod creates in "
+           "flight); beyond it a dispatch is `deferred` and re-offered.", _positive),
     Option("queue_ahead", "integer", "-1", "The most task workloads the executor accepts from the scheduler "
            "beyond its free slots. They are handed to the zygote, which holds them and forks each the moment a "
            "busy agent reports, without waiting for the scheduler's next loop (LocalExecutor's workers also pull "
@@ -189,6 +191,12 @@ OPTIONS: tuple[Option, ...] = (
            "longest a task pod may live, counted from when the kubelet took it (so it covers the image pull). It "
            "becomes the pod's activeDeadlineSeconds (a shorter one from the template or an override is kept) and "
            "bounds the agent's exchange retries. 0: no deadline.", _ceiling),
+    Option("pod_retention_success", "float", "60", "Seconds a Succeeded task pod is kept after its agent "
+           "container ended and its attempt settled (for `kubectl logs` / `describe`), then deleted with a UID "
+           "precondition. 0: delete as soon as the attempt settled.", _non_negative),
+    Option("pod_retention_failure", "float", "3600", "Seconds a task pod that did not succeed (Failed, evicted, "
+           "past its deadline) is kept after it ended and its attempt settled, then deleted with a UID "
+           "precondition. 0: delete as soon as the attempt settled.", _non_negative),
     Option("in_cluster", "boolean", "True", "Reach the Kubernetes API with the process's own pod ServiceAccount "
            "(True: the scheduler's to create pods, the api-server's for the token exchange's TokenReview and pod "
            "GET) or with kube_config (False)."),
@@ -240,6 +248,10 @@ class KubernetesSettings:
     """Pod field paths a ``pod_override`` may set."""
     credential_ceiling_seconds: int
     """Longest life of a task pod from its start, in seconds (its ``activeDeadlineSeconds``; 0: none)."""
+    pod_retention_success: float
+    """Seconds a Succeeded pod of a settled attempt is kept before it is deleted (≥ 0)."""
+    pod_retention_failure: float
+    """Seconds any other terminal pod of a settled attempt is kept before it is deleted (≥ 0)."""
     in_cluster: bool
     """Reach the API with the process's own pod ServiceAccount (else ``kube_config``)."""
     kube_config: str
@@ -270,7 +282,7 @@ class LeoflowSettings:
 
     # --- runtime (Lite)
     runtime: str
-    """``lite`` (``kubernetes`` is refused in this release, after its options are checked)."""
+    """``lite`` or ``kubernetes``."""
     runtime_dir: str
     """Directory of the zygote socket, pidfile, log and per-attempt record files."""
     launch_queue_size: int
@@ -418,14 +430,15 @@ def load(get: Callable[[str, str, str], str] | None = None) -> LeoflowSettings:
     """Read and validate ``[leoflow]``.
 
     :param get: ``get(section, key, fallback) -> str``; defaults to Airflow's ``conf.get``.
+    :returns: the settings; with ``runtime = kubernetes`` its group checked together and ``exchange_url``
+        derived (:func:`check_kubernetes`).
     :raises ConfigError: for the first malformed value, naming key and value; with ``runtime = kubernetes``,
-        first for whatever :func:`check_kubernetes` finds, then because that runtime is not in this release.
+        for whatever :func:`check_kubernetes` finds.
     """
     get = _airflow_get() if get is None else get
     settings = _load(get)
     if settings.runtime == "kubernetes":
-        check_kubernetes(settings.kubernetes, get)
-        raise ConfigError(f"{SECTION}.runtime", "kubernetes", "the Kubernetes runtime is not in this release; use `lite`")
+        settings = replace(settings, kubernetes=check_kubernetes(settings.kubernetes, get))
     return settings
 
 

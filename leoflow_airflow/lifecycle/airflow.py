@@ -8,10 +8,13 @@ by its own timeout; none runs inside a ledger transaction.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Protocol
 
 from leoflow_agent.outcome import OutcomeRecord
 from leoflow_airflow.dispatch.guard import TIRow
+
+log = logging.getLogger(__name__)
 
 
 
@@ -147,13 +150,36 @@ class AirflowIO:
         return airflow_db.hold_off_purge(ti_id)
 
     def workload_from_json(self, workload_json: str) -> Any:
-        """See :class:`AirflowPort`."""
-        from airflow.executors.workloads import ExecuteTask
+        """See :class:`AirflowPort`: :func:`rebuild_workload` with the task instance's ``executor_config`` read
+        from Airflow's ``task_instance`` row (:func:`leoflow_airflow.airflow_db.load_executor_config`)."""
+        from leoflow_airflow.airflow_db import load_executor_config
 
-        return ExecuteTask.model_validate({**json.loads(workload_json), "token": ""})
+        return rebuild_workload(workload_json, load_executor_config)
 
     def task_key(self, dag_id: str, task_id: str, run_id: str, try_number: int, map_index: int) -> Any:
         """See :class:`AirflowPort`."""
         from airflow.models.taskinstancekey import TaskInstanceKey
 
         return TaskInstanceKey(dag_id, task_id, run_id, try_number, map_index)
+
+
+def rebuild_workload(workload_json: str, executor_config: Any) -> Any:
+    """The ``ExecuteTask`` a ledger row stores, token stripped (one is minted at launch), with
+    ``ti.executor_config`` re-attached: Airflow excludes it from the workload's JSON, and the Kubernetes runtime
+    builds the pod's ``pod_override`` from it, so a re-offered workload must carry it as the first offer did.
+
+    :param executor_config: ``executor_config(ti_id) -> dict | None``, Airflow's stored value; a read that
+        raises is logged and the workload goes without it (a re-offer must not break the scheduler loop).
+    """
+    from airflow.executors.workloads import ExecuteTask
+
+    workload = ExecuteTask.model_validate({**json.loads(workload_json), "token": ""})
+    try:
+        config = executor_config(str(workload.ti.id))
+    except Exception:  # noqa: BLE001 - a DB hiccup: the re-offer goes on without it (logged)
+        log.exception("could not read the executor_config of task instance %s; re-offered without it",
+                      workload.ti.id)
+        return workload
+    if config:
+        workload = workload.model_copy(update={"ti": workload.ti.model_copy(update={"executor_config": config})})
+    return workload

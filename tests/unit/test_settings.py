@@ -189,15 +189,28 @@ def test_kubernetes_options_default_and_parse():
     assert k.pod_override_allow == ("spec.nodeSelector", "spec.containers")
 
 
-def test_runtime_kubernetes_is_checked_then_still_refused():
-    """runtime = kubernetes: its options are checked together first (what to fix is named), and a complete
-    configuration is then refused because the runtime is not in this release."""
+def test_runtime_kubernetes_is_checked_together_then_loaded():
+    """runtime = kubernetes: its options are checked together (what to fix is named); a complete configuration
+    loads, with the exchange URL derived as the runtime's pods need it."""
     with pytest.raises(ConfigError) as err:
         settings.load(getter(runtime="kubernetes"))
     assert err.value.key == "leoflow.image" and "required with runtime = kubernetes" in str(err.value)
-    with pytest.raises(ConfigError) as err:
-        settings.load(getter(runtime="kubernetes", **K8S_OK))
-    assert err.value.key == "leoflow.runtime" and "not in this release" in str(err.value)
+    loaded = settings.load(getter(runtime="kubernetes", **K8S_OK))
+    assert loaded.runtime == "kubernetes"
+    assert loaded.kubernetes == settings.load_kubernetes(getter(**K8S_OK))
+    assert loaded.kubernetes.exchange_url
+
+
+def test_pod_retention_options():
+    """[leoflow] pod_retention_success / _failure: seconds (float, >= 0), defaults 60 and 3600."""
+    k = settings.load(getter()).kubernetes
+    assert (k.pod_retention_success, k.pod_retention_failure) == (60.0, 3600.0)
+    k = settings.load(getter(pod_retention_success="0", pod_retention_failure="86400.5")).kubernetes
+    assert (k.pod_retention_success, k.pod_retention_failure) == (0.0, 86400.5)
+    for key in ("pod_retention_success", "pod_retention_failure"):
+        with pytest.raises(ConfigError) as err:
+            settings.load(getter(**{key: "-1"}))
+        assert err.value.key == f"leoflow.{key}" and "0 or more" in str(err.value)
 
 
 def test_load_kubernetes_derives_the_exchange_url_from_api_base_url():

@@ -154,6 +154,11 @@ class KubeClient:
         """
         return cls(api_client_from_config(in_cluster=in_cluster, kube_config=kube_config), timeout=timeout)
 
+    @property
+    def api_client(self) -> Any:
+        """The wrapped ``kubernetes.client.ApiClient`` (the Kubernetes runtime builds its own APIs on it)."""
+        return self._api_client
+
     def close(self) -> None:
         """Release the client's connection pool (and its thread pool, if one was made). Idempotent."""
         self._api_client.close()

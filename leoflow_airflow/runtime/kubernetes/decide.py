@@ -1,0 +1,217 @@
+"""The Kubernetes runtime's pure decisions (DESIGN §3 "Dispatch"; issue 9 items 2 and 5), apart from its I/O:
+
+* :func:`create_event`: what one pod create (and, where its answer left it open, the live read of the pod by
+  its name) means for the lifecycle: a ``Started`` with the pod's UID, or a ``LaunchFailed`` that is retried
+  (backpressure, deferred: the workload is re-offered, never failed) or not (refused: the TI fails at once).
+* :class:`CreateWindow`: the back-off window the create answers open. While it is open ``admit()`` answers
+  BACKPRESSURE (a 429 or a quota 403, for its ``Retry-After`` or the back-off) or DEFERRED (a 5xx, a transport
+  error), so the scheduler loop re-offers without calling the API server.
+* :func:`presence`: an attempt's presence from the pod cache and the last confirming read of its pod: the cache
+  is trusted to say LIVE or terminal, never to prove a pod gone by its absence.
+* :func:`retention_due`: whether a terminal pod of a closed attempt has been kept long enough (``[leoflow]
+  pod_retention_success`` / ``pod_retention_failure``).
+
+Pure: no I/O, no clock of its own (every ``now`` is passed in), no Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
+from leoflow_airflow.ledger.states import AttemptRef
+from leoflow_airflow.lifecycle.runtime import LaunchFailed, Presence, RuntimeEvent, Started
+from leoflow_airflow.runtime.kubernetes.classify import Verdict, VerdictKind
+
+__all__ = [
+    "BACKOFF_MAX_SECONDS",
+    "BACKOFF_SECONDS",
+    "RETRY_AFTER_MAX_SECONDS",
+    "CreateResult",
+    "CreateWindow",
+    "Lookup",
+    "create_event",
+    "presence",
+    "retention_due",
+]
+
+BACKOFF_SECONDS = 1.0
+"""The first back-off after a create answered backpressure or deferred without ``Retry-After``; doubled per
+further one in a row, at most :data:`BACKOFF_MAX_SECONDS`."""
+BACKOFF_MAX_SECONDS = 30.0
+RETRY_AFTER_MAX_SECONDS = 300.0
+"""A ``Retry-After`` longer than this is cut to it (a broken header must not stop dispatch for hours)."""
+
+
+class Lookup(enum.StrEnum):
+    """What the live read of a pod by its deterministic name found, after a create that may have landed."""
+
+    OURS = "ours"
+    """A pod of that name whose identity annotation names this attempt: the create (or an earlier one) landed."""
+    ABSENT = "absent"
+    """404: no pod of that name; the create did not land."""
+    OTHER = "other"
+    """A pod of that name that is not this attempt's (its identity annotation names another, or none)."""
+    FAILED = "failed"
+    """The read itself got no answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class CreateResult:
+    """One pod create as the worker pool saw it.
+
+    :param launch_id: the launch it was for.
+    :param pod_name: the pod's deterministic name.
+    :param verdict: the create's classified answer (:mod:`.classify`).
+    :param uid: the created pod's UID (``dispatched``), or the UID of the pod found by the read (``OURS``).
+    :param lookup: what the live read found, for a ``check_existing`` or ``deferred`` verdict (None: no read).
+    :param detail: what the read said when it failed or found another pod (operator-facing text).
+    """
+
+    launch_id: str
+    pod_name: str
+    verdict: Verdict
+    uid: str | None = None
+    lookup: Lookup | None = None
+    detail: str = ""
+
+
+def create_event(result: CreateResult) -> RuntimeEvent:
+    """The lifecycle event of one create (module docstring).
+
+    ``dispatched``, or a read that found our pod → ``Started(facts={pod_name, pod_uid})``; ``backpressure`` and
+    ``deferred`` (the read found no pod, or failed) → ``LaunchFailed(retryable=True)``; ``refused``, or a name
+    held by another pod → ``LaunchFailed(retryable=False)`` with the reason. A ``check_existing`` without a
+    read counts as a failed read.
+    """
+    kind, reason = result.verdict.kind, result.verdict.reason
+    if kind is VerdictKind.DISPATCHED or result.lookup is Lookup.OURS:
+        if result.uid:
+            return Started(result.launch_id, {"pod_name": result.pod_name, "pod_uid": result.uid})
+        return LaunchFailed(result.launch_id, f"pod {result.pod_name}: created without a UID in the answer",
+                            retryable=True)
+    if kind is VerdictKind.REFUSED:
+        return LaunchFailed(result.launch_id, f"pod {result.pod_name} refused: {reason}", retryable=False)
+    if kind is VerdictKind.BACKPRESSURE:
+        return LaunchFailed(result.launch_id, f"backpressure creating pod {result.pod_name}: {reason}",
+                            retryable=True)
+    if result.lookup is Lookup.OTHER:
+        return LaunchFailed(result.launch_id, f"pod name {result.pod_name} is held by a pod that is not this "
+                            f"attempt's: {result.detail or reason}", retryable=False)
+    why = f"{reason}; no pod of that name" if result.lookup is Lookup.ABSENT else \
+        f"{reason}; its pod could not be read ({result.detail or 'no read'})"
+    return LaunchFailed(result.launch_id, f"creating pod {result.pod_name} deferred: {why}", retryable=True)
+
+
+class CreateWindow:
+    """The back-off window of pod creates: closed by a backpressure or deferred answer, for its
+    ``Retry-After`` (at most :data:`RETRY_AFTER_MAX_SECONDS`) or :data:`BACKOFF_SECONDS` doubled per answer
+    in a row (at most :data:`BACKOFF_MAX_SECONDS`); reopened at once by a create that landed. Times are
+    ``monotonic()`` seconds passed in."""
+
+    def __init__(self) -> None:
+        self.until = 0.0
+        self.in_a_row = 0
+        self.disposition = Disposition.DEFERRED
+        self.reason = ""
+
+    def note(self, verdict: Verdict, now: float) -> None:
+        """Record one create's verdict seen at ``now``. ``check_existing`` (a 409 on our name) changes nothing:
+        the API server answered and took no load from it."""
+        kind = verdict.kind
+        if kind is VerdictKind.DISPATCHED:
+            self.in_a_row, self.until = 0, 0.0
+            return
+        if kind not in (VerdictKind.BACKPRESSURE, VerdictKind.DEFERRED):
+            return
+        self.in_a_row += 1
+        wait = min(BACKOFF_MAX_SECONDS, BACKOFF_SECONDS * 2 ** (self.in_a_row - 1))
+        if verdict.retry_after is not None:
+            wait = min(RETRY_AFTER_MAX_SECONDS, max(0.0, verdict.retry_after))
+        self.until = max(self.until, now + wait)
+        self.disposition = Disposition.BACKPRESSURE if kind is VerdictKind.BACKPRESSURE else Disposition.DEFERRED
+        self.reason = verdict.reason
+
+    def admit(self, now: float) -> DispatchResult | None:
+        """None while the window is open at ``now``; else BACKPRESSURE/DEFERRED with the seconds left and why."""
+        if now >= self.until:
+            return None
+        return DispatchResult(self.disposition, f"pod creates wait {self.until - now:.1f} s more after: "
+                              f"{self.reason}"[:500])
+
+
+def _when(value: object) -> datetime | None:
+    """An aware datetime of ``value`` (a datetime, or an RFC 3339 string such as ``2026-12-01T14:00:00Z``)."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+    if isinstance(value, str) and value:
+        try:
+            return _when(datetime.fromisoformat(value.replace("Z", "+00:00")))
+        except ValueError:
+            return None
+    return None
+
+
+def retention_due(*, phase: str | None, finished_at: object, first_seen_terminal: datetime, now: datetime,
+                  success_seconds: float, failure_seconds: float) -> bool:
+    """Whether a terminal pod may be deleted now: ``now`` is at least its retention past its end.
+
+    :param phase: the pod's phase; ``Succeeded`` keeps it ``success_seconds``, anything else (``Failed``, a pod
+        that vanished into an unknown phase) ``failure_seconds``.
+    :param finished_at: when its agent container ended (a datetime or RFC 3339 text), or None.
+    :param first_seen_terminal: when this runtime first saw it terminal (aware): the end when ``finished_at``
+        is missing or unreadable.
+    :param now: aware UTC.
+    """
+    keep = success_seconds if phase == "Succeeded" else failure_seconds
+    ended = _when(finished_at) or first_seen_terminal
+    return (now - ended).total_seconds() >= keep
+
+
+class _View(Protocol):
+    """What :func:`presence` reads of a pod view (``status.PodView``)."""
+
+    uid: str
+    ref: AttemptRef | None
+    terminal: bool
+
+
+class _ReadLike(Protocol):
+    """What :func:`presence` reads of a confirming read: when it answered and what (None: 404)."""
+
+    at: float
+    view: Any
+
+
+def presence(cached: _View | None, read: _ReadLike | None, *, uid: str | None, ref: AttemptRef, now: float,
+             read_reuse: float) -> tuple[Presence, Any, bool]:
+    """The presence of attempt ``ref``'s pod, the view it was decided from, and whether a confirming read of
+    the pod by name must be sent.
+
+    A pod is the attempt's when its UID is ``uid`` (recorded) or, without one, its identity annotation names
+    ``ref``. In the cache: terminal → GONE, else LIVE. Not in the cache: the last confirming read decides:
+    404, or another pod under the name → GONE (for good when ``uid`` is known: a UID never comes back; for
+    ``read_reuse`` seconds otherwise); the attempt's pod, terminal → GONE, else LIVE (a fresh read is asked
+    for once it is ``read_reuse`` seconds old). No read yet → UNKNOWN, and one is asked for.
+
+    :param now: ``monotonic()`` seconds, the clock of ``read.at``.
+    """
+    def ours(view: Any) -> bool:
+        return view is not None and (view.uid == uid if uid else view.ref == ref)
+
+    if ours(cached):
+        assert cached is not None
+        return (Presence.GONE if cached.terminal else Presence.LIVE), cached, False
+    if read is None:
+        return Presence.UNKNOWN, None, True
+    stale = now - read.at >= read_reuse
+    if not ours(read.view):
+        if uid is not None or not stale:
+            return Presence.GONE, None, False
+        return Presence.UNKNOWN, None, True
+    if read.view.terminal:
+        return Presence.GONE, read.view, False
+    return Presence.LIVE, read.view, stale

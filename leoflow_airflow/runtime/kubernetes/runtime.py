@@ -1,0 +1,759 @@
+"""``KubernetesRuntime``: the :class:`~leoflow_airflow.lifecycle.runtime.Runtime` of a pod per attempt
+(``[leoflow] runtime = kubernetes``; DESIGN §1 "Runtimes", §3; issue 9 items 2 and 6).
+
+Threads. The scheduler thread never calls the API server. Every request (pod create, the live read that
+confirms a pod is gone, delete, the start-up check) runs on a small worker pool (:data:`API_WORKERS`
+threads) and its answer comes back through one queue that :meth:`KubernetesRuntime.poll` drains; the pod
+informer (:mod:`.informer`) keeps a watch-fed cache on its own thread. So ``launch``, ``poll``, ``observe``,
+``locate``, ``evidence``, ``kill`` and ``collect`` read memory and the cache only and return in
+milliseconds whatever the API server does.
+
+Dispatch (issue 9 item 2). ``launch`` builds the pod with the pure :func:`.pod.build_pod` (a ``PodRefused`` is
+REFUSED at once, naming the field), submits its create and answers DISPATCHED; the create's answer, classified
+by :mod:`.classify` and mapped by :func:`.decide.create_event`, comes back from :meth:`poll` as ``Started``
+(``pod_name``, ``pod_uid``) or ``LaunchFailed`` (retryable for backpressure and deferred: the lifecycle
+re-offers the workload; not for refused: the task instance fails with the API server's reason). A 409 on the
+attempt's own deterministic name, and a 5xx or transport error after which the create may have landed, are
+settled by a live read of the pod by name: this attempt's by its identity annotation → ``Started`` with that
+pod's UID; none → a retryable failure. Backpressure and deferred answers close a back-off window
+(:class:`.decide.CreateWindow`, honouring ``Retry-After``) during which :meth:`admit` answers BACKPRESSURE or
+DEFERRED, so the scheduler loop re-offers without calling the API server; at most ``[leoflow]
+launch_queue_size`` creates are in flight (beyond: DEFERRED).
+
+Presence (DESIGN §2 "proof of death"): LIVE while the attempt's pod (by UID) is in the cache and not
+terminal; GONE when the cache shows it terminal (``Succeeded``/``Failed``), or when it is absent from the cache
+and a live read on the pool confirmed it (404, or the name now holds another UID); UNKNOWN until that read
+answers, while a create is in flight, and while the cache has not synced. The cache is trusted only to defer.
+
+Kills delete exactly the attempt's pod: ``grace_period_seconds`` = the kill's grace and a UID precondition,
+so a newer epoch's pod (another name) or a pod re-created under the same name (another UID) is never touched.
+``stop()``/``end()`` never delete pods: they keep running for a successor, which adopts them from the ledger
+and the pods' labels. Settled pods are deleted after ``[leoflow] pod_retention_success`` /
+``pod_retention_failure`` seconds (:meth:`collect`, UID precondition).
+
+Callbacks (``ExecuteCallback``: deadline callbacks) do not get a pod: they run on the scheduler's host as a
+local child process (:mod:`.callback`: ``BaseExecutor.run_workload``), the workload JSON handed over on its
+stdin from an unlinked 0600 temporary file (never argv or the environment), the environment filtered as
+Lite's (Airflow's own secrets withheld), its exit code reported as ``CallbackDone``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
+from leoflow_airflow.errors import ConfigError, PodRefused
+from leoflow_airflow.ledger.states import AttemptRef
+from leoflow_airflow.lifecycle.runtime import (
+    CallbackDone,
+    Evidence,
+    Exited,
+    LaunchSpec,
+    Presence,
+    RuntimeEvent,
+    RuntimeFacts,
+    Started,
+    launch_id,
+)
+from leoflow_airflow.runtime.kubernetes import decide, status
+from leoflow_airflow.runtime.kubernetes.classify import Verdict, VerdictKind, classify_exception
+from leoflow_airflow.runtime.kubernetes.pod import APP_LABELS, PodAttempt, build_pod, pod_name
+
+if TYPE_CHECKING:
+    from leoflow_airflow.ledger.store import Attempt
+    from leoflow_airflow.runtime.kubernetes.informer import PodInformer
+    from leoflow_airflow.runtime.kubernetes.status import PodView
+    from leoflow_airflow.settings import LeoflowSettings
+
+__all__ = ["API_WORKERS", "KubernetesRuntime", "label_selector"]
+
+log = logging.getLogger(__name__)
+
+API_WORKERS = 4
+"""Threads of the worker pool that makes every API request (creates, confirming reads, deletes)."""
+REQUEST_TIMEOUT_SECONDS = 30.0
+"""Seconds one API request on the pool may take in all (connect + read)."""
+START_RETRY_SECONDS = 30.0
+"""Seconds between two start-up checks while the last one found a problem."""
+READ_REUSE_SECONDS = 10.0
+"""Seconds a confirming read that found the pod still there is reused before the next one is sent."""
+DELETE_RETRY_SECONDS = 5.0
+"""Seconds after a delete that got no answer before it is sent again."""
+COLLECT_INTERVAL_SECONDS = 30.0
+STUCK_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                           "CreateContainerError"})
+"""Waiting reasons of the agent container that do not pass by themselves: logged once per pod as an error."""
+"""Seconds between two passes of the settled-pod GC."""
+
+
+def label_selector() -> str:
+    """The label selector of every task pod leoflow creates (:data:`.pod.APP_LABELS`, ``k=v`` joined by commas):
+    the informer watches exactly these."""
+    return ",".join(f"{k}={v}" for k, v in sorted(APP_LABELS.items()))
+
+
+@dataclass
+class _Launch:
+    """What the runtime remembers of one attempt it created or adopted (in memory, scheduler thread only)."""
+
+    ref: AttemptRef
+    name: str
+    uid: str | None = None
+    creating: bool = False  # its create is on the pool
+    cancelled: bool = False  # killed while its create was on the pool: delete the pod as soon as it exists
+    exited: bool = False  # ``Exited`` was reported
+    warned: bool = False  # its agent container's stuck waiting reason was logged
+
+
+@dataclass(frozen=True)
+class _Read:
+    """A confirming read of pod ``name``: ``view`` None for 404; ``error`` when it got no answer."""
+
+    name: str
+    at: float
+    view: PodView | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class _Deleted:
+    """The answer to one delete: ``error`` empty when the pod is deleted or was gone already."""
+
+    name: str
+    uid: str | None
+    why: str
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class _StartCheck:
+    """The start-up check's answer: ``problem`` empty when the namespace, pods and ServiceAccount are reachable."""
+
+    problem: str
+    notes: tuple[str, ...] = ()
+
+
+class KubernetesRuntime:
+    """A pod per attempt (module docstring).
+
+    :param settings: the parsed ``[leoflow]`` section (``kubernetes.exchange_url`` derived: ``settings.load``).
+    :param server: ``server() -> str``: the Execution API URL (callbacks only; task pods get theirs at exchange).
+    :param api_client_factory: ``() -> kubernetes.client.ApiClient``; default: ``[leoflow] in_cluster`` /
+        ``kube_config`` through :meth:`.review.KubeClient.from_config`.
+    :param informer_factory: ``(api_client, namespace, label_selector) -> PodInformer``; default :class:`.informer.
+        PodInformer`.
+    :param mutation_hook: Airflow's ``pod_mutation_hook``; default: read at :meth:`start`
+        (:func:`.template.airflow_pod_mutation_hook`). Pass ``False`` for none.
+    :param monotonic: the clock of back-offs and intervals (seconds).
+    :param environ: the environment callback children start from (filtered; default ``os.environ``).
+    """
+
+    kind = "kubernetes"
+    host: str | None = None
+    """Pods are not tied to the scheduler's host: attempts are unstamped and observed from any scheduler."""
+
+    def __init__(self, settings: LeoflowSettings, *, server: Callable[[], str] = lambda: "",
+                 api_client_factory: Callable[[], Any] | None = None,
+                 informer_factory: Callable[[Any, str, str], PodInformer] | None = None,
+                 mutation_hook: Callable[[Any], Any] | bool | None = None,
+                 monotonic: Callable[[], float] = time.monotonic, environ: Mapping[str, str] | None = None) -> None:
+        self.settings = settings
+        self.kube = settings.kubernetes
+        self._server = server
+        self._api_client_factory = api_client_factory
+        self._informer_factory = informer_factory
+        self._hook_arg = mutation_hook
+        self._hook: Callable[[Any], Any] | None = None
+        self._template: Any = None
+        self._monotonic = monotonic
+        self._environ = environ
+        self._api: Any = None
+        self._core: Any = None
+        self.informer: PodInformer | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._results: queue.SimpleQueue[Any] = queue.SimpleQueue()  # create answers: become events in poll()
+        self._facts: queue.SimpleQueue[_Read | _Deleted] = queue.SimpleQueue()  # reads, deletes: taken anywhere
+        self._futures: set[concurrent.futures.Future[Any]] = set()
+        self._window = decide.CreateWindow()
+        self._launches: dict[str, _Launch] = {}
+        self._reads: dict[str, _Read] = {}
+        self._reading: set[str] = set()
+        self._deleting: dict[tuple[str, str | None], float | None] = {}  # deletes on the pool -> their grace
+        self._delete_again: dict[tuple[str, str | None], tuple[float, float | None, str]] = {}
+        self._terminal_seen: dict[tuple[str, str], datetime] = {}
+        self._callbacks: dict[str, subprocess.Popen[bytes]] = {}
+        self._checked = False  # the start-up check passed
+        self._checking = False
+        self._check_answer: _StartCheck | None = None
+        self._problem = ""  # the start-up check's last problem (logged once)
+        self._next_check = 0.0
+        self._next_collect = 0.0
+        self._started = False
+        self._stopped = False
+
+    # --- the runtime itself ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Read the pod template and the ``pod_mutation_hook`` (once), build the API client, start the pod
+        informer and the worker pool, and submit the start-up check; returns at once. :meth:`admit` answers
+        DEFERRED until the check passed and the informer synced. An unreachable API server, a missing
+        namespace or ServiceAccount, or missing RBAC are logged once as an error naming what to fix, and
+        dispatch stays DEFERRED (nothing is lost) while the check is repeated every
+        :data:`START_RETRY_SECONDS`.
+
+        :raises ConfigError: the pod template is malformed (``[leoflow] pod_template_file``), or the client
+            configuration cannot be loaded (``[leoflow] in_cluster`` / ``kube_config``).
+        """
+        from leoflow_airflow.runtime.kubernetes import template
+
+        self._template = template.load_pod_template(self.kube.pod_template_file)
+        if self._hook_arg is None:
+            self._hook = template.airflow_pod_mutation_hook()
+        elif callable(self._hook_arg):
+            self._hook = self._hook_arg
+        self._api = self._make_api_client()
+        from kubernetes import client
+
+        self._core = client.CoreV1Api(self._api)
+        self._pool = concurrent.futures.ThreadPoolExecutor(API_WORKERS, thread_name_prefix="leoflow-kube")
+        if self._informer_factory is not None:
+            self.informer = self._informer_factory(self._api, self.kube.namespace, label_selector())
+        else:
+            from leoflow_airflow.runtime.kubernetes.informer import PodInformer
+
+            self.informer = PodInformer(self._api, self.kube.namespace, label_selector(),
+                                        request_timeout_seconds=REQUEST_TIMEOUT_SECONDS)
+        self.informer.start()
+        self._started = True
+        self._start_check()
+
+    def _make_api_client(self) -> Any:
+        if self._api_client_factory is not None:
+            return self._api_client_factory()
+        from leoflow_airflow.runtime.kubernetes.review import KubeClient
+
+        try:
+            return KubeClient.from_config(in_cluster=self.kube.in_cluster, kube_config=self.kube.kube_config,
+                                          timeout=REQUEST_TIMEOUT_SECONDS).api_client
+        except Exception as exc:  # ConfigException, OSError: the configuration, not the network
+            key = "leoflow.in_cluster" if self.kube.in_cluster else "leoflow.kube_config"
+            value = str(self.kube.in_cluster) if self.kube.in_cluster else (self.kube.kube_config or "<default>")
+            raise ConfigError(key, value, f"the Kubernetes client configuration cannot be loaded: {exc}") from None
+
+    def stop(self, timeout: float) -> list[RuntimeEvent]:
+        """Stop launching; wait up to ``timeout`` seconds for the creates in flight and return the events still
+        owed (a ``Started`` records a pod so a successor adopts it); stop the informer and the pool. Pods are
+        never deleted here: they keep running for a successor scheduler."""
+        self._stopped = True
+        creates = [f for f in self._futures if not f.done()]
+        if creates:
+            concurrent.futures.wait(creates, timeout=max(0.0, timeout))
+        events = self._drain()
+        self._shutdown(wait_informer=min(1.0, max(0.0, timeout)))
+        return events
+
+    def terminate(self) -> None:
+        """Stop at once: the informer, the pool (queued requests cancelled) and the callback children (SIGKILL).
+        Task pods were deleted by the lifecycle's kills first."""
+        self._stopped = True
+        for proc in self._callbacks.values():
+            if proc.poll() is None:
+                proc.kill()
+        self._shutdown(wait_informer=0.0)
+
+    def _shutdown(self, *, wait_informer: float) -> None:
+        if self.informer is not None:
+            self.informer.stop(wait_informer)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- the worker pool ------------------------------------------------------------------------------
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> bool:
+        """Run ``fn(*args)`` on the pool; its return value (never an exception) goes to the results queue.
+        False when the pool is gone (stopped)."""
+        if self._pool is None:
+            return False
+
+        def job() -> None:
+            try:
+                result = fn(*args)
+                if isinstance(result, (_Read, _Deleted)):
+                    self._facts.put(result)
+                elif result is not None:
+                    self._results.put(result)
+            except Exception as exc:  # noqa: BLE001 - every job answers; a bug must not lose the fact
+                log.exception("leoflow Kubernetes request %s failed unexpectedly", getattr(fn, "__name__", fn))
+                self._results.put(("error", args, exc))
+
+        try:
+            future = self._pool.submit(job)
+        except RuntimeError:  # shut down
+            return False
+        self._futures.add(future)
+        future.add_done_callback(self._futures.discard)
+        return True
+
+    def _start_check(self) -> None:
+        if self._checking or self._stopped:
+            return
+        self._checking = True
+        if not self._submit(self._check_job):
+            self._checking = False
+
+    def _check_job(self) -> None:
+        """Pool: run the start-up check and hand its answer over in one attribute (a reference assignment:
+        :meth:`admit` and :meth:`poll` take it without waiting for the results queue)."""
+        self._check_answer = self._check()
+
+    def _take_check(self) -> None:
+        """Scheduler thread: act on a start-up check's answer once it is there."""
+        answer, self._check_answer = self._check_answer, None
+        if answer is not None:
+            self._started_checked(answer)
+
+    def _check(self) -> _StartCheck:
+        """Pool: can the scheduler use ``[leoflow] namespace`` (pods listable) and does ``[leoflow]
+        service_account`` exist there? A 403 on the namespace or ServiceAccount read only means the scheduler
+        may not look (least privilege): noted, not a problem."""
+        ns, sa, t = self.kube.namespace, self.kube.service_account, REQUEST_TIMEOUT_SECONDS
+        host = getattr(getattr(self._api, "configuration", None), "host", "?")
+        notes: list[str] = []
+        try:
+            self._core.list_namespaced_pod(ns, limit=1, label_selector=label_selector(), _request_timeout=t)
+        except Exception as exc:  # noqa: BLE001 - sorted here
+            code = getattr(exc, "status", None)
+            if code in (401, 403):
+                return _StartCheck(f"the scheduler's Kubernetes identity may not list pods in namespace {ns!r} "
+                                   f"(HTTP {code}): grant it pods create, get, list, watch, delete there")
+            return _StartCheck(f"the Kubernetes API server at {host} does not answer ({_short(exc)}): check "
+                               "[leoflow] in_cluster / kube_config and that the API server is reachable")
+        for what, call in (("namespace", lambda: self._core.read_namespace(ns, _request_timeout=t)),
+                           ("ServiceAccount", lambda: self._core.read_namespaced_service_account(
+                               sa, ns, _request_timeout=t))):
+            try:
+                call()
+            except Exception as exc:  # noqa: BLE001 - sorted here
+                code = getattr(exc, "status", None)
+                if code == 404 and what == "namespace":
+                    return _StartCheck(f"namespace {ns!r} does not exist: create it or set [leoflow] namespace")
+                if code == 404:
+                    return _StartCheck(f"ServiceAccount {ns}/{sa} does not exist: create it (task pods run as it "
+                                       "and the token exchange accepts only its tokens) or set [leoflow] "
+                                       "service_account")
+                if code in (401, 403):
+                    notes.append(f"the {what} was not checked: the scheduler may not read it (HTTP {code})")
+                    continue
+                return _StartCheck(f"the Kubernetes API server at {host} does not answer ({_short(exc)})")
+        return _StartCheck("", tuple(notes))
+
+    def _create(self, lid: str, name: str, ref: AttemptRef, pod: Any) -> decide.CreateResult:
+        """Pool: create ``pod``; where the answer leaves it open (409 on our name, 5xx, transport), read the pod
+        by name to learn whether it is ours."""
+        try:
+            created = self._core.create_namespaced_pod(self.kube.namespace, pod,
+                                                       _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        except Exception as exc:  # noqa: BLE001 - classified
+            verdict = classify_exception(exc, pod_name=name)
+        else:
+            return decide.CreateResult(lid, name, Verdict(VerdictKind.DISPATCHED), uid=created.metadata.uid)
+        if verdict.kind not in (VerdictKind.CHECK_EXISTING, VerdictKind.DEFERRED):
+            return decide.CreateResult(lid, name, verdict)
+        read = self._read(name)
+        if read.error:
+            return decide.CreateResult(lid, name, verdict, lookup=decide.Lookup.FAILED, detail=read.error)
+        if read.view is None:
+            return decide.CreateResult(lid, name, verdict, lookup=decide.Lookup.ABSENT)
+        if read.view.ref == ref and not read.view.deleting:
+            return decide.CreateResult(lid, name, verdict, uid=read.view.uid, lookup=decide.Lookup.OURS)
+        held = f"pod {name} uid {read.view.uid} names attempt {read.view.ref}"
+        if read.view.ref == ref:  # ours, being deleted (a kill of an earlier create): it will not run the task
+            return decide.CreateResult(lid, name, verdict, lookup=decide.Lookup.FAILED, detail=held + ", deleting")
+        return decide.CreateResult(lid, name, verdict, lookup=decide.Lookup.OTHER, detail=held)
+
+    def _read(self, name: str) -> _Read:
+        """Pool: GET pod ``name`` (raw JSON → :func:`.status.pod_view`); ``view`` None for 404."""
+        try:
+            resp = self._core.read_namespaced_pod(name, self.kube.namespace, _preload_content=False,
+                                                  _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            obj = json.loads(resp.data)
+        except Exception as exc:  # noqa: BLE001 - sorted here
+            if getattr(exc, "status", None) == 404:
+                return _Read(name, self._monotonic(), None)
+            return _Read(name, self._monotonic(), None, error=_short(exc))
+        return _Read(name, self._monotonic(), status.pod_view(obj))
+
+    def _delete(self, name: str, uid: str | None, grace: float | None, why: str) -> _Deleted:
+        """Pool: delete pod ``name`` with the UID precondition (when ``uid``) and ``grace`` seconds (None: the
+        pod's own). 404 (gone) and 409 (that UID is gone: the name holds another pod) count as done."""
+        from kubernetes import client
+
+        body = client.V1DeleteOptions(
+            grace_period_seconds=None if grace is None else max(0, int(grace)),
+            preconditions=client.V1Preconditions(uid=uid) if uid else None)
+        try:
+            self._core.delete_namespaced_pod(name, self.kube.namespace, body=body,
+                                             _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        except Exception as exc:  # noqa: BLE001 - sorted here
+            if getattr(exc, "status", None) not in (404, 409):
+                return _Deleted(name, uid, why, error=_short(exc))
+        return _Deleted(name, uid, why)
+
+    def _request_delete(self, name: str, uid: str | None, grace: float | None, why: str) -> None:
+        """Submit a delete unless one with the same or a shorter grace is on its way."""
+        key = (name, uid)
+        if key in self._deleting:
+            earlier = self._deleting[key]  # None: the pod's own grace, the longest
+            if grace is None or (earlier is not None and earlier <= grace):
+                return
+        self._deleting[key] = grace
+        if not self._submit(self._delete, name, uid, grace, why):
+            self._deleting.pop(key, None)
+
+    def _request_read(self, name: str) -> None:
+        if name not in self._reading and self._submit(self._read, name):
+            self._reading.add(name)
+
+    # --- launching --------------------------------------------------------------------------------------
+    def admit(self) -> DispatchResult | None:
+        """None when a pod create may be submitted now; else DEFERRED (not started or stopped, the start-up
+        check not passed, the pod cache not synced, ``[leoflow] launch_queue_size`` creates in flight, a 5xx or
+        transport back-off open) or BACKPRESSURE (a 429 / quota back-off open, ``Retry-After`` honoured)."""
+        if not self._started or self._stopped:
+            return DispatchResult(Disposition.DEFERRED, "the Kubernetes runtime is not running")
+        self._take_check()
+        if not self._checked:
+            return DispatchResult(Disposition.DEFERRED, self._problem or "checking the Kubernetes namespace")
+        if self.informer is None or not self.informer.synced:
+            error = getattr(self.informer, "last_error", None)
+            return DispatchResult(Disposition.DEFERRED, "the pod cache has not synced" + (f": {error}" if error else ""))
+        if sum(launch.creating for launch in self._launches.values()) >= self.settings.launch_queue_size:
+            return DispatchResult(Disposition.DEFERRED, "[leoflow] launch_queue_size pod creates are in flight")
+        return self._window.admit(self._monotonic())
+
+    def record_path(self, ti_id: str, attempt_epoch: int) -> None:
+        """None: a pod's outcome record is its termination message, read from the pod's status."""
+        return None
+
+    def launch(self, spec: LaunchSpec) -> DispatchResult:
+        """Build the attempt's pod and submit its create (module docstring); REFUSED at once for a pod that
+        cannot be built (the reason names the field); DEFERRED when the runtime cannot take it now."""
+        ti = spec.workload.ti
+        attempt = PodAttempt(spec.ref.ti_id, spec.ref.try_number, spec.ref.attempt_epoch, ti.dag_id, ti.task_id,
+                             ti.run_id, ti.map_index)
+        try:
+            pod = build_pod(attempt, self.kube, template=self._template,
+                            executor_config=getattr(ti, "executor_config", None), mutation_hook=self._hook)
+        except PodRefused as exc:
+            return DispatchResult(Disposition.REFUSED, str(exc))
+        if (wait := self.admit()) is not None:
+            return wait
+        name = pod.metadata.name
+        self._launches[spec.launch_id] = _Launch(spec.ref, name, creating=True)
+        if not self._submit(self._create, spec.launch_id, name, spec.ref, pod):
+            del self._launches[spec.launch_id]
+            return DispatchResult(Disposition.DEFERRED, "the Kubernetes runtime is stopping")
+        return DispatchResult(Disposition.DISPATCHED)
+
+    def launch_callback(self, launch_id: str, workload: Any) -> DispatchResult:
+        """Run a callback workload as a local child (module docstring); DISPATCHED, or DEFERRED when it could
+        not be started (logged)."""
+        from leoflow_airflow.runtime.environment import agent_environment
+
+        env = agent_environment(dict(os.environ if self._environ is None else self._environ),
+                                self.settings.agent_env_passthrough, self.settings.agent_env_deny)
+        try:
+            with tempfile.TemporaryFile() as fh:  # 0600 and unlinked: the token in it is never on a path
+                fh.write(workload.model_dump_json().encode())
+                fh.seek(0)
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "leoflow_airflow.runtime.kubernetes.callback", "--server", self._server()],
+                    stdin=fh, env=env, start_new_session=True)
+        except OSError as exc:
+            log.warning("callback %s: could not start its process (%s); re-offered", launch_id, exc)
+            return DispatchResult(Disposition.DEFERRED, f"could not start the callback process: {exc}")
+        self._callbacks[launch_id] = proc
+        return DispatchResult(Disposition.DISPATCHED)
+
+    # --- facts ------------------------------------------------------------------------------------------
+    def poll(self) -> list[RuntimeEvent]:
+        """The pool's answers as events (``Started``/``LaunchFailed`` of creates), then ``Exited`` for every
+        launch whose pod turned terminal in the cache or was confirmed gone, ``CallbackDone`` of finished
+        callback children; and the upkeep: repeat a failed start-up check and deletes that got no answer.
+        Never blocks."""
+        events = self._drain()
+        self._take_check()
+        self._retry_deletes()
+        if self._started and not self._stopped and not self._checked and not self._checking \
+                and self._monotonic() >= self._next_check:
+            self._start_check()
+        for lid, launch in self._launches.items():
+            if launch.exited or launch.creating or launch.uid is None:
+                continue
+            presence, view = self._presence(launch.name, launch.uid, launch.ref)
+            if presence is Presence.GONE:
+                launch.exited = True
+                code = view.agent.exit_code if view is not None and view.agent is not None else None
+                log.info("attempt %s: pod %s ended: %s", launch.ref, launch.name,
+                         status.describe_end(view) if view is not None else "it is gone")
+                events.append(Exited(lid, code))
+            elif view is not None and view.waiting_reason in STUCK_REASONS and not launch.warned:
+                launch.warned = True
+                log.error("attempt %s: pod %s cannot start its agent container: %s: %s (fix the image or "
+                          "[leoflow] image / the pod template; the dispatch-lost reaper re-dispatches it)",
+                          launch.ref, launch.name, view.waiting_reason, view.waiting_message or "")
+        for lid, proc in list(self._callbacks.items()):
+            code = proc.poll()
+            if code is not None:
+                del self._callbacks[lid]
+                events.append(CallbackDone(lid, code == 0))
+        return events
+
+    def _drain(self) -> list[RuntimeEvent]:
+        self._absorb()
+        events: list[RuntimeEvent] = []
+        while True:
+            try:
+                item = self._results.get_nowait()
+            except queue.Empty:
+                return events
+            if isinstance(item, decide.CreateResult):
+                events.extend(self._created(item))
+            else:  # ("error", args, exc): a bug in a job; a create's launch must not wait forever
+                for launch_id_ in [a for a in item[1] if isinstance(a, str) and a in self._launches]:
+                    if self._launches[launch_id_].creating:
+                        result = decide.CreateResult(launch_id_, self._launches[launch_id_].name,
+                                                     Verdict(VerdictKind.DEFERRED, _short(item[2])),
+                                                     lookup=decide.Lookup.FAILED, detail="internal error")
+                        events.extend(self._created(result))
+
+    def _absorb(self) -> None:
+        """Scheduler thread: take the answers of confirming reads and deletes (any scheduler-side method may)."""
+        while True:
+            try:
+                item = self._facts.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Read):
+                self._reading.discard(item.name)
+                if not item.error:
+                    self._reads[item.name] = item
+            else:
+                grace = self._deleting.pop((item.name, item.uid), None)
+                if item.error:
+                    log.warning("could not delete pod %s uid %s (%s): %s; trying again in %.0f s", item.name,
+                                item.uid, item.why, item.error, DELETE_RETRY_SECONDS)
+                    self._delete_again[(item.name, item.uid)] = (self._monotonic() + DELETE_RETRY_SECONDS, grace,
+                                                                 item.why)
+
+    def _retry_deletes(self) -> None:
+        """Submit again the deletes that got no answer once :data:`DELETE_RETRY_SECONDS` passed (a kill must not
+        be lost to one failed request; the UID precondition keeps a late one harmless)."""
+        now = self._monotonic()
+        for key, (due, grace, why) in list(self._delete_again.items()):
+            if now >= due:
+                del self._delete_again[key]
+                self._request_delete(key[0], key[1], grace, why)
+
+    def _created(self, result: decide.CreateResult) -> list[RuntimeEvent]:
+        self._window.note(result.verdict, self._monotonic())
+        event = decide.create_event(result)
+        launch = self._launches.get(result.launch_id)
+        if launch is None:
+            return [event]
+        launch.creating = False
+        if isinstance(event, Started):
+            launch.uid = result.uid
+            if launch.cancelled:  # killed while its create was in flight: it must not run
+                self._request_delete(launch.name, launch.uid, 0, "killed while its create was in flight")
+        else:
+            del self._launches[result.launch_id]
+        return [event]
+
+    def _started_checked(self, check: _StartCheck) -> None:
+        self._checking = False
+        if not check.problem:
+            self._checked = True
+            for note in check.notes:
+                log.info("leoflow Kubernetes runtime: %s", note)
+            log.info("leoflow Kubernetes runtime: namespace %s reachable%s; dispatching pods", self.kube.namespace,
+                     ", ServiceAccount " + self.kube.service_account + " present" if not check.notes else "")
+            self._problem = ""
+            return
+        if check.problem != self._problem:
+            log.error("leoflow cannot start task pods: %s. Task instances stay queued (nothing is lost) and the "
+                      "check is repeated every %.0f s", check.problem, START_RETRY_SECONDS)
+        self._problem = check.problem
+        self._next_check = self._monotonic() + START_RETRY_SECONDS
+
+    # --- presence, evidence, kill ----------------------------------------------------------------------
+    def _presence(self, name: str, uid: str | None, ref: AttemptRef) -> tuple[Presence, PodView | None]:
+        """The presence of ``ref``'s pod ``name`` (``uid`` when recorded) and the freshest view of it; asks the
+        pool for a confirming read when the cache does not hold it (module docstring)."""
+        if self.informer is None or not self.informer.synced:
+            return Presence.UNKNOWN, None
+        self._absorb()
+        presence, view, need_read = decide.presence(
+            self.informer.get(name), self._reads.get(name), uid=uid, ref=ref, now=self._monotonic(),
+            read_reuse=READ_REUSE_SECONDS)
+        if need_read:
+            self._request_read(name)
+        if view is None and uid is not None:
+            view = self.informer.tombstone(name, uid)
+        return presence, view
+
+    def _where(self, attempt: Attempt) -> tuple[str, str | None, _Launch | None]:
+        """The attempt's pod name, its UID when known (ledger, else our launch), and our launch of it."""
+        launch = self._launches.get(launch_id(attempt.ref))
+        name = attempt.pod_name or (launch.name if launch is not None else pod_name(_pod_attempt(attempt)))
+        uid = attempt.pod_uid or (launch.uid if launch is not None else None)
+        return name, uid, launch
+
+    def observe(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, Presence]:
+        """LIVE / GONE / UNKNOWN per attempt from the cache (module docstring); a create in flight is UNKNOWN."""
+        out: dict[AttemptRef, Presence] = {}
+        for attempt in attempts:
+            name, uid, launch = self._where(attempt)
+            if launch is not None and launch.creating:
+                out[attempt.ref] = Presence.UNKNOWN
+                continue
+            out[attempt.ref] = self._presence(name, uid, attempt.ref)[0]
+        return out
+
+    def locate(self, attempt: Attempt) -> RuntimeFacts | None:
+        """The pod of an attempt with no recorded pod, from the cache: its deterministic name, holding this
+        attempt's identity annotation → ``{pod_name, pod_uid}``; else None."""
+        if self.informer is None:
+            return None
+        name = pod_name(_pod_attempt(attempt))
+        view = self.informer.get(name)
+        if view is None or view.ref != attempt.ref:
+            return None
+        return {"pod_name": view.name, "pod_uid": view.uid}
+
+    def evidence(self, attempt: Attempt) -> Evidence:
+        """The record in the pod's termination message (the cached view, its tombstone, or the last confirming
+        read), decoded against the attempt's identity (:func:`.status.pod_evidence`); never raises."""
+        self._absorb()
+        name, uid, _ = self._where(attempt)
+        view = None
+        if self.informer is not None:
+            cached = self.informer.get(name)
+            if cached is not None and (cached.uid == uid if uid else cached.ref == attempt.ref):
+                view = cached
+            elif uid is not None:
+                view = self.informer.tombstone(name, uid)
+        read = self._reads.get(name)
+        if view is None and read is not None and read.view is not None and \
+                (read.view.uid == uid if uid else read.view.ref == attempt.ref):
+            view = read.view
+        try:
+            return status.pod_evidence(view, attempt.ref)
+        except Exception:  # noqa: BLE001 - evidence never raises: no usable record
+            log.exception("reading the evidence of %s failed", attempt.ref)
+            return Evidence(None, None)
+
+    def kill(self, attempt: Attempt, *, grace: float) -> Presence:
+        """Delete the attempt's pod: ``grace_period_seconds=grace`` and a UID precondition, on the pool; never
+        waits. GONE when the pod is terminal or confirmed gone, or when nothing of the attempt exists (a create
+        still in flight is marked: its pod is deleted the moment the create answers); else LIVE (its end comes
+        through :meth:`poll` / :meth:`observe`)."""
+        name, uid, launch = self._where(attempt)
+        if uid is None:
+            if launch is not None and launch.creating:
+                launch.cancelled = True
+                return Presence.GONE
+            view = self.informer.get(name) if self.informer is not None else None
+            if view is None or view.ref != attempt.ref:
+                self._request_delete(name, None, grace, "kill of an attempt with no pod known")  # a lagging cache
+                return Presence.GONE
+            uid = view.uid
+        presence, _ = self._presence(name, uid, attempt.ref)
+        if presence is Presence.GONE:
+            return Presence.GONE
+        self._request_delete(name, uid, grace, f"kill of attempt {attempt.ref}")
+        log.info("attempt %s: deleting pod %s uid %s (grace %.0f s)", attempt.ref, name, uid, grace)
+        return Presence.LIVE
+
+    def kill_launch(self, launch_id: str) -> None:
+        """Delete a launch's pod at once (grace 0, UID precondition); a create in flight is deleted as soon as
+        it answers."""
+        launch = self._launches.get(launch_id)
+        if launch is None:
+            return
+        if launch.creating:
+            launch.cancelled = True
+        elif launch.uid is not None:
+            self._request_delete(launch.name, launch.uid, 0, f"launch {launch_id} must not run")
+
+    def forget(self, ref: AttemptRef) -> None:
+        """Drop what is remembered of ``ref`` (its launch and the confirming read of its pod)."""
+        launch = self._launches.pop(launch_id(ref), None)
+        if launch is not None and not launch.creating:
+            self._reads.pop(launch.name, None)
+            self._delete_again = {k: v for k, v in self._delete_again.items() if k[0] != launch.name}
+
+    def adopt(self, attempt: Attempt) -> None:
+        """Watch a predecessor's pod: its end is reported as ``Exited`` like our own."""
+        name, uid, launch = self._where(attempt)
+        if launch is None:
+            self._launches[launch_id(attempt.ref)] = _Launch(attempt.ref, name, uid)
+
+    # --- housekeeping -----------------------------------------------------------------------------------
+    def collect(self, is_closed: Callable[[str, int], bool]) -> int:
+        """Delete terminal pods of closed attempts once ``[leoflow] pod_retention_success`` (Succeeded) or
+        ``pod_retention_failure`` (otherwise) seconds passed since they ended (:func:`.decide.retention_due`),
+        with a UID precondition; every :data:`COLLECT_INTERVAL_SECONDS`. Returns the deletes submitted."""
+        self._absorb()
+        now_m = self._monotonic()
+        if self.informer is None or not self.informer.synced or now_m < self._next_collect:
+            return 0
+        self._next_collect = now_m + COLLECT_INTERVAL_SECONDS
+        now = datetime.now(timezone.utc)
+        count = 0
+        seen: set[tuple[str, str]] = set()
+        for view in self.informer.views():
+            if not view.terminal or view.ref is None or view.deleting:
+                continue
+            key = (view.name, view.uid)
+            seen.add(key)
+            first = self._terminal_seen.setdefault(key, now)
+            if key in self._deleting or not decide.retention_due(
+                    phase=view.phase, finished_at=view.finished_at, first_seen_terminal=first, now=now,
+                    success_seconds=self.kube.pod_retention_success,
+                    failure_seconds=self.kube.pod_retention_failure):
+                continue
+            if is_closed(view.ref.ti_id, view.ref.attempt_epoch):
+                self._request_delete(view.name, view.uid, None, "settled; its retention is over")
+                count += 1
+        self._terminal_seen = {k: v for k, v in self._terminal_seen.items() if k in seen}
+        return count
+
+    def extra_capacity(self, parallelism: int, running_ages: Sequence[float]) -> int:
+        """0: no queue-ahead; a pod starts in the API server's time, not the scheduler's."""
+        return 0
+
+    def slot_freed(self, held_for: float) -> None:
+        """Nothing to learn from it here."""
+
+
+def _pod_attempt(attempt: Attempt) -> PodAttempt:
+    ref = attempt.ref
+    return PodAttempt(ref.ti_id, ref.try_number, ref.attempt_epoch, attempt.dag_id, attempt.task_id,
+                      attempt.run_id, attempt.map_index)
+
+
+def _short(exc: BaseException) -> str:
+    code = getattr(exc, "status", None)
+    text = f"HTTP {code} {getattr(exc, 'reason', '')}".strip() if isinstance(code, int) and code else str(exc)
+    return f"{type(exc).__name__}: {text}"[:300]
