@@ -16,13 +16,16 @@ Typical use::
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
+import shutil
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from datetime import datetime, timezone
@@ -52,6 +55,27 @@ def _record_timing(kind: str, seconds: float, home: Path) -> None:
     if target:
         with open(target, "a", encoding="utf-8") as out:
             out.write(f"{kind} {seconds:.2f} {home}\n")
+
+
+# Config keys whose values ``airflow db migrate`` writes into a fresh database (the default pool's slots, the
+# log template row, the default connections); a migrated SQLite file is reused only by stacks that agree on them.
+_MIGRATE_WRITES_CONFIG = (
+    "AIRFLOW__CORE__DEFAULT_POOL_TASK_SLOT_COUNT",
+    "AIRFLOW__LOGGING__LOG_FILENAME_TEMPLATE",
+    "AIRFLOW__ELASTICSEARCH__LOG_ID_TEMPLATE",
+    "AIRFLOW__DATABASE__LOAD_DEFAULT_CONNECTIONS",
+)
+_sqlite_templates: dict[tuple[str | None, ...], Path] = {}
+_template_dir: Path | None = None
+
+
+def _template_path(key: tuple[str | None, ...]) -> Path:
+    """Where this process keeps the migrated SQLite file for ``key`` (a temp dir removed at exit)."""
+    global _template_dir
+    if _template_dir is None:
+        _template_dir = Path(tempfile.mkdtemp(prefix="leoflow-migrated-"))
+        atexit.register(shutil.rmtree, _template_dir, True)
+    return _template_dir / f"airflow-{len(_sqlite_templates)}.db"
 
 
 def free_port() -> int:
@@ -216,12 +240,29 @@ class AirflowStack:
     def migrate(self, timeout: float = 180.0) -> None:
         """Run ``airflow db migrate`` (output to ``process-logs/migrate.log``); SQLite is switched to WAL.
 
-        Raises ``StackError`` when the command fails or takes longer than ``timeout`` seconds.
+        On SQLite (``tune_sqlite``) the first stack of this process that migrates keeps a copy of its freshly
+        migrated file, and later stacks whose configuration writes the same rows (see
+        ``_MIGRATE_WRITES_CONFIG``) start from a copy of it instead of running the command again: the same
+        schema, ledger tables and rows, without a 10-30 s Airflow start-up per stack. Raises ``StackError``
+        when the command fails or takes longer than ``timeout`` seconds.
         """
         t0 = time.monotonic()
         self._prepare_home()
         log_path = self.process_logs / "migrate.log"
-        popen = procs.spawn(self._airflow("db", "migrate"), env=self.env(), log_path=log_path, cwd=self.home)
+        env = self.env()
+        db_file = self.home / "airflow.db"
+        template_key: tuple[str | None, ...] | None = None
+        own_file = env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN") == self.sql_alchemy_conn
+        if self.sqlite and self.tune_sqlite and own_file and not db_file.exists():
+            template_key = (sys.executable,) + tuple(env.get(key) for key in _MIGRATE_WRITES_CONFIG)
+            template = _sqlite_templates.get(template_key)
+            if template is not None:
+                shutil.copyfile(template, db_file)
+                log_path.write_text(f"copied {template} (made by airflow db migrate in this process)\n")
+                self._switch_to_wal()
+                _record_timing("migrate-copy", time.monotonic() - t0, self.home)
+                return
+        popen = procs.spawn(self._airflow("db", "migrate"), env=env, log_path=log_path, cwd=self.home)
         self._popens.append(popen)
         self._names.append("migrate")
         try:
@@ -231,11 +272,18 @@ class AirflowStack:
             raise StackError(f"airflow db migrate took over {timeout}s; see {log_path}") from None
         if code != 0:
             raise StackError(f"airflow db migrate exited {code}; see {log_path}")
+        if template_key is not None:
+            template = _template_path(template_key)
+            shutil.copyfile(db_file, template)  # the command has exited: the file is complete, not in WAL yet
+            _sqlite_templates[template_key] = template
         if self.sqlite and self.tune_sqlite:
-            # The journal mode is a property of the database file, so one switch here covers every process.
-            with sqlite3.connect(self.home / "airflow.db") as conn:
-                conn.execute("PRAGMA journal_mode=WAL")
+            self._switch_to_wal()
         _record_timing("migrate", time.monotonic() - t0, self.home)
+
+    def _switch_to_wal(self) -> None:
+        # The journal mode is a property of the database file, so one switch here covers every process.
+        with sqlite3.connect(self.home / "airflow.db") as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
 
     def start(self, *, wait_for_dags: list[str] | tuple[str, ...] = (), timeout: float = 180.0) -> None:
         """Start api-server, scheduler and dag-processor, each in its own process group.
