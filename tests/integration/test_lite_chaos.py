@@ -50,8 +50,9 @@ EXPECTED = {
     "after_record": (1, 1, [1]),    # the recorded success replayed
     "after_patch": (1, 1, [1]),     # Airflow had the report already
 }
-RUNS = int(os.environ.get("LEOFLOW_CHAOS_RUNS", "120"))
-WAVE = 20
+# issue 8 asks for at least 100 seeded runs, and every process fault gets one wave: six waves of 17
+RUNS = int(os.environ.get("LEOFLOW_CHAOS_RUNS", "102"))
+WAVE = 17
 WAVE_BUDGET = 4 * 60.0  # seconds for one wave's runs to end, its process fault included (~1 min typical)
 HEALTH_CHECK_THRESHOLD = 10.0
 STALL = HEALTH_CHECK_THRESHOLD + 5  # the scheduler SIGSTOP
