@@ -48,6 +48,8 @@ __all__ = [
     "BACKOFF_BASE_SECONDS",
     "BACKOFF_CAP_SECONDS",
     "ENV_CEILING",
+    "ENV_TEST_FAULT",
+    "POD_FAULT_POINTS",
     "ENV_EXCHANGE_URL",
     "ENV_MESSAGE_BUDGET",
     "ENV_TOKEN_FILE",
@@ -86,6 +88,12 @@ ENV_MESSAGE_BUDGET = "LEOFLOW_TERMINATION_MESSAGE_BUDGET"
 container count)."""
 ENV_CEILING = "LEOFLOW_CREDENTIAL_CEILING_SECONDS"
 """``[leoflow] credential_ceiling_seconds``: the pod's ``activeDeadlineSeconds`` (0: none)."""
+ENV_TEST_FAULT = "LEOFLOW_TEST_FAULT"
+"""TEST ONLY: a fault point (``leoflow_agent.protocol.FAULT_POINTS`` but ``mid_task`` / ``hang_before_run``) at
+which the agent SIGKILLs itself. The Kubernetes runtime sets it only when ``[leoflow] test_fault_injection`` chose a
+point for the attempt; it never ships enabled."""
+POD_FAULT_POINTS = frozenset({"before_run", "after_run", "after_record", "after_patch"})
+"""The fault points a pod agent honours (the transport's; the others need the Lite zygote's marker files)."""
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 """The agent container's ``terminationMessagePath``, pinned by the pod builder."""
 
@@ -135,12 +143,14 @@ class PodConfig:
     :param token_file: path of the projected ServiceAccount token.
     :param message_budget: bytes the record may take in the termination message (>= 1).
     :param ceiling_seconds: the credential ceiling, in seconds (0: none).
+    :param fault: TEST ONLY fault point (:data:`ENV_TEST_FAULT`) or None.
     """
 
     exchange_url: str
     token_file: str
     message_budget: int
     ceiling_seconds: int
+    fault: str | None = None
 
     @property
     def exchange_endpoint(self) -> str:
@@ -175,9 +185,12 @@ def config_from_env(environ: Mapping[str, str]) -> PodConfig:
             raise PodConfigError(f"{name} must be at least {least}, got {value}")
         return value
 
+    fault = environ.get(ENV_TEST_FAULT, "").strip() or None
+    if fault is not None and fault not in POD_FAULT_POINTS:
+        raise PodConfigError(f"{ENV_TEST_FAULT} must be one of {sorted(POD_FAULT_POINTS)}, got {fault[:50]!r}")
     return PodConfig(exchange_url=url, token_file=token_file,
                      message_budget=integer(ENV_MESSAGE_BUDGET, outcome.TERMINATION_MESSAGE_BUDGET, 1),
-                     ceiling_seconds=integer(ENV_CEILING, 0, 0))
+                     ceiling_seconds=integer(ENV_CEILING, 0, 0), fault=fault)
 
 
 def exchange_deadline_seconds(ceiling_seconds: int) -> float:
@@ -445,7 +458,8 @@ def run_pod(config: PodConfig, *, termination_path: str = TERMINATION_MESSAGE_PA
         configure_logging(output=sys.stdout.buffer, json_output=True)
         return supervise_attempt(workload, server=server, attempt=attempt,
                                  sinks=[termination_sink(termination_path, config.message_budget)],
-                                 on_reported=reported, title="leoflow-agent pod", subprocess_logs_to_stdout=True)
+                                 on_reported=reported, title="leoflow-agent pod", subprocess_logs_to_stdout=True,
+                                 fault=config.fault)
     except BaseException:  # noqa: BLE001 - an agent must always exit with a code
         log.exception("attempt %s: the supervisor failed", attempt)
         return EXIT_START_FAILED

@@ -77,6 +77,8 @@ def test_config_from_env():
     bare = {k: v for k, v in GOOD_ENV.items() if k in ("LEOFLOW_EXCHANGE_URL", "LEOFLOW_TOKEN_FILE")}
     assert (config_from_env(bare).message_budget, config_from_env(bare).ceiling_seconds) == (
         outcome.TERMINATION_MESSAGE_BUDGET, 0)
+    assert got.fault is None
+    assert config_from_env({**GOOD_ENV, "LEOFLOW_TEST_FAULT": "after_record"}).fault == "after_record"
 
 
 @pytest.mark.parametrize(("name", "value", "says"), [
@@ -87,6 +89,7 @@ def test_config_from_env():
     ("LEOFLOW_TERMINATION_MESSAGE_BUDGET", "2k", "must be an integer"),
     ("LEOFLOW_TERMINATION_MESSAGE_BUDGET", "0", "at least 1"),
     ("LEOFLOW_CREDENTIAL_CEILING_SECONDS", "-1", "at least 0"),
+    ("LEOFLOW_TEST_FAULT", "mid_task", "must be one of"),
 ])
 def test_config_from_env_names_what_is_wrong(name, value, says):
     env = {k: v for k, v in GOOD_ENV.items() if k != name}

@@ -456,6 +456,13 @@ class KubernetesRuntime:
                             executor_config=getattr(ti, "executor_config", None), mutation_hook=self._hook)
         except PodRefused as exc:
             return DispatchResult(Disposition.REFUSED, str(exc))
+        if spec.fault is not None:  # TEST ONLY: set by [leoflow] test_fault_injection, never in production
+            from kubernetes.client import V1EnvVar
+
+            from leoflow_agent.podmain import ENV_TEST_FAULT
+
+            agent = pod.spec.containers[0]
+            agent.env = [*(agent.env or []), V1EnvVar(name=ENV_TEST_FAULT, value=spec.fault)]
         if (wait := self.admit()) is not None:
             return wait
         name = pod.metadata.name
