@@ -298,7 +298,7 @@ def test_an_attempt_not_dispatched_yet_is_undecided_then_granted(xenv, caplog):
     pod = xenv.pod(ref)
     token = xenv.token(pod)
     r = xenv.exchange(request_body(token))
-    assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
     assert [m for m in caplog.messages if r.json()["error_id"] in m and "reason=not_yet_dispatched" in m]
     assert xenv.store.get(ref).exchanged_at is None
     assert xenv.store.transition(ref, expected=[AttemptState.CLAIMED], to=AttemptState.DISPATCHED,
