@@ -51,6 +51,7 @@ class Outcome:
     """What the module's one run left behind."""
 
     runs: dict[str, RunResult]
+    executed: list[tuple[str, str, int, int]]  # (dag_id, task_id, map_index, try_number) of TIs a worker ran
     traces: list[str]
     pods: dict[str, list[dict]]  # uid -> every version seen, oldest first
     secrets: dict[str, str]  # what -> value, each present on the scheduler side
@@ -129,6 +130,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> 
             stack.migrate()
             stack.start(wait_for_dags=dag_ids)
             runs = run_all(stack, dag_ids, timeout=KUBE_RUN_TIMEOUT_SECONDS)
+            executed = _executed(stack, runs)
             kube.wait_for_no_running_pods(timeout=120)
             pods = kube.pods()
         except BaseException:
@@ -146,8 +148,17 @@ def outcome(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> 
         pod_home = kube.pod_home
         pod_cfg = (pod_home / "airflow.cfg").read_text()
         sample = _sample_token(kube.workdir)
-    return Outcome(runs=runs, traces=traces, pods=pods, secrets=secrets, task_env=task_env, pod_cfg=pod_cfg,
+    return Outcome(runs=runs, executed=executed, traces=traces, pods=pods, secrets=secrets, task_env=task_env, pod_cfg=pod_cfg,
                    pod_home=pod_home, namespace_labels=namespace_labels, sample_token=sample)
+
+
+def _executed(stack, runs: dict[str, RunResult]) -> list[tuple[str, str, int, int]]:
+    """The task instances an executor ran: ended success or failed, not an ``EmptyOperator`` (the scheduler
+    marks those success itself, no worker runs them). ``(dag_id, task_id, map_index, try_number)``."""
+    return sorted((ti["dag_id"], ti["task_id"], ti["map_index"], ti["try_number"])
+                  for dag_id, result in runs.items()
+                  for ti in stack.task_instances(dag_id, result.run_id)
+                  if ti["state"] in ("success", "failed") and ti["operator"] != "EmptyOperator")
 
 
 def kube_namespace_labels(kube: KubeStack) -> dict[str, str]:
@@ -181,13 +192,19 @@ def test_every_dag_run_ends_as_under_local_executor(outcome: Outcome) -> None:
 
 
 def test_every_task_ran_in_an_admitted_pod_on_the_harness_node(outcome: Outcome) -> None:
-    """Pods really ran the tasks: the namespace enforces Pod Security ``restricted``; there is at least one pod
-    per task that ran (a retry is another pod), each bound to the harness node by the template, running the
-    agent (``python -m leoflow_agent pod``) and ending Succeeded or Failed."""
+    """Pods really ran the tasks: the namespace enforces Pod Security ``restricted``; every task instance a
+    worker ran (its last try) has a pod labelled with its DAG, task, map index and try; each pod is bound to the
+    harness node by the template, runs the agent (``python -m leoflow_agent pod``) and ended Succeeded or
+    Failed."""
     assert {k: outcome.namespace_labels.get(k) for k in PSA_RESTRICTED} == PSA_RESTRICTED
-    ran = sum(1 for r in outcome.runs.values() for s in r.tasks.values() if s in ("success", "failed"))
     last = [versions[-1] for versions in outcome.pods.values()]
-    assert len(last) >= ran, f"{len(last)} pods for {ran} tasks that ran"
+    labelled = set()
+    for pod in last:
+        labels = pod["metadata"]["labels"]
+        labelled.add((labels.get("leoflow.io/dag-id"), labels.get("leoflow.io/task-id"),
+                      int(labels.get("leoflow.io/map-index", "-1")), int(labels.get("leoflow.io/try-number", "0"))))
+    assert outcome.executed, "no task instance was run by a worker"
+    assert [ti for ti in outcome.executed if ti not in labelled] == []
     for pod in last:
         name, spec = pod["metadata"]["name"], pod["spec"]
         assert spec.get("nodeName") == HARNESS_NODE, name
