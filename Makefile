@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.leoflow-installed
 
-.PHONY: demo test test-fast test-k8s bench venv clean
+.PHONY: demo demo-k8s test test-fast test-k8s bench venv clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found (leoflow needs Python 3.11)"; exit 1; }
@@ -18,6 +18,11 @@ venv: $(STAMP)
 ## make demo: a real Airflow (SQLite) with LeoflowExecutor in Lite mode runs the bundled DAGs.
 demo: $(STAMP)
 	$(PY) -m devtools.demo
+
+## make demo-k8s (optional): the same DAGs with [leoflow] runtime = kubernetes, a pod per attempt on the
+## scripts/k8senv control plane run by the node harness (needs root; builds the k8s binaries on first use).
+demo-k8s: $(STAMP)
+	$(PY) -m devtools.demo --runtime kubernetes
 
 ## make test: the whole suite (starts PostgreSQL and the Kubernetes control plane itself).
 test: $(STAMP)

@@ -553,6 +553,12 @@ class AirflowStack:
                 raise TimeoutError(f"runs not finished after {timeout}s: {pending}")
             time.sleep(poll)
 
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        """Every task instance of one run as the REST API returns it (keys include ``task_id``, ``map_index``,
+        ``try_number``, ``state``, ``operator``)."""
+        body = self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
+        return list(body["task_instances"])
+
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
         """``{task key: state}`` for one run; key is ``task_id``, or ``task_id[map_index]`` for mapped TIs.
 

@@ -12,22 +12,19 @@ Environment:
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-REPO = Path(__file__).resolve().parents[2]
-K8SENV = REPO / "scripts" / "k8senv"
+from devtools.k8senv import K8SENV, K8sEnv, run_k8senv  # noqa: F401  (K8SENV, K8sEnv: for the tests)
+
 HARNESS_NODE = "harness-node"
 
 
@@ -36,38 +33,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "k8s: needs the real Kubernetes control plane of scripts/k8senv")
 
 
-@dataclass(frozen=True)
-class K8sEnv:
-    """A running control plane, as described by DIR/env.json of ``scripts/k8senv start``.
-
-    Attributes: dir (Path), server (https URL), kubeconfig / user_kubeconfig (Path), etcd (http URL of the
-    etcd client endpoint), nodes (names of the kwok fake Nodes), test_user / test_group (the non-admin
-    identity), start_seconds (float, wall time of ``start``; 0 when reused), raw (the whole env.json dict).
-    """
-
-    dir: Path
-    server: str
-    kubeconfig: Path
-    user_kubeconfig: Path
-    etcd: str
-    nodes: tuple[str, ...]
-    test_user: str
-    test_group: str
-    start_seconds: float
-    raw: dict
-
-    @classmethod
-    def load(cls, d: Path, start_seconds: float) -> "K8sEnv":
-        """Read DIR/env.json; raise FileNotFoundError if start never wrote it."""
-        e = json.loads((d / "env.json").read_text())
-        return cls(dir=d, server=e["server"], kubeconfig=Path(e["kubeconfig"]),
-                   user_kubeconfig=Path(e["user_kubeconfig"]), etcd=e["etcd"], nodes=tuple(e["nodes"]),
-                   test_user=e["test_user"], test_group=e["test_group"], start_seconds=start_seconds, raw=e)
-
-
-def _k8senv(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    """Run scripts/k8senv with `args`; return the completed process (never raises on exit status)."""
-    return subprocess.run([sys.executable, str(K8SENV), *args], capture_output=True, text=True, timeout=timeout)
+_k8senv = run_k8senv
+"""Run scripts/k8senv with `args` (:func:`devtools.k8senv.run_k8senv`, kept under this name for the tests)."""
 
 
 @pytest.fixture(scope="session")

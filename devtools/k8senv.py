@@ -1,0 +1,97 @@
+"""The test Kubernetes control plane of ``scripts/k8senv`` from Python: its binaries, one started control plane
+and what ``start`` wrote about it (``DIR/env.json``).
+
+Shared by the k8s test tier (``tests/k8s/conftest.py``) and the Kubernetes demo stack (:mod:`devtools.kube`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+K8SENV = REPO_ROOT / "scripts" / "k8senv"
+BUILD_MAX_MINUTES = 40.0
+"""Wall-time cap of a cold ``scripts/k8senv build`` (about 6.5 min on 2 cores; as ``scripts/run-tests``)."""
+
+
+class K8sEnvError(RuntimeError):
+    """``scripts/k8senv`` failed; the message carries its stderr."""
+
+
+@dataclass(frozen=True)
+class K8sEnv:
+    """A running control plane, as described by DIR/env.json of ``scripts/k8senv start``.
+
+    Attributes: dir (Path), server (https URL), kubeconfig / user_kubeconfig (Path), etcd (http URL of the
+    etcd client endpoint), nodes (names of the kwok fake Nodes), test_user / test_group (the non-admin
+    identity), start_seconds (float, wall time of ``start``; 0 when reused), raw (the whole env.json dict).
+    """
+
+    dir: Path
+    server: str
+    kubeconfig: Path
+    user_kubeconfig: Path
+    etcd: str
+    nodes: tuple[str, ...]
+    test_user: str
+    test_group: str
+    start_seconds: float
+    raw: dict
+
+    @classmethod
+    def load(cls, d: Path, start_seconds: float) -> "K8sEnv":
+        """Read DIR/env.json; raise FileNotFoundError if start never wrote it."""
+        e = json.loads((d / "env.json").read_text())
+        return cls(dir=d, server=e["server"], kubeconfig=Path(e["kubeconfig"]),
+                   user_kubeconfig=Path(e["user_kubeconfig"]), etcd=e["etcd"], nodes=tuple(e["nodes"]),
+                   test_user=e["test_user"], test_group=e["test_group"], start_seconds=start_seconds, raw=e)
+
+
+def run_k8senv(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run scripts/k8senv with `args`; return the completed process (never raises on exit status)."""
+    return subprocess.run([sys.executable, str(K8SENV), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def bindir() -> Path | None:
+    """The directory of the built binaries, or ``None`` when they are not built (``scripts/k8senv bindir``)."""
+    r = run_k8senv("bindir", timeout=60)
+    return Path(r.stdout.strip()) if r.returncode == 0 else None
+
+
+def build(max_minutes: float = BUILD_MAX_MINUTES) -> Path:
+    """Build the binaries, or reuse them (instant when built; waits for a build another process runs).
+
+    Returns their directory. Raises :class:`K8sEnvError` with k8senv's stderr when the build fails.
+    """
+    r = run_k8senv("build", "--max-minutes", str(max_minutes), timeout=max_minutes * 60 + 120)
+    if r.returncode != 0:
+        raise K8sEnvError(f"scripts/k8senv build failed:\n{r.stderr.strip()}")
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
+def start(d: Path, *, timeout: float = 400.0) -> K8sEnv:
+    """Start a control plane with its state in directory ``d`` (``scripts/k8senv start --dir d``, about 4 s).
+
+    Raises :class:`K8sEnvError` with k8senv's stderr when it does not come up; whatever it started is then
+    stopped again.
+    """
+    t0 = time.monotonic()
+    r = run_k8senv("start", "--dir", str(d), timeout=timeout)
+    if r.returncode != 0:
+        stop(d)
+        raise K8sEnvError(f"scripts/k8senv start failed:\n{r.stderr.strip()}")
+    return K8sEnv.load(d, time.monotonic() - t0)
+
+
+def stop(d: Path) -> str | None:
+    """Stop the control plane started with ``--dir d`` and wait for it; idempotent.
+
+    Returns ``None`` when stopped, else k8senv's error text (never raises on its exit status).
+    """
+    r = run_k8senv("stop", "--dir", str(d), timeout=120)
+    return None if r.returncode == 0 else f"scripts/k8senv stop failed: {r.stderr.strip()}"

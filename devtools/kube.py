@@ -1,0 +1,425 @@
+"""A Kubernetes for a real Airflow with ``[leoflow] runtime = kubernetes``, on this machine, without a cluster.
+
+:class:`KubeStack` brings up, in order:
+
+1. the k8s binaries (``scripts/k8senv build``: cached in ``~/.cache/leoflow-k8senv``, instant once built) and a
+   control plane (``scripts/k8senv start``: etcd, kube-apiserver, kube-controller-manager, kwok), or reuses one
+   already started (``reuse_dir``, as ``K8SENV_DIR`` does for the k8s tier);
+2. the task namespace, labelled ``pod-security.kubernetes.io/enforce=restricted`` (``latest``) from its
+   creation, so the API server's Pod Security admission refuses any task pod below the ``restricted`` level, and
+   the task pods' ServiceAccount (:data:`TASK_SERVICE_ACCOUNT`);
+3. a recorder that keeps every version of every pod of the namespace as the API server returned it (JSON), so
+   pods that leoflow has already deleted can still be inspected (:meth:`KubeStack.pods`);
+4. the node harness (``tests/k8s/harness.py``) serving Node :data:`HARNESS_NODE`: it plays the kubelet for pods
+   bound to that Node and labelled ``leoflow.test/harness=harness-node``, running each container's
+   ``command + args`` as a local process (the image is ignored) with the pod's env and projected token.
+
+:meth:`KubeStack.configure` then points an :class:`~devtools.stack.AirflowStack` at it: it writes the pod
+template (``nodeName`` and the harness label come from it, as a user's would) and a separate pod-side Airflow
+home whose ``airflow.cfg`` holds no credential, and adds the ``[leoflow]`` options to the stack's environment.
+
+What the harness cannot do, and what stands in for it:
+
+* It runs every process as root in its own mount namespace and ignores ``securityContext``. The template still
+  asks for ``runAsUser: 50000`` (the uid of the official Airflow image), as a real cluster needs: the builder pins
+  ``runAsNonRoot: true``, which a kubelet refuses to start as uid 0. Pod Security admission (the API server's) is
+  real and judges the pod as created.
+* It ignores the image: ``command: ["/usr/bin/env"]`` with ``PATH`` starting at the project's venv makes the
+  builder's ``args`` (``python -m leoflow_agent pod``) run the venv's Python, which has leoflow and the DAGs'
+  dependencies, as the image would.
+* Pods share the host's filesystem: the pod-side ``AIRFLOW_HOME`` is a directory of the Airflow home, its
+  ``traces`` a link to the scheduler side's (callback traces, ``dags/leoflow_callbacks.py``), its log folder the
+  scheduler side's ``logs`` (so the UI shows task logs, as a shared log volume or remote logging would).
+
+Typical use (``devtools.demo --runtime kubernetes``, ``tests/integration/test_kube_runtime_e2e.py``)::
+
+    with KubeStack(workdir) as kube:
+        stack = AirflowStack(home, executor=LEOFLOW_EXECUTOR, example_dags=...)
+        kube.configure(stack)
+        stack.migrate(); stack.start(...)
+        ...
+        stack.stop()
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from devtools import k8senv
+from devtools.k8senv import K8sEnv
+from devtools.stack import REPO_ROOT, AirflowStack
+
+HARNESS_NODE = "harness-node"
+"""The Node the harness serves; the pod template binds every task pod to it (k8senv runs no scheduler)."""
+HARNESS_LABEL = "leoflow.test/harness"
+"""The label the harness selects its pods by (value :data:`HARNESS_NODE`)."""
+TASK_SERVICE_ACCOUNT = "leoflow-task"
+"""``[leoflow] service_account``: the ServiceAccount the task pods run as."""
+PLACEHOLDER_IMAGE = "leoflow.test/agent:harness"
+"""``[leoflow] image``: required by the API server's validation, ignored by the harness."""
+POD_RUN_AS_USER = 50000
+"""The template's ``runAsUser`` (the official Airflow image's uid): what ``runAsNonRoot`` needs on a real node."""
+PSA_RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted",
+                  "pod-security.kubernetes.io/enforce-version": "latest"}
+"""Labels of the task namespace: Pod Security admission enforces ``restricted`` on every task pod."""
+LEOFLOW_EXECUTOR = "leoflow_airflow.executor.LeoflowExecutor"
+
+
+class KubeStackError(RuntimeError):
+    """The Kubernetes side could not be brought up; the message says which part and where its log is."""
+
+
+class KubeStack:
+    """A control plane, a restricted task namespace with its ServiceAccount, a pod recorder and the node harness
+    (module docstring). Use as a context manager, or call :meth:`start` and :meth:`stop`.
+
+    :param workdir: a directory this object owns (created): the control plane's state and logs
+        (``k8senv/``), the harness's per-pod directories (``harness/``: each container's log is
+        ``harness/<namespace>.<pod>.*/base.log``).
+    :param namespace: prefix of the task namespace's name (a random suffix keeps reused control planes apart).
+    :param reuse_dir: the ``--dir`` of a control plane already started with ``scripts/k8senv start``; it is
+        then neither built, started nor stopped here.
+    :param venv: the virtualenv whose ``bin/python`` the pods run.
+    :param build: build the k8s binaries when missing (minutes, once); False: raise :class:`KubeStackError`.
+    """
+
+    def __init__(self, workdir: Path, *, namespace: str = "leoflow-tasks", reuse_dir: Path | None = None,
+                 venv: Path = REPO_ROOT / ".venv", build: bool = True) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.namespace = f"{namespace}-{uuid.uuid4().hex[:6]}"
+        self.service_account = TASK_SERVICE_ACCOUNT
+        self.reuse_dir = None if reuse_dir is None else Path(reuse_dir).resolve()
+        self.venv = Path(venv).absolute()  # not resolved: .venv/bin/python is a link to the base interpreter
+        self.build = build
+        self.env: K8sEnv | None = None
+        self.api: Any = None
+        self.harness: Any = None
+        self.pod_template_file: Path | None = None
+        self.pod_home: Path | None = None
+        self._started_dir: Path | None = None
+        self._recorded: dict[str, dict[str, dict]] = {}  # uid -> resourceVersion -> pod JSON
+        self._recorded_lock = threading.Lock()
+        self._recorder_errors: list[str] = []
+        self._recorder_rv: str | None = None
+        self._stop_recorder = threading.Event()
+        self._recorder: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> KubeStack:
+        """Bring everything up (module docstring, 1-4); returns self.
+
+        Raises :class:`KubeStackError` naming what failed (binaries, control plane, namespace, harness: e.g. no
+        root for ``unshare``); whatever was started by then is stopped again.
+        """
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        from kubernetes import client, config
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if not (self.venv / "bin" / "python").exists():
+            raise KubeStackError(f"no Python at {self.venv}/bin/python for the task pods; run `make venv`")
+        if self.reuse_dir is not None:
+            self.env = K8sEnv.load(self.reuse_dir, 0.0)
+        else:
+            if k8senv.bindir() is None:
+                if not self.build:
+                    raise KubeStackError("the k8s binaries are not built; run `scripts/k8senv build`")
+                print("kube: building the k8s binaries (once, about 6.5 min on 2 cores)", flush=True)
+                try:
+                    k8senv.build()
+                except k8senv.K8sEnvError as exc:
+                    raise KubeStackError(str(exc)) from None
+            self._started_dir = self.workdir / "k8senv"
+            try:
+                self.env = k8senv.start(self._started_dir)
+            except k8senv.K8sEnvError as exc:
+                self._started_dir = None
+                raise KubeStackError(f"{exc}\n(logs in {self.workdir / 'k8senv'})") from None
+        self.api = config.new_client_from_config(config_file=str(self.env.kubeconfig))
+        core = client.CoreV1Api(self.api)
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+            name=self.namespace, labels=dict(PSA_RESTRICTED))))
+        core.create_namespaced_service_account(self.namespace, client.V1ServiceAccount(
+            metadata=client.V1ObjectMeta(name=self.service_account)))
+        self._recorder = threading.Thread(target=self._record, name="kube-pod-recorder", daemon=True)
+        self._recorder.start()
+        from tests.k8s.harness import HarnessError, NodeHarness
+
+        try:
+            self.harness = NodeHarness(self.api, HARNESS_NODE, self.workdir / "harness")
+        except HarnessError as exc:
+            raise KubeStackError(f"the node harness cannot run here: {exc}") from None
+        self.harness.start()
+
+    def stop(self) -> list[str]:
+        """Stop the harness (it kills every pod process still running), the recorder and the control plane
+        this object started; delete the task namespace of a reused one. Idempotent.
+
+        Returns problems found on the way (harness errors, recorder errors, a control plane that did not stop),
+        empty when clean. The pod records stay readable (:meth:`pods`).
+        """
+        problems: list[str] = []
+        if self.harness is not None:
+            self.harness.stop()
+            problems.extend(f"node harness: {e}" for e in self.harness.errors)
+            self.harness = None
+        self._stop_recorder.set()
+        if self._recorder is not None:
+            self._recorder.join(15)
+            if self._recorder.is_alive():
+                problems.append("pod recorder did not stop within 15 s")
+            self._recorder = None
+        problems.extend(f"pod recorder: {e}" for e in self._recorder_errors)
+        self._recorder_errors.clear()
+        if self.api is not None and self.reuse_dir is not None:
+            from kubernetes import client
+            from kubernetes.client.rest import ApiException
+
+            try:
+                client.CoreV1Api(self.api).delete_namespace(self.namespace)
+            except ApiException as exc:
+                if exc.status != 404:
+                    problems.append(f"deleting namespace {self.namespace}: {exc.status} {exc.reason}")
+        if self.api is not None:
+            self.api.close()
+            self.api = None
+        if self._started_dir is not None:
+            if (err := k8senv.stop(self._started_dir)) is not None:
+                problems.append(err)
+            self._started_dir = None
+        return problems
+
+    def __enter__(self) -> KubeStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        problems = self.stop()
+        if problems and exc[0] is None:
+            raise KubeStackError("; ".join(problems))
+
+    # ------------------------------------------------------------------ Airflow configuration
+
+    def configure(self, stack: AirflowStack) -> dict[str, str]:
+        """Point ``stack`` (not yet started) at this Kubernetes: write the pod-side Airflow home and the pod
+        template under ``stack.home``, and add the Airflow settings of the scheduler and api-server side to
+        ``stack.extra_env`` (they win over the stack's own). Returns those settings.
+
+        Settings: ``[core] executor`` LeoflowExecutor; ``[leoflow] runtime = kubernetes``, ``namespace``,
+        ``service_account``, ``image`` (:data:`PLACEHOLDER_IMAGE`), ``pod_template_file``, ``in_cluster =
+        False`` with ``kube_config`` the admin kubeconfig, ``exchange_url`` the api-server's base URL +
+        ``/leoflow``. ``[api_auth] jwt_secret`` (shared by every process, so the api-server can mint at exchange)
+        and ``[core] execution_api_server_url`` are the stack's own. Raises :class:`KubeStackError` before
+        :meth:`start`, or when the stack has no shared ``jwt_secret``.
+        """
+        if self.env is None:
+            raise KubeStackError("configure() needs a started KubeStack")
+        base = stack.env()
+        if not base.get("AIRFLOW__API_AUTH__JWT_SECRET"):
+            raise KubeStackError("the stack sets no [api_auth] jwt_secret: the api-server mints each pod's token "
+                                 "at exchange and every process must validate it with one shared secret")
+        self.pod_home = stack.home / "pod-home"
+        self.pod_home.mkdir(parents=True, exist_ok=True)
+        (self.pod_home / "airflow.cfg").write_text(pod_airflow_cfg(
+            dags_folder=stack.dags_folder,
+            bundles=base["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"],
+            execution_api_server_url=base["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"],
+            base_log_folder=stack.home / "logs",
+        ))
+        stack.traces_dir.mkdir(parents=True, exist_ok=True)
+        traces = self.pod_home / "traces"
+        if not traces.is_symlink():
+            traces.symlink_to(stack.traces_dir, target_is_directory=True)
+        self.pod_template_file = stack.home / "pod-template.yaml"
+        self.pod_template_file.write_text(json.dumps(pod_template(
+            venv=self.venv, airflow_home=self.pod_home), indent=2) + "\n")
+        settings = {
+            "AIRFLOW__CORE__EXECUTOR": LEOFLOW_EXECUTOR,
+            "AIRFLOW__LEOFLOW__RUNTIME": "kubernetes",
+            "AIRFLOW__LEOFLOW__NAMESPACE": self.namespace,
+            "AIRFLOW__LEOFLOW__SERVICE_ACCOUNT": self.service_account,
+            "AIRFLOW__LEOFLOW__IMAGE": PLACEHOLDER_IMAGE,
+            "AIRFLOW__LEOFLOW__POD_TEMPLATE_FILE": str(self.pod_template_file),
+            "AIRFLOW__LEOFLOW__IN_CLUSTER": "False",
+            "AIRFLOW__LEOFLOW__KUBE_CONFIG": str(self.env.kubeconfig),
+            "AIRFLOW__LEOFLOW__EXCHANGE_URL": f"{stack.base_url}/leoflow",
+        }
+        stack.extra_env.update(settings)
+        return settings
+
+    # ------------------------------------------------------------------ pods
+
+    def _record(self) -> None:
+        """Thread body: list and watch the task namespace's pods until :meth:`stop`, keeping each version seen
+        (``raw_object``: the API server's JSON); relist on 410 Gone, never watch from ``"0"``."""
+        from kubernetes import client, watch
+        from kubernetes.client.rest import ApiException
+
+        core = client.CoreV1Api(self.api)
+        rv: str | None = None
+        while not self._stop_recorder.is_set():
+            try:
+                if rv is None:
+                    listed = json.loads(core.list_namespaced_pod(self.namespace, _preload_content=False).data)
+                    for pod in listed["items"]:
+                        self._keep(pod)
+                    rv = listed["metadata"]["resourceVersion"]
+                w = watch.Watch()
+                for event in w.stream(core.list_namespaced_pod, self.namespace, resource_version=rv,
+                                      timeout_seconds=5, allow_watch_bookmarks=True):
+                    raw = event.get("raw_object") or {}
+                    rv = (raw.get("metadata") or {}).get("resourceVersion") or rv
+                    if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        self._keep(raw)
+                    self._recorder_rv = rv
+                    if self._stop_recorder.is_set():
+                        w.stop()
+                        break
+            except ApiException as exc:
+                if exc.status == 410:
+                    rv = None
+                    continue
+                if not self._stop_recorder.is_set():
+                    self._recorder_errors.append(f"{exc.status} {exc.reason}")
+                    self._stop_recorder.wait(0.5)
+            except Exception as exc:  # noqa: BLE001 - keep recording; reported by stop()
+                if not self._stop_recorder.is_set():
+                    self._recorder_errors.append(repr(exc))
+                    self._stop_recorder.wait(0.5)
+
+    def _keep(self, pod: dict) -> None:
+        meta = pod.get("metadata") or {}
+        uid, rv = meta.get("uid"), meta.get("resourceVersion")
+        if uid and rv:
+            with self._recorded_lock:
+                self._recorded.setdefault(uid, {})[rv] = pod
+
+    def pods(self) -> dict[str, list[dict]]:
+        """Every pod the namespace has had since :meth:`start`: ``{uid: [each version seen, oldest first]}``,
+        each a dict as the API server serialized it (metadata, spec, status). Includes pods deleted since.
+
+        While started, the current state is also listed first, so a pod created just now is never missing.
+        """
+        if self.api is not None:
+            self.record_current()
+        with self._recorded_lock:
+            return {uid: [versions[rv] for rv in sorted(versions, key=_rv_key)]
+                    for uid, versions in self._recorded.items()}
+
+    def record_current(self) -> None:
+        """List the namespace's pods now and keep them (as the recorder would)."""
+        from kubernetes import client
+
+        listed = json.loads(client.CoreV1Api(self.api).list_namespaced_pod(
+            self.namespace, _preload_content=False).data)
+        for pod in listed["items"]:
+            self._keep(pod)
+
+    def describe_pods(self) -> list[str]:
+        """One line per pod recorded, for a diagnosis: name, last phase, the agent container's state and
+        termination message (cut), pod reason/message, and where the harness kept its log."""
+        lines = []
+        for versions in self.pods().values():
+            pod = versions[-1]
+            name = pod["metadata"]["name"]
+            status = pod.get("status") or {}
+            gone = " (deleted)" if pod["metadata"].get("deletionTimestamp") else ""
+            agent = next(iter(status.get("containerStatuses") or []), {})
+            term = (agent.get("state") or {}).get("terminated") or {}
+            logs = sorted(str(p) for p in (self.workdir / "harness").glob(f"{self.namespace}.{name}.*/base.log"))
+            lines.append(
+                f"{name}{gone}: phase={status.get('phase')} reason={status.get('reason')} "
+                f"message={(status.get('message') or '')[:200]!r} exit={term.get('exitCode')} "
+                f"termination={(term.get('message') or '')[:300]!r} log={logs[-1] if logs else None}")
+        return lines
+
+    def wait_for_no_running_pods(self, timeout: float) -> None:
+        """Wait until no pod of the namespace is Pending or Running (every attempt's pod ended or is gone).
+
+        Raises ``TimeoutError`` naming the pods still active after ``timeout`` seconds.
+        """
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.api)
+        deadline = time.monotonic() + timeout
+        while True:
+            active = [p.metadata.name for p in core.list_namespaced_pod(self.namespace).items
+                      if p.status.phase in (None, "Pending", "Running")]
+            if not active:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pods still active after {timeout}s: {active}")
+            time.sleep(1.0)
+
+
+def _rv_key(rv: str) -> tuple[int, str]:
+    """Sort key of a resourceVersion: numeric where it is (etcd revisions), else textual after."""
+    return (int(rv), "") if rv.isdigit() else (1 << 62, rv)
+
+
+def pod_airflow_cfg(*, dags_folder: Path, bundles: str, execution_api_server_url: str,
+                    base_log_folder: Path) -> str:
+    """The ``airflow.cfg`` of the pod-side Airflow home: only what the Task SDK needs in the task process.
+
+    :param dags_folder: ``[core] dags_folder``, the scheduler's.
+    :param bundles: ``[dag_processor] dag_bundle_config_list`` (JSON text), the scheduler's, so the task finds
+        the workload's bundle by name.
+    :param execution_api_server_url: ``[core] execution_api_server_url``, where the task reaches the api-server.
+    :param base_log_folder: ``[logging] base_log_folder``, where the task's log goes.
+
+    No credential: no ``sql_alchemy_conn``, ``fernet_key``, ``jwt_secret`` or ``secret_key``; the task's
+    only credential is the workload token it gets at exchange.
+    """
+    json.loads(bundles)  # must be JSON: a ValueError here beats a task that cannot find its DAG
+    bundle_lines = "\n    ".join(bundles.splitlines())
+    return (
+        "# The task pods' Airflow configuration (devtools/kube.py): no credential of any kind.\n"
+        "[core]\n"
+        f"dags_folder = {dags_folder}\n"
+        f"execution_api_server_url = {execution_api_server_url}\n"
+        "load_examples = False\n"
+        "\n[dag_processor]\n"
+        f"dag_bundle_config_list = {bundle_lines}\n"
+        "\n[logging]\n"
+        f"base_log_folder = {base_log_folder}\n"
+    )
+
+
+def pod_template(*, venv: Path, airflow_home: Path) -> dict[str, Any]:
+    """The pod template (``[leoflow] pod_template_file``) of the harness: a pod as a user would write it.
+
+    ``spec.nodeName`` :data:`HARNESS_NODE` and label ``leoflow.test/harness`` (the harness picks the pod up; no
+    scheduler runs), a security context of the ``restricted`` level with a non-zero ``runAsUser``, and the
+    container ``base`` with ``command: ["/usr/bin/env"]`` (the builder's ``args`` ``python -m leoflow_agent
+    pod`` follow it) and env ``PATH`` (``venv``'s ``bin`` first) and ``AIRFLOW_HOME`` (``airflow_home``).
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"labels": {HARNESS_LABEL: HARNESS_NODE}},
+        "spec": {
+            "nodeName": HARNESS_NODE,
+            "securityContext": {"runAsUser": POD_RUN_AS_USER, "runAsGroup": 0},
+            "containers": [{
+                "name": "base",
+                "image": PLACEHOLDER_IMAGE,
+                "command": ["/usr/bin/env"],
+                "env": [
+                    {"name": "PATH", "value": f"{venv}/bin:/usr/bin:/bin"},
+                    {"name": "AIRFLOW_HOME", "value": str(airflow_home)},
+                ],
+            }],
+        },
+    }
+

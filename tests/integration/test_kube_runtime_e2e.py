@@ -1,0 +1,267 @@
+"""Issue 9 acceptance, end to end: a real Airflow with ``[leoflow] runtime = kubernetes`` on the k8senv control
+plane, every attempt a pod run by the node harness (devtools/kube.py, ``make demo-k8s``).
+
+One stack for the whole module (a scheduler, dag-processor and api-server on SQLite; a control plane; a task
+namespace labelled ``pod-security.kubernetes.io/enforce=restricted``; the harness): the demo's DAG set plus
+``leoflow_test_creds`` (tests/dags: a BashOperator and a Python task dumping their environment) are triggered
+at once, then every test reads what that one run left:
+
+* every DAG run ends as under LocalExecutor (``devtools/expected.py``, the reference the parity test checks),
+  callbacks included, and every task ran in a pod of the restricted namespace, bound to the harness node;
+* no pod object the namespace ever held (every version, recorded by a watch, deleted pods included) carries a
+  JWT, the ``jwt_secret``, the DB URL, the fernet key, the api-server's ``secret_key`` or the workload JSON;
+* the tasks' own environment (``env``, ``os.environ``) carries none of them either, nor does the pod-side
+  ``airflow.cfg``.
+
+The scheduler side is given real values of each secret (the stack's jwt_secret and SQLite URL, a fresh fernet
+key and ``[api] secret_key``), so each assertion looks for something that exists next door.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from devtools import expected, k8senv
+from devtools.demo import DEMO_PARALLELISM, KUBE_RUN_TIMEOUT_SECONDS
+from devtools.kube import HARNESS_LABEL, HARNESS_NODE, PSA_RESTRICTED, KubeStack
+from devtools.runs import RunResult, run_all
+from devtools.stack import OUR_DAGS, REPO_ROOT
+
+pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(KUBE_RUN_TIMEOUT_SECONDS + 600)]
+
+CREDS_DAG = "leoflow_test_creds"
+CREDS_DAG_FILE = REPO_ROOT / "tests" / "dags" / f"{CREDS_DAG}.py"
+LEOFLOW = "leoflow_airflow.executor.LeoflowExecutor"
+JWT = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+")
+"""A JWT: base64url of a JSON header (``{"`` encodes as ``eyJ``), payload and signature."""
+WORKLOAD_MARKERS = ('"dag_rel_path"', '"bundle_info"', '"log_path"', "ExecuteTask", '"token":')
+"""What a serialized ``ExecuteTask`` workload always carries (field names and the type tag)."""
+DB_MARKERS = ("sql_alchemy_conn", "sqlite:///", "postgresql://", "postgresql+")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the module's one run left behind."""
+
+    runs: dict[str, RunResult]
+    executed: list[tuple[str, str, int, int]]  # (dag_id, task_id, map_index, try_number) of TIs a worker ran
+    traces: list[str]
+    pods: dict[str, list[dict]]  # uid -> every version seen, oldest first
+    secrets: dict[str, str]  # what -> value, each present on the scheduler side
+    task_env: dict[str, dict[str, str]]  # "bash" / "python" -> the task's environment
+    pod_cfg: str  # the pod-side airflow.cfg
+    pod_home: Path
+    namespace_labels: dict[str, str]
+    sample_token: str | None  # a ServiceAccount token the harness projected into a pod (detector's control)
+
+
+def _require_binaries() -> None:
+    """Skip the module when the k8s binaries are not built, unless K8SENV_REQUIRED=1 (CI): then fail."""
+    if os.environ.get("K8SENV_DIR") or k8senv.bindir() is not None:
+        return
+    msg = "k8senv binaries are not built; run `scripts/k8senv build`"
+    if os.environ.get("K8SENV_REQUIRED") == "1":
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+def _dags_folder(root: Path) -> Path:
+    """The demo's DAGs (dags/) plus the environment-dumping test DAG, in one folder."""
+    root.mkdir(parents=True, exist_ok=True)
+    for path in [*sorted(OUR_DAGS.glob("*.py")), CREDS_DAG_FILE]:
+        shutil.copyfile(path, root / path.name)
+    return root
+
+
+def _callback_traces(traces_dir: Path) -> list[str]:
+    """The callback trace lines (``<dag_id>.log`` files; the creds DAG's dumps are not traces), sorted."""
+    lines: list[str] = []
+    for path in sorted(traces_dir.glob("*.log")):
+        lines.extend(line for line in path.read_text().splitlines() if line.strip())
+    return sorted(lines)
+
+
+def _bash_env(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith((" ", "\t")))
+
+
+def _sample_token(workdir: Path) -> str | None:
+    """One projected token file the harness wrote for a pod (``harness/<pod dir>/volumes/leoflow-token/token``)."""
+    for path in sorted(workdir.glob("harness/*/volumes/*/token")):
+        text = path.read_text().strip()
+        if text:
+            return text
+    return None
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> Outcome:
+    """Bring the module's one stack up, run the DAG set and the creds DAG once, stop everything, return what
+    was seen. A failure is raised again for every test of the module (pytest caches it with the fixture)."""
+    _require_binaries()
+    from cryptography.fernet import Fernet
+
+    work = tmp_path_factory.mktemp("kube-e2e")
+    reuse = os.environ.get("K8SENV_DIR")
+    kube = KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False)
+    extra = {"AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
+             "AIRFLOW__API__SECRET_KEY": "leoflow-e2e-api-secret-key-" + os.urandom(8).hex()}
+    stack = airflow_stack_factory("kube", executor=LEOFLOW, parallelism=DEMO_PARALLELISM,
+                                  dags_folder=_dags_folder(work / "dags"), example_dags=expected.EXAMPLE_FILES,
+                                  extra_env=extra)
+    dag_ids = [*expected.EXPECTED, CREDS_DAG]
+    with kube:
+        kube.configure(stack)
+        env = stack.env()
+        secrets = {
+            "jwt_secret": env["AIRFLOW__API_AUTH__JWT_SECRET"],
+            "DB URL": env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"],
+            "fernet key": env["AIRFLOW__CORE__FERNET_KEY"],
+            "[api] secret_key": env["AIRFLOW__API__SECRET_KEY"],
+        }
+        try:
+            stack.migrate()
+            stack.start(wait_for_dags=dag_ids)
+            runs = run_all(stack, dag_ids, timeout=KUBE_RUN_TIMEOUT_SECONDS)
+            executed = _executed(stack, runs)
+            kube.wait_for_no_running_pods(timeout=120)
+            pods = kube.pods()
+        except BaseException:
+            print("task pods:\n  " + "\n  ".join(kube.describe_pods()))
+            raise
+        finally:
+            left = stack.stop()
+        assert not left, f"processes left after stopping the stack: {left}"
+        namespace_labels = dict(kube_namespace_labels(kube))
+        traces = _callback_traces(stack.traces_dir)
+        task_env = {
+            "bash": _bash_env((stack.traces_dir / "bash_env.txt").read_text()),
+            "python": json.loads((stack.traces_dir / "python_env.json").read_text()),
+        }
+        pod_home = kube.pod_home
+        pod_cfg = (pod_home / "airflow.cfg").read_text()
+        sample = _sample_token(kube.workdir)
+    return Outcome(runs=runs, executed=executed, traces=traces, pods=pods, secrets=secrets, task_env=task_env, pod_cfg=pod_cfg,
+                   pod_home=pod_home, namespace_labels=namespace_labels, sample_token=sample)
+
+
+def _executed(stack, runs: dict[str, RunResult]) -> list[tuple[str, str, int, int]]:
+    """The task instances an executor ran: ended success or failed, not an ``EmptyOperator`` (the scheduler
+    marks those success itself, no worker runs them). ``(dag_id, task_id, map_index, try_number)``."""
+    return sorted((ti["dag_id"], ti["task_id"], ti["map_index"], ti["try_number"])
+                  for dag_id, result in runs.items()
+                  for ti in stack.task_instances(dag_id, result.run_id)
+                  if ti["state"] in ("success", "failed") and ti["operator"] != "EmptyOperator")
+
+
+def kube_namespace_labels(kube: KubeStack) -> dict[str, str]:
+    """The task namespace's labels, read from the API server."""
+    from kubernetes import client
+
+    return client.CoreV1Api(kube.api).read_namespace(kube.namespace).metadata.labels or {}
+
+
+def _leaks(text: str, secrets: dict[str, str]) -> list[str]:
+    """What of a credential ``text`` carries: a JWT, a secret's value, a DB URL, workload JSON (empty: none)."""
+    found = [f"a JWT ({m.group(0)[:16]}...)" for m in JWT.finditer(text)]
+    found += [what for what, value in secrets.items() if value and value in text]
+    found += [f"DB marker {m!r}" for m in DB_MARKERS if m in text.lower()]
+    found += [f"workload marker {m!r}" for m in WORKLOAD_MARKERS if m in text]
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------- runs
+
+
+def test_every_dag_run_ends_as_under_local_executor(outcome: Outcome) -> None:
+    """Each demo DAG run ends in its expected run state with every task in its expected state, and the callbacks
+    left the same trace lines, as under LocalExecutor."""
+    problems = {dag_id: expected.mismatches(dag_id, outcome.runs[dag_id].state, outcome.runs[dag_id].tasks)
+                for dag_id in expected.EXPECTED}
+    assert {d: p for d, p in problems.items() if p} == {}
+    assert outcome.traces == list(expected.EXPECTED_TRACES)
+    assert outcome.runs[CREDS_DAG].state == "success"
+    assert outcome.runs[CREDS_DAG].tasks == {"bash_env": "success", "python_env": "success"}
+
+
+def test_every_task_ran_in_an_admitted_pod_on_the_harness_node(outcome: Outcome) -> None:
+    """Pods really ran the tasks: the namespace enforces Pod Security ``restricted``; every task instance a
+    worker ran (its last try) has a pod labelled with its DAG, task, map index and try; each pod is bound to the
+    harness node by the template, runs the agent (``python -m leoflow_agent pod``) and ended Succeeded or
+    Failed."""
+    assert {k: outcome.namespace_labels.get(k) for k in PSA_RESTRICTED} == PSA_RESTRICTED
+    last = [versions[-1] for versions in outcome.pods.values()]
+    labelled = set()
+    for pod in last:
+        labels = pod["metadata"]["labels"]
+        labelled.add((labels.get("leoflow.io/dag-id"), labels.get("leoflow.io/task-id"),
+                      int(labels.get("leoflow.io/map-index", "-1")), int(labels.get("leoflow.io/try-number", "0"))))
+    assert outcome.executed, "no task instance was run by a worker"
+    assert [ti for ti in outcome.executed if ti not in labelled] == []
+    for pod in last:
+        name, spec = pod["metadata"]["name"], pod["spec"]
+        assert spec.get("nodeName") == HARNESS_NODE, name
+        assert pod["metadata"]["labels"].get(HARNESS_LABEL) == HARNESS_NODE, name
+        assert spec["containers"][0]["args"] == ["python", "-m", "leoflow_agent", "pod"], name
+        assert spec.get("automountServiceAccountToken") is False, name
+        assert (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"), (name, pod.get("status"))
+
+
+# ---------------------------------------------------------------------------------------------------- credentials
+
+
+def test_detector_finds_each_credential() -> None:
+    """The leak detector the next tests rely on flags each kind it looks for (so a clean result means clean)."""
+    secrets = {"jwt_secret": "s3cr3t-value"}
+    workload = '{"token": "", "dag_rel_path": "x.py", "bundle_info": {"name": "d"}, "log_path": "l", ' \
+               '"type": "ExecuteTask"}'
+    assert _leaks("x eyJhbGciOiJI.eyJzdWIiOiIx.c2lnbmF0dXJl y", {}) == ["a JWT (eyJhbGciOiJI.eyJ...)"]
+    assert _leaks("a s3cr3t-value b", secrets) == ["jwt_secret"]
+    assert _leaks("sqlite:////tmp/airflow.db", {}) == ["DB marker 'sqlite:///'"]
+    assert len(_leaks(workload, {})) == len(WORKLOAD_MARKERS)
+    assert _leaks('{"metadata": {"name": "p"}}', secrets) == []
+
+
+def test_no_credential_on_any_pod_object(outcome: Outcome) -> None:
+    """Every version of every pod the namespace held (deleted ones included), as the API server serialized it,
+    carries no JWT, no jwt_secret, no DB URL, no fernet key, no ``[api] secret_key`` and no workload JSON."""
+    assert outcome.pods, "no pod was recorded"
+    assert all(len(v) >= 1 for v in outcome.secrets.values())
+    # control: the harness did project a real ServiceAccount JWT into the pods' token volume, and the detector
+    # would see it on a pod object
+    assert outcome.sample_token is not None, "the harness projected no token"
+    assert _leaks(outcome.sample_token, {}), "the detector misses a real projected token"
+    leaks = {}
+    for uid, versions in outcome.pods.items():
+        for pod in versions:
+            found = _leaks(json.dumps(pod), outcome.secrets)
+            if found:
+                leaks[f"{pod['metadata']['name']}@{pod['metadata']['resourceVersion']}"] = found
+    assert leaks == {}
+
+
+def test_no_credential_in_the_task_environment(outcome: Outcome) -> None:
+    """What the tasks see (a BashOperator's ``env``, a Python task's ``os.environ``) and the pod-side
+    ``airflow.cfg`` hold no JWT, jwt_secret, DB URL, fernet key or ``[api] secret_key``; the dumps come from
+    tasks in harness pods (``KUBERNETES_SERVICE_HOST`` set, the pod-side ``AIRFLOW_HOME``)."""
+    for name, seen in outcome.task_env.items():
+        assert seen.get("AIRFLOW_HOME") == str(outcome.pod_home), (name, sorted(seen))
+        assert "KUBERNETES_SERVICE_HOST" in seen, f"the {name} task did not run in a harness pod"
+        for key in seen:
+            for secret_key in ("SQL_ALCHEMY_CONN", "JWT_SECRET", "FERNET_KEY", "API__SECRET_KEY"):
+                if secret_key in key.upper():
+                    # the Task SDK plants a placeholder DB URL in the task process to block DB access
+                    assert seen[key].startswith("airflow-db-not-allowed"), (name, key)
+        text = "\n".join(f"{k}={v}" for k, v in seen.items() if not v.startswith("airflow-db-not-allowed"))
+        assert _leaks(text, outcome.secrets) == [], name
+    cfg = outcome.pod_cfg.lower()
+    for key in ("sql_alchemy_conn", "jwt_secret", "fernet_key", "secret_key", "jwt_private_key"):
+        assert key not in cfg, key
+    assert _leaks(outcome.pod_cfg, outcome.secrets) == []
