@@ -23,6 +23,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +38,21 @@ from devtools.stack import OUR_DAGS, REPO_ROOT
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(KUBE_RUN_TIMEOUT_SECONDS + 600)]
 
+E2E_EXAMPLE_FILES = ("example_bash_operator", "example_short_circuit_operator", "example_setup_teardown")
+"""Airflow examples run here beside every leoflow_* DAG of the demo: bash (and a skip by exit code 99), short
+circuit, setup/teardown. The demo's full set (``expected.EXAMPLE_FILES``: 24 DAG runs, about 190 pods, each a
+cold Python start on this 2-core machine, 12 min) is what ``make demo-k8s`` runs; set ``LEOFLOW_KUBE_E2E_FULL=1``
+to run it here too."""
+FULL = os.environ.get("LEOFLOW_KUBE_E2E_FULL") == "1"
+EXAMPLE_FILES = expected.EXAMPLE_FILES if FULL else E2E_EXAMPLE_FILES
+E2E_DAGS = tuple(d for d in expected.EXPECTED
+                 if FULL or d.startswith("leoflow_") or d in E2E_EXAMPLE_FILES)
+"""The DAG ids whose runs are checked against ``expected.EXPECTED`` (each of ``EXAMPLE_FILES`` holds one DAG of its
+own name)."""
 CREDS_DAG = "leoflow_test_creds"
 CREDS_DAG_FILE = REPO_ROOT / "tests" / "dags" / f"{CREDS_DAG}.py"
+LOST_DAG = "leoflow_test_lost_report"
+LOST_DAG_FILE = REPO_ROOT / "tests" / "dags" / f"{LOST_DAG}.py"
 LEOFLOW = "leoflow_airflow.executor.LeoflowExecutor"
 JWT = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+")
 """A JWT: base64url of a JSON header (``{"`` encodes as ``eyJ``), payload and signature."""
@@ -60,6 +75,8 @@ class Outcome:
     pod_home: Path
     namespace_labels: dict[str, str]
     sample_token: str | None  # a ServiceAccount token the harness projected into a pod (detector's control)
+    lost_report: dict[str, object]  # leoflow_test_lost_report: trace line counts and the body's ledger rows
+    check: subprocess.CompletedProcess  # `airflow leoflow check` with the scheduler's configuration
 
 
 def _require_binaries() -> None:
@@ -75,7 +92,7 @@ def _require_binaries() -> None:
 def _dags_folder(root: Path) -> Path:
     """The demo's DAGs (dags/) plus the environment-dumping test DAG, in one folder."""
     root.mkdir(parents=True, exist_ok=True)
-    for path in [*sorted(OUR_DAGS.glob("*.py")), CREDS_DAG_FILE]:
+    for path in [*sorted(OUR_DAGS.glob("*.py")), CREDS_DAG_FILE, LOST_DAG_FILE]:
         shutil.copyfile(path, root / path.name)
     return root
 
@@ -112,11 +129,13 @@ def outcome(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> 
     reuse = os.environ.get("K8SENV_DIR")
     kube = KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False)
     extra = {"AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
-             "AIRFLOW__API__SECRET_KEY": "leoflow-e2e-api-secret-key-" + os.urandom(8).hex()}
+             "AIRFLOW__API__SECRET_KEY": "leoflow-e2e-api-secret-key-" + os.urandom(8).hex(),
+             # TEST ONLY: lets leoflow_test_lost_report's executor_config kill its agent after the record
+             "AIRFLOW__LEOFLOW__TEST_FAULT_INJECTION": "True"}
     stack = airflow_stack_factory("kube", executor=LEOFLOW, parallelism=DEMO_PARALLELISM,
-                                  dags_folder=_dags_folder(work / "dags"), example_dags=expected.EXAMPLE_FILES,
+                                  dags_folder=_dags_folder(work / "dags"), example_dags=EXAMPLE_FILES,
                                   extra_env=extra)
-    dag_ids = [*expected.EXPECTED, CREDS_DAG]
+    dag_ids = [*E2E_DAGS, CREDS_DAG, LOST_DAG]
     with kube:
         kube.configure(stack)
         env = stack.env()
@@ -128,6 +147,8 @@ def outcome(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> 
         }
         try:
             stack.migrate()
+            check = subprocess.run([sys.executable, "-m", "airflow", "leoflow", "check"], env=stack.env(),
+                                   capture_output=True, text=True, timeout=300)
             stack.start(wait_for_dags=dag_ids)
             runs = run_all(stack, dag_ids, timeout=KUBE_RUN_TIMEOUT_SECONDS)
             executed = _executed(stack, runs)
@@ -148,8 +169,26 @@ def outcome(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> 
         pod_home = kube.pod_home
         pod_cfg = (pod_home / "airflow.cfg").read_text()
         sample = _sample_token(kube.workdir)
+        lost_report = _lost_report(stack, runs[LOST_DAG].run_id)
     return Outcome(runs=runs, executed=executed, traces=traces, pods=pods, secrets=secrets, task_env=task_env, pod_cfg=pod_cfg,
-                   pod_home=pod_home, namespace_labels=namespace_labels, sample_token=sample)
+                   pod_home=pod_home, namespace_labels=namespace_labels, sample_token=sample,
+                   lost_report=lost_report, check=check)
+
+
+def _lost_report(stack, run_id: str) -> dict[str, object]:
+    """What leoflow_test_lost_report left: how many times each body ran (trace lines) and the body's ledger rows
+    ``(try_number, attempt_epoch, state, resolution)`` (the stack is stopped: its SQLite file is read directly)."""
+    import sqlite3
+
+    def lines(name: str) -> int:
+        path = stack.traces_dir / name
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    with sqlite3.connect(stack.home / "airflow.db", timeout=60) as conn:
+        rows = conn.execute("select try_number, attempt_epoch, state, resolution from leoflow_attempt "
+                            "where dag_id=? and run_id=? and task_id='body' order by id", (LOST_DAG, run_id)).fetchall()
+    return {"body_runs": lines("lost_report_body.txt"), "downstream_runs": lines("lost_report_downstream.txt"),
+            "body_attempts": [tuple(row) for row in rows]}
 
 
 def _executed(stack, runs: dict[str, RunResult]) -> list[tuple[str, str, int, int]]:
@@ -184,7 +223,7 @@ def test_every_dag_run_ends_as_under_local_executor(outcome: Outcome) -> None:
     """Each demo DAG run ends in its expected run state with every task in its expected state, and the callbacks
     left the same trace lines, as under LocalExecutor."""
     problems = {dag_id: expected.mismatches(dag_id, outcome.runs[dag_id].state, outcome.runs[dag_id].tasks)
-                for dag_id in expected.EXPECTED}
+                for dag_id in E2E_DAGS}
     assert {d: p for d, p in problems.items() if p} == {}
     assert outcome.traces == list(expected.EXPECTED_TRACES)
     assert outcome.runs[CREDS_DAG].state == "success"
@@ -212,6 +251,31 @@ def test_every_task_ran_in_an_admitted_pod_on_the_harness_node(outcome: Outcome)
         assert spec["containers"][0]["args"] == ["python", "-m", "leoflow_agent", "pod"], name
         assert spec.get("automountServiceAccountToken") is False, name
         assert (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"), (name, pod.get("status"))
+
+
+def test_a_success_whose_report_was_lost_is_recovered_from_the_termination_message(outcome: Outcome) -> None:
+    """The agent is SIGKILLed after writing its success record to the termination message and before its PATCH
+    (TEST-ONLY fault ``after_record``): the reconciler reads the record back from the pod's status and replays
+    it, so the task ends SUCCESS at try 1, its body ran once, and its downstream ran."""
+    run = outcome.runs[LOST_DAG]
+    assert (run.state, run.tasks) == ("success", {"body": "success", "downstream": "success"})
+    assert (LOST_DAG, "body", -1, 1) in outcome.executed, "the body did not end at try 1"
+    assert outcome.lost_report["body_runs"] == 1
+    assert outcome.lost_report["downstream_runs"] == 1
+    assert outcome.lost_report["body_attempts"] == [(1, 1, "closed", "replayed")]
+
+
+def test_airflow_leoflow_check_reports_the_runtime_and_the_schedulers_permissions(outcome: Outcome) -> None:
+    """``airflow leoflow check`` with the scheduler's configuration names the runtime, namespace, image,
+    exchange URL and audience, asks the API server for every permission the scheduler needs in the task
+    namespace (all granted: the stack's identity is cluster-admin), names what the api-server needs, exits 0."""
+    out = outcome.check.stdout
+    assert outcome.check.returncode == 0, (out, outcome.check.stderr)
+    assert "[leoflow] runtime = kubernetes" in out
+    assert "kubernetes: namespace " in out and "exchange URL http" in out and "/leoflow/v1/exchange" in out
+    for rule in ("create pods", "list pods", "watch pods", "delete pods", "get serviceaccounts"):
+        assert f"ok   {rule}" in out, (rule, out)
+    assert "create tokenreviews.authentication.k8s.io" in out
 
 
 # ---------------------------------------------------------------------------------------------------- credentials
