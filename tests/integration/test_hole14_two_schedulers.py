@@ -47,14 +47,56 @@ SECOND_HOST = "simulated-host-b/00000000-0000-0000-0000-000000000002"
 BAD_ENDINGS = {"infra_redrive", "redispatched", "executor_failed", "launch_failed", "abandoned"}
 
 
-@pytest.fixture
-def pg_url() -> str:
-    """A fresh database on the test PostgreSQL server (dropped afterwards), as a URL with its password."""
+def stack_env() -> dict[str, str]:
+    """The stacks' ``extra_env`` (the same for the template's migrate and every test's stack)."""
+    return {
+        "AIRFLOW__LEOFLOW__AGENT_ENV_PASSTHROUGH": procs.MARKER_VAR,  # the stack's clean-up finds agents
+        "AIRFLOW__LEOFLOW__TEST_FAULT_INJECTION": "True",
+        # two schedulers and their zygotes start at once on a shared 2-core machine: a zygote slow to import
+        # the Task SDK must not be restarted (this test asserts each zygote lives through the run)
+        "AIRFLOW__LEOFLOW__ZYGOTE_START_TIMEOUT": "600",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+    }
+
+
+def _admin() -> sa.Engine:
+    """An AUTOCOMMIT engine on the server's ``postgres`` database (CREATE/DROP DATABASE)."""
     server = sa.make_url(PG_URL)
-    name = f"leoflow_h14_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    return sa.create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+
+
+@pytest.fixture(scope="module")
+def template_db(tmp_path_factory) -> str:
+    """A database migrated once by ``airflow db migrate`` (a stack configured as the tests' stacks are), the
+    template each test's database is copied from (``CREATE DATABASE ... TEMPLATE``, as ``bench/compare.py``
+    does): one migrate per module instead of one per test. Dropped afterwards. Returns its name."""
+    server = sa.make_url(PG_URL)
+    name = f"leoflow_h14_tmpl_{uuid.uuid4().hex[:10]}"
+    admin = _admin()
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        url = server.set(database=name).render_as_string(hide_password=False)
+        migrator = AirflowStack(tmp_path_factory.mktemp("hole14-template"), executor=EXECUTOR, parallelism=3,
+                                dags_folder=FAULT_DAGS, sql_alchemy_conn=url, extra_env=stack_env())
+        with migrator:
+            migrator.migrate()  # the command has exited: no session is left on the template
+        yield name
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def pg_url(template_db: str) -> str:
+    """A fresh database on the test PostgreSQL server, a copy of the migrated ``template_db`` (dropped
+    afterwards), as a URL with its password."""
+    server = sa.make_url(PG_URL)
+    name = f"leoflow_h14_{uuid.uuid4().hex[:10]}"
+    admin = _admin()
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"'))
     try:
         yield server.set(database=name).render_as_string(hide_password=False)
     finally:
@@ -67,18 +109,10 @@ def pg_url() -> str:
 def test_two_schedulers_share_one_ledger_without_killing_or_redriving_each_others_work(tmp_path_factory, pg_url,
                                                                                        second_host):
     """See the module docstring."""
-    env = {
-        "AIRFLOW__LEOFLOW__AGENT_ENV_PASSTHROUGH": procs.MARKER_VAR,  # the stack's clean-up finds agents
-        "AIRFLOW__LEOFLOW__TEST_FAULT_INJECTION": "True",
-        # two schedulers and their zygotes start at once on a shared 2-core machine: a zygote slow to import
-        # the Task SDK must not be restarted (this test asserts each zygote lives through the run)
-        "AIRFLOW__LEOFLOW__ZYGOTE_START_TIMEOUT": "600",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-    }
     home = tmp_path_factory.mktemp("hole14")
     with AirflowStack(home, executor=EXECUTOR, parallelism=3, dags_folder=FAULT_DAGS, sql_alchemy_conn=pg_url,
-                      extra_env=env) as stack:
-        stack.migrate()
+                      extra_env=stack_env()) as stack:
+        # pg_url is a copy of the migrated template: no migrate of its own
         stack.start(wait_for_dags=[DAG])
         second_env = stack.env()
         if second_host is not None:
