@@ -75,10 +75,17 @@ def _check_kubernetes(parsed: Any) -> bool:
     print(f"kubernetes: API server {api_client.configuration.host} as the {where}; in namespace {kube.namespace}:")
     for result in results:
         mark = {True: "ok  ", False: "DENY", None: "??  "}[result.allowed]
-        print(f"  {mark} {result.rule:<22} {result.rule.why}" + (f" ({result.reason})" if result.reason else ""))
-    if access.denied(results):
-        print(f"FAIL the scheduler's identity lacks {len(access.denied(results))} of {len(results)} permissions in "
-              f"namespace {kube.namespace} (grant them with a Role and RoleBinding)", file=sys.stderr)
+        said = f" ({result.reason})" if result.reason and result.allowed is False else ""
+        print(f"  {mark} {str(result.rule):<22} {result.rule.why}{said}")
+    undecided = [r for r in results if r.allowed is None]
+    lacking = [r for r in results if r.allowed is False]
+    if undecided:
+        print(f"FAIL could not ask the API server {api_client.configuration.host} about {len(undecided)} of "
+              f"{len(results)} permissions: {undecided[0].reason}", file=sys.stderr)
+        ok = False
+    if lacking:
+        print(f"FAIL the scheduler's identity lacks {', '.join(str(r.rule) for r in lacking)} in namespace "
+              f"{kube.namespace} (grant them with a Role and RoleBinding)", file=sys.stderr)
         ok = False
     rules = ", ".join(str(rule) for rule in access.EXCHANGE_RULES)
     print(f"kubernetes: the api-server's identity needs {rules} (not checked from here)")
