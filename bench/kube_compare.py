@@ -29,8 +29,9 @@ Figures per (executor, DAG):
 - queued-to-running p50/p95: TI ``queued_when`` -> ``start_date`` (REST API), seconds;
 - wall: the DAG run's ``start_date`` -> ``end_date``, seconds;
 - pod creates/s: pods of the executor's namespace first seen by a watch on every namespace (local monotonic
-  time of the ADDED event) / (last - first), over the run; for the chain, pods come one at a time so it is
-  the chain's pace, not a create rate;
+  time of the ADDED event) / (last - first), over the run; for the fan-out (50 > parallelism 32) the last 18
+  wait for free slots, and the chain's pods come one at a time: both are the run's pace, not the API's create
+  rate (``bench.kube_scale`` measures that);
 - scheduler loop: the scheduler's ``Ran scheduling loop in X ms`` lines (Airflow's own timer around one
   loop, the one it sends as the ``scheduler.scheduler_loop_duration`` metric; logged at DEBUG, turned on for
   the scheduler job runner's logger alone with ``[logging] namespace_levels``) during the run: p50, p95, max,
