@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import statistics
 import sys
@@ -307,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         if started is not None:
             k8senv.stop(started)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
