@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.leoflow-installed
 
-.PHONY: demo demo-k8s test test-fast test-k8s bench venv clean
+.PHONY: demo demo-k8s test test-fast test-k8s bench bench-k8s venv clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found (leoflow needs Python 3.11)"; exit 1; }
@@ -39,6 +39,13 @@ test-k8s: $(STAMP)
 ## make bench: LocalExecutor vs LeoflowExecutor on PostgreSQL (minutes; figures, not pass/fail).
 bench: $(STAMP)
 	scripts/run-tests bench
+
+## make bench-k8s: the Kubernetes runtime on kwok at 10/100/1,000 attempts in flight (bench.kube_scale), then
+## KubernetesExecutor vs leoflow on the node harness (bench.kube_compare; makes the KE venv under
+## ~/.cache/leoflow-bench on first use; needs root for the harness). Figures, not pass/fail.
+bench-k8s: $(STAMP)
+	$(PY) -m bench.kube_scale
+	$(PY) -m bench.kube_compare
 
 clean:
 	rm -rf $(VENV) .demo .tmp *.egg-info
