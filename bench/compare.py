@@ -531,6 +531,27 @@ def render(rows: list[dict[str, Any]]) -> str:
 # ---------------------------------------------------------------------------------------------- main
 
 
+def log(msg: str) -> None:
+    """Print one progress line of a benchmark at once (stdout, flushed)."""
+    print(msg, flush=True)
+
+
+def _interrupted(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def bench_session(prefix: str) -> tuple[str, Path]:
+    """Start a benchmark run: SIGINT and SIGTERM raise ``KeyboardInterrupt`` (a background job starts with SIGINT
+    ignored, and SIGTERM would skip the clean-up), and a fresh work directory ``/tmp/<prefix>XXXX`` mode 0755 (the
+    postgres OS user must traverse it, scripts/pg). Returns ``(stamp, work)``, stamp a UTC ``%Y%m%dT%H%M%SZ``."""
+    signal.signal(signal.SIGINT, _interrupted)
+    signal.signal(signal.SIGTERM, _interrupted)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    work.chmod(0o755)
+    return stamp, work
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison; returns 0 when every run ended with all tasks successful (bars do not gate)."""
     parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
@@ -550,19 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="JSON output (default bench/results/<stamp>.json)")
     args = parser.parse_args(argv)
 
-    def log(msg: str) -> None:
-        print(msg, flush=True)
-
-    def interrupted(signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    # A background job starts with SIGINT ignored, and SIGTERM would skip the clean-up: both interrupt.
-    signal.signal(signal.SIGINT, interrupted)
-    signal.signal(signal.SIGTERM, interrupted)
-
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    work = Path(tempfile.mkdtemp(prefix="leoflow-bench-", dir="/tmp"))
-    work.chmod(0o755)  # the postgres OS user must traverse it (scripts/pg)
+    stamp, work = bench_session("leoflow-bench-")
     pg_dir = args.pg_dir or work / "pg"
     pg = Postgres.existing(args.pg_url) if args.pg_url else Postgres(pg_dir)
     figures: list[RunFigures] = []

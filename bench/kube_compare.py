@@ -48,19 +48,16 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from bench import cpu
 from bench.compare import (BENCH_DAGS, PINNED, RESULTS_DIR, Postgres, _git_state, _parse_ts, _ratio, _uptime,
-                           migrate_template, percentile, task_instances)
+                           bench_session, log, migrate_template, percentile, task_instances)
 from devtools.kube import HARNESS_LABEL, HARNESS_NODE, KubeStack, pod_airflow_cfg
 from devtools.stack import AirflowStack
 
@@ -325,17 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs) afterwards")
     args = parser.parse_args(argv)
 
-    def log(msg: str) -> None:
-        print(msg, flush=True)
-
-    def interrupted(signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGINT, interrupted)
-    signal.signal(signal.SIGTERM, interrupted)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    work = Path(tempfile.mkdtemp(prefix="leoflow-kbench-", dir="/tmp"))
-    work.chmod(0o755)
+    stamp, work = bench_session("leoflow-kbench-")
     log(f"leoflow kube bench {stamp}: work dir {work}; {_uptime()}")
     ke_python = ensure_ke_venv(args.ke_venv, log) if "ke" in args.executors else None
     pg = Postgres(work / "pg")
