@@ -25,7 +25,7 @@ demo-k8s: $(STAMP)
 	$(PY) -m devtools.demo --runtime kubernetes
 
 ## make test: the whole suite (starts PostgreSQL and the Kubernetes control plane itself).
-test: $(STAMP)
+test:
 	scripts/run-tests all
 
 ## make test-fast: unit tests only, no servers.

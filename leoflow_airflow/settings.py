@@ -37,6 +37,10 @@ def _non_negative(v: float) -> str | None:
     return None if v >= 0 else "must be 0 or more"
 
 
+def _api_workers(v: int) -> str | None:
+    return None if 1 <= v <= 64 else "must be from 1 to 64"
+
+
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -197,6 +201,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("pod_retention_failure", "float", "3600", "Seconds a task pod that did not succeed (Failed, evicted, "
            "past its deadline) is kept after it ended and its attempt settled, then deleted with a UID "
            "precondition. 0: delete as soon as the attempt settled.", _non_negative),
+    Option("kube_api_workers", "integer", "4", "Threads of the scheduler's pool that makes every Kubernetes API "
+           "request of the runtime (pod creates, confirming reads, deletes; never on the scheduler loop). Creates in "
+           "flight are bounded by launch_queue_size, so more threads raise pod creates per second toward the API "
+           "server's own limits (client-side: none; server-side: APF). 1 to 64.", _api_workers),
     Option("in_cluster", "boolean", "True", "Reach the Kubernetes API with the process's own pod ServiceAccount "
            "(True: the scheduler's to create pods, the api-server's for the token exchange's TokenReview and pod "
            "GET) or with kube_config (False)."),
@@ -252,6 +260,8 @@ class KubernetesSettings:
     """Seconds a Succeeded pod of a settled attempt is kept before it is deleted (≥ 0)."""
     pod_retention_failure: float
     """Seconds any other terminal pod of a settled attempt is kept before it is deleted (≥ 0)."""
+    kube_api_workers: int
+    """Threads of the runtime's API request pool (1-64); creates in flight stay bounded by ``launch_queue_size``."""
     in_cluster: bool
     """Reach the API with the process's own pod ServiceAccount (else ``kube_config``)."""
     kube_config: str

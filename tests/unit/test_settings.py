@@ -213,6 +213,16 @@ def test_pod_retention_options():
         assert err.value.key == f"leoflow.{key}" and "0 or more" in str(err.value)
 
 
+def test_kube_api_workers_option():
+    """[leoflow] kube_api_workers: threads of the runtime's API pool, default 4, from 1 to 64."""
+    assert settings.load(getter()).kubernetes.kube_api_workers == 4
+    assert settings.load(getter(kube_api_workers="16")).kubernetes.kube_api_workers == 16
+    for bad in ("0", "65"):
+        with pytest.raises(ConfigError) as err:
+            settings.load(getter(kube_api_workers=bad))
+        assert err.value.key == "leoflow.kube_api_workers" and "from 1 to 64" in str(err.value)
+
+
 def test_load_kubernetes_derives_the_exchange_url_from_api_base_url():
     """exchange_url empty: ``[api] base_url`` + ``/leoflow`` (never [core] execution_api_server_url); neither
     set, or a base_url that is no URL, is a ConfigError naming the key to set."""

@@ -2,7 +2,7 @@
 (``[leoflow] runtime = kubernetes``; DESIGN §1 "Runtimes", §3; issue 9 items 2 and 6).
 
 Threads. The scheduler thread never calls the API server. Every request (pod create, the live read that
-confirms a pod is gone, delete, the start-up check) runs on a small worker pool (:data:`API_WORKERS`
+confirms a pod is gone, delete, the start-up check) runs on a small worker pool (``[leoflow] kube_api_workers``
 threads) and its answer comes back through one queue that :meth:`KubernetesRuntime.poll` drains; the pod
 informer (:mod:`.informer`) keeps a watch-fed cache on its own thread. So ``launch``, ``poll``, ``observe``,
 ``locate``, ``evidence``, ``kill`` and ``collect`` read memory and the cache only and return in
@@ -77,12 +77,10 @@ if TYPE_CHECKING:
     from leoflow_airflow.runtime.kubernetes.status import PodView
     from leoflow_airflow.settings import LeoflowSettings
 
-__all__ = ["API_WORKERS", "KubernetesRuntime", "label_selector"]
+__all__ = ["KubernetesRuntime", "label_selector"]
 
 log = logging.getLogger(__name__)
 
-API_WORKERS = 4
-"""Threads of the worker pool that makes every API request (creates, confirming reads, deletes)."""
 REQUEST_TIMEOUT_SECONDS = 30.0
 """Seconds one API request on the pool may take in all (connect + read)."""
 START_RETRY_SECONDS = 30.0
@@ -226,7 +224,8 @@ class KubernetesRuntime:
         from kubernetes import client
 
         self._core = client.CoreV1Api(self._api)
-        self._pool = concurrent.futures.ThreadPoolExecutor(API_WORKERS, thread_name_prefix="leoflow-kube")
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.kube.kube_api_workers,
+                                                           thread_name_prefix="leoflow-kube")
         if self._informer_factory is not None:
             self.informer = self._informer_factory(self._api, self.kube.namespace, label_selector())
         else:
