@@ -511,7 +511,6 @@ class NodeHarness:
         self.runs: dict[str, _PodRun] = {}
         self.errors: list[str] = []
         self.runtime_message: str | None = None
-        self._created_mount_points: list[tuple[Path, bool]] = []
         self._mp_lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -529,7 +528,10 @@ class NodeHarness:
     def ensure_mount_point(self, path: str, is_dir: bool) -> None:
         """Create an empty directory or file at `path` on the host if missing, to bind-mount over.
 
-        Raises Unsupported if `path` exists with the other type.
+        The placeholder stays after :meth:`stop`: another harness on this machine (a second test process) may be
+        binding over the same path (``/dev/termination-log``, ``/var/run/secrets/leoflow``), and removing it
+        under that harness made its next pod fail to start. Raises Unsupported if `path` exists with the other
+        type.
         """
         p = Path(path)
         with self._mp_lock:
@@ -537,14 +539,11 @@ class NodeHarness:
                 if p.is_dir() != is_dir:
                     raise Unsupported(f"mount path {path!r} exists as a {'directory' if p.is_dir() else 'file'}")
                 return
-            missing = [q for q in [p, *p.parents] if not q.exists()]
             p.parent.mkdir(parents=True, exist_ok=True)
             if is_dir:
-                p.mkdir()
+                p.mkdir(exist_ok=True)
             else:
                 p.touch()
-            for q in reversed(missing):  # outermost first, so stop() removes innermost first
-                self._created_mount_points.append((q, q == p and not is_dir))
 
     def start(self) -> "NodeHarness":
         """Create (or adopt) the Node, mark it Ready, and start watching for pods. Returns self."""
@@ -617,7 +616,8 @@ class NodeHarness:
                     self._stop.wait(0.5)
 
     def stop(self) -> None:
-        """Stop watching, kill every process still running, remove created mount points."""
+        """Stop watching and kill every process still running (mount-point placeholders stay: see
+        :meth:`ensure_mount_point`)."""
         self._stop.set()
         for run in self.runs.values():
             run._stop_procs(0)
@@ -626,13 +626,6 @@ class NodeHarness:
             self._watcher.join(15)
         for run in self.runs.values():
             run.thread.join(10)
-        with self._mp_lock:
-            for q, is_file in reversed(self._created_mount_points):
-                try:
-                    q.unlink() if is_file else q.rmdir()
-                except OSError:
-                    pass
-            self._created_mount_points.clear()
 
     def __enter__(self) -> "NodeHarness":
         return self.start()
