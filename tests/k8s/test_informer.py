@@ -232,6 +232,28 @@ def test_informer_sees_create_update_delete_keeps_final_status_and_selects_by_la
     assert not inf.running
 
 
+def test_list_is_paged_and_the_watch_resumes_from_its_snapshot(k8s_env, core, namespace):
+    """A LIST of more pods than one page holds (``limit`` 2, five pods) fills the cache with all of them in
+    three requests, and the watch that follows from the list's resourceVersion sees a pod created after it."""
+    api = recording_client(k8s_env)
+    inf = PodInformer(api, namespace, SELECT, watch_timeout_seconds=30, list_page_size=2)
+    names = [f"paged-{i}" for i in range(5)]
+    for name in names:
+        core.create_namespaced_pod(namespace, _pod(name, k8s_env.nodes[0]))
+    inf.start()
+    try:
+        wait_for(lambda: inf.synced, 30, what="first LIST")
+        assert sorted(v.name for v in inf.views()) == names
+        lists = _check_requests(api)
+        assert [q.get("limit") for q in lists] == ["2", "2", "2"]
+        assert ["continue" in q for q in lists] == [False, True, True]
+        core.create_namespaced_pod(namespace, _pod("after", k8s_env.nodes[0]))
+        wait_for(lambda: inf.get("after") is not None, 30, what="the watch to see a pod created after the LIST")
+        assert _live(core, namespace) == _cached(inf) and inf.relists == 0
+    finally:
+        inf.stop(10)
+
+
 def test_forced_410_relists_and_loses_or_duplicates_nothing(k8s_env, core, namespace):
     server = urllib.parse.urlsplit(k8s_env.server)
     relay = CuttableRelay((server.hostname, server.port))

@@ -39,13 +39,15 @@ from kubernetes.client.rest import ApiException
 
 from leoflow_airflow.runtime.kubernetes.status import PodView, pod_view
 
-__all__ = ["PodInformer"]
+__all__ = ["LIST_PAGE_SIZE", "PodInformer"]
 
 log = logging.getLogger(__name__)
 
 _GONE = 410
 _MIN_BACKOFF = 0.5
 """First retry delay after an error, in seconds (doubled per consecutive error, capped, jittered)."""
+LIST_PAGE_SIZE = 500
+"""Pods per LIST page (``limit``): a relist of thousands of pods is several bounded answers, not one."""
 _QUICK_END = 1.0
 """A watch that ends cleanly within this many seconds having applied nothing counts as a failure (backoff), so
 a server that closes watches at once cannot make the thread spin."""
@@ -76,6 +78,7 @@ class PodInformer:
         change (an event, or a LIST that changed the cache); it should only wake someone up. Its exceptions are
         logged and swallowed.
     :param max_backoff_seconds: cap of the retry delay after errors, in seconds.
+    :param list_page_size: pods per LIST page (``limit``; default :data:`LIST_PAGE_SIZE`).
 
     Observable counters (read without the lock; each is one int/str assignment): :attr:`relists` (LISTs
     applied after the first: one per 410 or per error that needed a new list), :attr:`events` (watch events
@@ -94,6 +97,7 @@ class PodInformer:
         tombstone_seconds: float = 600.0,
         on_event: Callable[[], None] | None = None,
         max_backoff_seconds: float = 10.0,
+        list_page_size: int = LIST_PAGE_SIZE,
     ) -> None:
         self._core = k8s_client.CoreV1Api(api_client)
         self.namespace = namespace
@@ -103,6 +107,7 @@ class PodInformer:
         self._tombstone_seconds = float(tombstone_seconds)
         self._on_event = on_event
         self._max_backoff = float(max_backoff_seconds)
+        self._page_size = int(list_page_size)
         self._lock = threading.Lock()
         self._pods: dict[str, PodView] = {}
         self._tombstones: collections.OrderedDict[str, tuple[PodView, float]] = collections.OrderedDict()
@@ -216,24 +221,27 @@ class PodInformer:
         return step * (0.5 + random.random() / 2)
 
     def _list(self) -> None:
-        """One consistent LIST (no ``resourceVersion``: never ``"0"``), applied as a replacement of the cache;
-        pods the list no longer holds become tombstones. Raises on any error (ApiException 410 as _Gone)."""
-        try:
-            resp = self._core.list_namespaced_pod(
-                self.namespace, label_selector=self.label_selector, _preload_content=False,
-                _request_timeout=(self._request_timeout, self._request_timeout))
-        except ApiException as e:
-            if e.status == _GONE:
-                raise _Gone(e.reason) from e
-            raise
-        try:
-            doc = json.loads(resp.data)
-        finally:
-            resp.release_conn()
-        rv = doc.get("metadata", {}).get("resourceVersion") if isinstance(doc, dict) else None
-        items = doc.get("items") if isinstance(doc, dict) else None
-        if not isinstance(rv, str) or not rv or not isinstance(items, list):
-            raise _StreamError("pod LIST answer has no resourceVersion or items")
+        """One consistent LIST (no ``resourceVersion``: never ``"0"``), in pages of ``list_page_size`` pods
+        (``limit`` + ``continue``: one snapshot at the first page's ``resourceVersion``), applied as a
+        replacement of the cache; pods the list no longer holds become tombstones. Raises on any error
+        (ApiException 410, e.g. an expired ``continue`` token, as _Gone: the relist starts over)."""
+        items: list[Any] = []
+        rv: str | None = None
+        token: str | None = None
+        while True:
+            doc = self._list_page(token)
+            meta = doc.get("metadata") if isinstance(doc, dict) else None
+            page = doc.get("items") if isinstance(doc, dict) else None
+            page_rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+            if not isinstance(page_rv, str) or not page_rv or not isinstance(page, list):
+                raise _StreamError("pod LIST answer has no resourceVersion or items")
+            rv = rv or page_rv
+            items.extend(page)
+            token = meta.get("continue") or None
+            if not token:
+                break
+            if self._stopping.is_set():
+                raise _StreamError("stopped during a paged LIST")
         fresh: dict[str, PodView] = {}
         for item in items:
             view = pod_view(item)
@@ -254,6 +262,25 @@ class PodInformer:
         log.debug("pod informer %s: listed %d pods at resourceVersion %s", self.namespace, len(fresh), rv)
         if changed or first:
             self._notify()
+
+    def _list_page(self, token: str | None) -> Any:
+        """One page of the pod LIST (``token``: the previous page's ``continue``, None for the first), as
+        parsed JSON. Raises _Gone on 410, anything else on other errors."""
+        kwargs: dict[str, Any] = {"limit": self._page_size}
+        if token:
+            kwargs["_continue"] = token
+        try:
+            resp = self._core.list_namespaced_pod(
+                self.namespace, label_selector=self.label_selector, _preload_content=False,
+                _request_timeout=(self._request_timeout, self._request_timeout), **kwargs)
+        except ApiException as e:
+            if e.status == _GONE:
+                raise _Gone(e.reason) from e
+            raise
+        try:
+            return json.loads(resp.data)
+        finally:
+            resp.release_conn()
 
     def _watch(self) -> bool:
         """One WATCH from the cache's ``resourceVersion`` until the server ends it (True) or it ends at once
