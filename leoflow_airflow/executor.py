@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from leoflow_airflow.ledger.store import LedgerStore
     from leoflow_airflow.lifecycle.core import Lifecycle
+    from leoflow_airflow.runtime.kubernetes.podlog import PodLogReader
 
 
 def _token_lifetime() -> float:
@@ -80,6 +81,7 @@ class LeoflowExecutor(BaseExecutor):
         self._life: Lifecycle | None = None
         self._sole_executor = False  # set in start(): no other executor shares [core] parallelism
         self._started = False
+        self._pod_logs: PodLogReader | None = None  # get_task_log on pods: built on the first read
 
     # --- lazily built parts ---------------------------------------------------------------------------
     @property
@@ -384,9 +386,14 @@ class LeoflowExecutor(BaseExecutor):
         self._perform(self.life.take())
 
     def get_task_log(self, ti: TaskInstance, try_number: int) -> tuple[list[str], list[str]]:
-        """Return the live log of a running attempt: ``([source], [text])`` read from its log file.
+        """Return the live log of a running attempt: ``([source], [text])``.
 
-        Called by the api-server (un-started executor) for RUNNING TIs only.
+        Called by the api-server (un-started executor) for RUNNING TIs only; a non-empty source list makes
+        Airflow skip the served-logs fetch. By the runtime the attempt ran on (its ledger row): Lite: read from
+        the attempt's log file. Kubernetes: the log of the attempt's pod through the Kubernetes API while the
+        pod is there, else one source line saying the pod is gone and where its log went, or naming the error (:class:`.runtime.kubernetes.podlog.PodLogReader`; its
+        client is built on the first read). ``([], [])`` when the ledger's current attempt is not
+        ``try_number``'s. Never raises.
         """
         from airflow.configuration import conf
 
@@ -400,6 +407,8 @@ class LeoflowExecutor(BaseExecutor):
             log_path = json.loads(attempt.workload_json).get("log_path")
         except ValueError:
             return [], []
+        if attempt.runtime == "kubernetes":
+            return self._pod_log(attempt, log_path or "")
         if not log_path:
             return [], []
         path = os.path.join(conf.get("logging", "base_log_folder"), log_path)
@@ -409,3 +418,20 @@ class LeoflowExecutor(BaseExecutor):
         except OSError:
             return [], []
         return [f"leoflow attempt {attempt.ref.ti_id} epoch {attempt.ref.attempt_epoch}: {path}"], [text]
+
+    def _pod_log(self, attempt: Any, log_path: str) -> tuple[list[str], list[str]]:
+        """``get_task_log`` of an attempt on the Kubernetes runtime (never raises)."""
+        from airflow.configuration import conf
+
+        from leoflow_airflow.runtime.kubernetes.podlog import PodLogReader
+        from leoflow_airflow.runtime.kubernetes.tasklog import LogPlace
+
+        if self._pod_logs is None:
+            try:
+                self._pod_logs = PodLogReader(self.settings.kubernetes)
+            except Exception as exc:  # noqa: BLE001 - a malformed [leoflow] value: the page still renders
+                return [f"leoflow: the log of pod {attempt.pod_name or '?'} cannot be read: {exc}"], []
+        place = LogPlace(base_log_folder=conf.get("logging", "base_log_folder"), log_path=log_path,
+                         remote_logging=conf.getboolean("logging", "remote_logging", fallback=False),
+                         remote_base_log_folder=conf.get("logging", "remote_base_log_folder", fallback=""))
+        return self._pod_logs.task_log(attempt, place)

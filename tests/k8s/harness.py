@@ -29,6 +29,15 @@ container's message, ``12288 // (containers + initContainers + ephemeralContaine
 that may split a UTF-8 character (shown as U+FFFD, as the API server's JSON encoding shows it). A pod that is deleted while running gets SIGTERM, SIGKILL after its grace period, and is then
 removed with grace 0 and a UID precondition, as the kubelet does.
 
+Logs: each container's stdout and stderr go to one file (``<container>.log`` in the per-pod directory), served
+as the kubelet serves them to the API server's ``pods/log`` proxy: HTTPS ``GET
+/containerLogs/{namespace}/{pod}/{container}`` with ``tailLines``, ``limitBytes`` and ``follow`` (a
+self-signed certificate made at ``start()``, on ``NodeHarness.kubelet_host``, a free port), the address and
+port registered in the Node's status (``addresses`` InternalIP, ``daemonEndpoints.kubeletEndpoint.Port``) as a
+kubelet registers them. Unlike a kubelet it asks no client certificate of the API server (the test control
+plane gives the API server none, and no ``--kubelet-certificate-authority``, so the API server does not verify
+ours either) and ``timestamps=true`` is refused with 400 (the harness keeps no per-line times).
+
 Environment the process gets: the container's ``env`` (``value``, ``fieldRef`` on metadata.name,
 metadata.namespace, metadata.uid, metadata.labels['k'], metadata.annotations['k'], spec.nodeName,
 spec.serviceAccountName, status.podIP, status.hostIP; ``configMapKeyRef``/``secretKeyRef``), plus
@@ -42,18 +51,21 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import http.server
+import ipaddress
 import json
 import os
 import shlex
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
@@ -477,6 +489,135 @@ def _expand(s: str, env: dict[str, str]) -> str:
     return "".join(out)
 
 
+KUBELET_LOG_POLL_SECONDS = 0.05
+"""How often a ``follow=true`` log request looks for new bytes in the container's log file."""
+
+
+def self_signed_cert(host: str, directory: Path) -> tuple[Path, Path]:
+    """Write a self-signed serving certificate for IP ``host`` (EC P-256, valid one day) and its key into
+    ``directory``; return (cert path, key path)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"harness-kubelet@{host}")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host))]), critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "kubelet.crt", directory / "kubelet.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    os.chmod(key_path, 0o600)
+    return cert_path, key_path
+
+
+def tail_log(data: bytes, *, tail_lines: int | None, limit_bytes: int | None) -> bytes:
+    """What the kubelet returns of a container log holding ``data``: the last ``tail_lines`` lines (all when
+    None; a last line without its newline counts as a line), then at most the first ``limit_bytes`` bytes of
+    those."""
+    if tail_lines is not None:
+        lines = data.splitlines(keepends=True)
+        data = b"".join(lines[-tail_lines:]) if tail_lines > 0 else b""
+    if limit_bytes is not None:
+        data = data[:limit_bytes]
+    return data
+
+
+class _KubeletHandler(http.server.BaseHTTPRequestHandler):
+    """``GET /containerLogs/{namespace}/{pod}/{container}`` of the harness's kubelet endpoint."""
+
+    server: "_KubeletServer"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """Quiet: the harness's kubelet does not write an access log."""
+
+    def _error(self, code: int, text: str) -> None:
+        body = text.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        """Serve one container log request (see :class:`NodeHarness`)."""
+        url = urlparse(self.path)
+        parts = url.path.strip("/").split("/")
+        if len(parts) != 4 or parts[0] != "containerLogs":
+            self._error(404, f"the harness kubelet serves /containerLogs/{{ns}}/{{pod}}/{{container}} only, "
+                             f"not {url.path}")
+            return
+        _, ns, name, container = parts
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        if query.get("timestamps") == "true" or query.get("previous") == "true":
+            self._error(400, "the harness kubelet does not support timestamps or previous")
+            return
+        try:
+            tail = int(query["tailLines"]) if "tailLines" in query else None
+            limit = int(query["limitBytes"]) if "limitBytes" in query else None
+        except ValueError:
+            self._error(400, f"bad tailLines/limitBytes: {url.query}")
+            return
+        run = self.server.harness.run_named(ns, name)
+        path = run.dir / f"{container}.log" if run is not None else None
+        if run is None or path is None or not path.exists():
+            self._error(404, f"container {container!r} of pod {ns}/{name} not found on this node")
+            return
+        with open(path, "rb") as fh:
+            data = tail_log(fh.read(), tail_lines=tail, limit_bytes=limit)
+            if query.get("follow") != "true":
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            sent = 0
+            try:
+                while True:
+                    if data:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                        self.wfile.flush()
+                        sent += len(data)
+                    if limit is not None and sent >= limit:
+                        break
+                    ended = run.done.is_set()  # read once more after the end: nothing is lost
+                    data = fh.read()
+                    if limit is not None:
+                        data = data[:limit - sent]
+                    if not data:
+                        if ended or self.server.harness._stop.is_set():
+                            break
+                        time.sleep(KUBELET_LOG_POLL_SECONDS)  # a file has no event to wait for
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+
+class _KubeletServer(http.server.ThreadingHTTPServer):
+    """The HTTPS server of the harness's kubelet endpoint (one thread per request)."""
+
+    daemon_threads = True
+
+    def __init__(self, harness: "NodeHarness", host: str, cert: Path, key: Path) -> None:
+        super().__init__((host, 0), _KubeletHandler)
+        self.harness = harness
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.socket = ctx.wrap_socket(self.socket, server_side=True)
+
+
 class NodeHarness:
     """Plays the kubelet for harness-labelled pods bound to Node `node_name` (see the module docstring).
 
@@ -487,6 +628,7 @@ class NodeHarness:
         refresh_fraction: rewrite a projected token once this fraction of its lifetime passed (0 < f < 1).
         refresh_after_seconds: if set, refresh tokens at this fixed period instead (tests of the refresh).
         unshare: the unshare command to use.
+        kubelet_host: the IP address the kubelet endpoint (container logs) listens on and the Node's InternalIP.
 
     Attribute ``runtime_message`` (default ``None``): when set, every termination message the harness reports
     from then on gets this text and ``": "`` in front, as a kubelet does when the container runtime has a
@@ -498,7 +640,7 @@ class NodeHarness:
 
     def __init__(self, api: client.ApiClient, node_name: str, workdir: Path, *,
                  refresh_fraction: float = 0.8, refresh_after_seconds: float | None = None,
-                 unshare: str = "unshare"):
+                 unshare: str = "unshare", kubelet_host: str = "127.0.0.1"):
         if not 0 < refresh_fraction < 1:
             raise ValueError(f"refresh_fraction must be in (0, 1), got {refresh_fraction}")
         self.unshare = check_unshare(unshare)
@@ -514,6 +656,9 @@ class NodeHarness:
         self._mp_lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        self.kubelet_host = kubelet_host
+        self.kubelet_port = 0
+        self._kubelet: _KubeletServer | None = None
 
     @property
     def label_selector(self) -> str:
@@ -545,8 +690,21 @@ class NodeHarness:
             else:
                 p.touch()
 
+    def run_named(self, namespace: str, name: str) -> _PodRun | None:
+        """The harness's run of the newest pod ``namespace/name`` it started, or None."""
+        for run in reversed(list(self.runs.values())):
+            if run.ns == namespace and run.name == name:
+                return run
+        return None
+
     def start(self) -> "NodeHarness":
-        """Create (or adopt) the Node, mark it Ready, and start watching for pods. Returns self."""
+        """Start the kubelet endpoint, create (or adopt) the Node with its address and kubelet port, mark it
+        Ready, and start watching for pods. Returns self."""
+        cert, key = self_signed_cert(self.kubelet_host, self.workdir)
+        self._kubelet = _KubeletServer(self, self.kubelet_host, cert, key)
+        self.kubelet_port = self._kubelet.server_address[1]
+        threading.Thread(target=self._kubelet.serve_forever, name=f"harness-kubelet-{self.node_name}",
+                         daemon=True).start()
         node = client.V1Node(metadata=client.V1ObjectMeta(
             name=self.node_name, labels={"kubernetes.io/hostname": self.node_name, HARNESS_LABEL: "node"}))
         try:
@@ -558,8 +716,9 @@ class NodeHarness:
         self.core.patch_node_status(self.node_name, {"status": {
             "conditions": [{"type": "Ready", "status": "True", "reason": "HarnessReady", "message": "node harness",
                             "lastHeartbeatTime": now, "lastTransitionTime": now}],
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+            "addresses": [{"type": "InternalIP", "address": self.kubelet_host},
                           {"type": "Hostname", "address": self.node_name}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_port}},
             "capacity": {"cpu": "8", "memory": "16Gi", "pods": "110"},
             "allocatable": {"cpu": "8", "memory": "16Gi", "pods": "110"}}})
         self._watcher = threading.Thread(target=self._watch, name=f"harness-watch-{self.node_name}", daemon=True)
@@ -624,6 +783,9 @@ class NodeHarness:
             run.done.set()
         if self._watcher:
             self._watcher.join(15)
+        if self._kubelet is not None:
+            self._kubelet.shutdown()
+            self._kubelet.server_close()
         for run in self.runs.values():
             run.thread.join(10)
 

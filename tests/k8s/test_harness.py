@@ -209,3 +209,25 @@ def test_harness_fails_loudly_without_unshare(api, tmp_path):
     with pytest.raises(HarnessError, match="not found"):
         NodeHarness(api, "nowhere", tmp_path, unshare="/nonexistent/unshare")
     assert HARNESS_NODE  # the session harness uses a different node name
+
+
+def test_pods_log_follows_a_running_container_through_the_api_server_until_it_ends(harness, core, namespace,
+                                                                                    tmp_path):
+    """``pods/log`` with ``follow=true`` is proxied to the harness's kubelet endpoint: it streams what the
+    container writes while it runs and ends when the container ends."""
+    go = tmp_path / "go"
+    script = f"echo one; while [ ! -e {go} ]; do sleep 0.05; done; echo two"
+    core.create_namespaced_pod(namespace, _harness_pod(harness, "follow", env={}, command=["/bin/sh", "-c", script]))
+    wait_for(lambda: core.read_namespaced_pod("follow", namespace).status.phase == "Running", 30,
+             what="pod follow Running")
+    resp = core.read_namespaced_pod_log("follow", namespace, container="main", follow=True, _preload_content=False)
+    seen = b""
+    chunks = resp.stream(1)
+    for chunk in chunks:
+        seen += chunk
+        if seen == b"one\n":
+            break
+    go.touch()  # only now does the container write its second line
+    seen += b"".join(chunks)
+    assert seen == b"one\ntwo\n"
+    assert _terminated(core, namespace, "follow").status.phase == "Succeeded"

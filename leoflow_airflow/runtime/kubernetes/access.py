@@ -4,8 +4,8 @@
 The rules are the scheduler's half of ``research/k8s-runtime-facts.md`` requirement 5 (least privilege): the
 runtime creates, watches, reads and deletes task pods and reads the task ServiceAccount at start; nothing else
 (no ``secrets``, no ``pods/exec``). The api-server's half (``create tokenreviews`` cluster-wide and ``get pods``
-in the task namespace, for the token exchange) belongs to another identity, so it cannot be asked from here:
-:data:`EXCHANGE_RULES` names it for the report.
+in the task namespace, for the token exchange; ``get pods/log`` there, for the log view of running tasks)
+belongs to another identity, so it cannot be asked from here: :data:`EXCHANGE_RULES` names it for the report.
 
 :func:`review_access` is the I/O; everything else is pure.
 """
@@ -21,16 +21,20 @@ __all__ = ["EXCHANGE_RULES", "SCHEDULER_RULES", "AccessResult", "Rule", "denied"
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """One permission: ``verb`` on ``resource`` (API ``group``, "" for core) and why leoflow needs it."""
+    """One permission: ``verb`` on ``resource`` (its ``subresource``, "" for none; API ``group``, "" for core)
+    and why leoflow needs it."""
 
     verb: str
     resource: str
     why: str
     group: str = ""
+    subresource: str = ""
 
     def __str__(self) -> str:
-        """``verb resource`` (``create pods``), with the group when not core (``create tokenreviews.authentication.k8s.io``)."""
-        return f"{self.verb} {self.resource}" + (f".{self.group}" if self.group else "")
+        """``verb resource`` (``create pods``), ``/subresource`` after it (``get pods/log``), the group when not
+        core (``create tokenreviews.authentication.k8s.io``)."""
+        return f"{self.verb} {self.resource}" + (f"/{self.subresource}" if self.subresource else "") + \
+            (f".{self.group}" if self.group else "")
 
 
 SCHEDULER_RULES: tuple[Rule, ...] = (
@@ -46,9 +50,13 @@ SCHEDULER_RULES: tuple[Rule, ...] = (
 EXCHANGE_RULES: tuple[Rule, ...] = (
     Rule("create", "tokenreviews", "the exchange reviews each pod's projected token (cluster-wide)",
          group="authentication.k8s.io"),
-    Rule("get", "pods", "the exchange reads the pod named by the review, in the task namespace"),
+    Rule("get", "pods", "the exchange reads the pod named by the review, in the task namespace; get_task_log "
+         "finds a running attempt's pod"),
+    Rule("get", "pods", "get_task_log reads a running attempt's pod log (the log view), in the task namespace",
+         subresource="log"),
 )
-"""What the api-server's identity needs for the token exchange (research requirement 5, api-server side)."""
+"""What the api-server's identity needs for the token exchange and the log view (research requirement 5,
+api-server side)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +96,8 @@ def review_access(api_client: Any, namespace: str, rules: Sequence[Rule] = SCHED
             continue
         body = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
             resource_attributes=client.V1ResourceAttributes(
-                namespace=namespace, verb=rule.verb, resource=rule.resource, group=rule.group)))
+                namespace=namespace, verb=rule.verb, resource=rule.resource, group=rule.group,
+                subresource=rule.subresource or None)))
         try:
             status = authz.create_self_subject_access_review(body, _request_timeout=timeout).status
         except ApiException as exc:

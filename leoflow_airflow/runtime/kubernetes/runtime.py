@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from leoflow_airflow.runtime.kubernetes.status import PodView
     from leoflow_airflow.settings import LeoflowSettings
 
-__all__ = ["KubernetesRuntime", "label_selector"]
+__all__ = ["KubernetesRuntime", "attempt_pod_name", "label_selector"]
 
 log = logging.getLogger(__name__)
 
@@ -621,7 +621,7 @@ class KubernetesRuntime:
     def _where(self, attempt: Attempt) -> tuple[str, str | None, _Launch | None]:
         """The attempt's pod name, its UID when known (ledger, else our launch), and our launch of it."""
         launch = self._launches.get(launch_id(attempt.ref))
-        name = attempt.pod_name or (launch.name if launch is not None else pod_name(_pod_attempt(attempt)))
+        name = attempt.pod_name or (launch.name if launch is not None else attempt_pod_name(attempt))
         uid = attempt.pod_uid or (launch.uid if launch is not None else None)
         return name, uid, launch
 
@@ -641,7 +641,7 @@ class KubernetesRuntime:
         attempt's identity annotation → ``{pod_name, pod_uid}``; else None."""
         if self.informer is None:
             return None
-        name = pod_name(_pod_attempt(attempt))
+        name = attempt_pod_name(attempt)
         view = self.informer.get(name)
         if view is None or view.ref != attempt.ref:
             return None
@@ -751,6 +751,11 @@ class KubernetesRuntime:
 
     def slot_freed(self, held_for: float) -> None:
         """Nothing to learn from it here."""
+
+
+def attempt_pod_name(attempt: Attempt) -> str:
+    """The deterministic pod name of a ledger attempt (:func:`.pod.pod_name`), whether or not it has a pod."""
+    return pod_name(_pod_attempt(attempt))
 
 
 def _pod_attempt(attempt: Attempt) -> PodAttempt:
