@@ -70,6 +70,22 @@ PSA_RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted",
 LEOFLOW_EXECUTOR = "leoflow_airflow.executor.LeoflowExecutor"
 
 
+def require_binaries() -> None:
+    """For test modules that bring a :class:`KubeStack` up: skip the calling test (``pytest.skip``) when the
+    k8s binaries are not built and no control plane is given (``K8SENV_DIR``); fail it instead
+    (``pytest.fail``) when ``K8SENV_REQUIRED=1`` (CI), as the k8s tier does."""
+    import os
+
+    import pytest
+
+    if os.environ.get("K8SENV_DIR") or k8senv.bindir() is not None:
+        return
+    msg = "k8senv binaries are not built; run `scripts/k8senv build`"
+    if os.environ.get("K8SENV_REQUIRED") == "1":
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
 class KubeStackError(RuntimeError):
     """The Kubernetes side could not be brought up; the message says which part and where its log is."""
 

@@ -64,7 +64,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import parse_qs, urlparse
 
 from kubernetes import client, watch
@@ -633,6 +633,8 @@ class NodeHarness:
     Attribute ``runtime_message`` (default ``None``): when set, every termination message the harness reports
     from then on gets this text and ``": "`` in front, as a kubelet does when the container runtime has a
     message of its own. The session fixture's harness is shared: a test sets it with ``monkeypatch.setattr``.
+    :meth:`hold_pods` / :meth:`release_held` keep chosen pods Pending (unstarted) until released; attribute
+    ``held`` (``{uid: pod}``) is what is held now.
 
     Raises HarnessError from the constructor when unshare is missing or cannot make mount namespaces.
     Use ``start()`` / ``stop()``, or the object as a context manager.
@@ -659,6 +661,9 @@ class NodeHarness:
         self.kubelet_host = kubelet_host
         self.kubelet_port = 0
         self._kubelet: _KubeletServer | None = None
+        self._hold: Callable[[client.V1Pod], bool] | None = None
+        self.held: dict[str, client.V1Pod] = {}
+        self._hold_lock = threading.Lock()
 
     @property
     def label_selector(self) -> str:
@@ -730,6 +735,7 @@ class NodeHarness:
         uid = pod.metadata.uid
         run = self.runs.get(uid)
         if pod.metadata.deletion_timestamp is not None:
+            self.held.pop(uid, None)
             if run is not None:
                 run.deleting.set()
             elif (pod.status.phase or "Pending") == "Pending":
@@ -744,9 +750,40 @@ class NodeHarness:
                         raise
             return
         if run is None and (pod.status.phase or "Pending") == "Pending":
-            run = _PodRun(self, pod)
-            self.runs[uid] = run
+            with self._hold_lock:
+                if uid in self.runs or self._holds(pod):
+                    return
+                run = _PodRun(self, pod)
+                self.runs[uid] = run
             run.thread.start()
+
+    def hold_pods(self, predicate: Callable[[client.V1Pod], bool] | None) -> None:
+        """Leave every pod for which ``predicate(pod)`` is true unstarted (Pending, no container status), as
+        a node that cannot pull the image or is out of resources would, until :meth:`release_held`; ``None``
+        holds nothing new. A held pod that is deleted is released as the kubelet releases a pod it never
+        started (grace 0, UID precondition), never started."""
+        self._hold = predicate
+
+    def release_held(self, uid: str | None = None) -> list[str]:
+        """Start the held pod ``uid`` (``None``: every held pod) as if just observed; returns the UIDs
+        started. A pod deleted meanwhile is not started (its next event releases it)."""
+        runs = []
+        with self._hold_lock:
+            for held_uid in [u for u in list(self.held) if uid is None or u == uid]:
+                pod = self.held.pop(held_uid)
+                if held_uid not in self.runs and pod.metadata.deletion_timestamp is None:
+                    runs.append(self.runs.setdefault(held_uid, _PodRun(self, pod)))
+        for run in runs:
+            run.thread.start()
+        return [run.uid for run in runs]
+
+    def _holds(self, pod: client.V1Pod) -> bool:
+        """True (and the pod kept in :attr:`held`) when the hold predicate picks this new Pending pod."""
+        uid = pod.metadata.uid
+        if uid in self.held or (self._hold is not None and self._hold(pod)):
+            self.held[uid] = pod
+            return True
+        return False
 
     def _watch(self) -> None:
         """Thread body: list + watch harness pods on our node until stop(); relist on 410 or errors."""

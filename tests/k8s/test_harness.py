@@ -195,6 +195,29 @@ def test_deleting_a_running_pod_stops_its_process_and_removes_the_pod(harness, c
              what="sleeper removed after its process was stopped")
 
 
+def test_held_pods_stay_pending_until_released_and_a_deleted_one_never_starts(harness, core, namespace, monkeypatch):
+    """``hold_pods``: a pod the predicate picks stays Pending with no container status while others run; once
+    released it runs to Succeeded; a held pod that is deleted is removed without ever starting."""
+    monkeypatch.setattr(harness, "_hold", None)  # the session's harness: never leave a hold behind
+    harness.hold_pods(lambda pod: pod.metadata.name.startswith("held-"))
+    for name in ("held-run", "held-gone", "free"):
+        core.create_namespaced_pod(namespace, _harness_pod(harness, name, env={}))
+    _terminated(core, namespace, "free")  # the harness has seen all three (created before it)
+    for name in ("held-run", "held-gone"):
+        wait_for(lambda: any(p.metadata.name == name for p in harness.held.values()), 20, what=f"{name} held")
+        pod = core.read_namespaced_pod(name, namespace)
+        assert (pod.status.phase, pod.status.container_statuses) == ("Pending", None), pod.status
+    gone_uid = core.read_namespaced_pod("held-gone", namespace).metadata.uid
+    core.delete_namespaced_pod("held-gone", namespace, grace_period_seconds=30)
+    wait_for(lambda: not core.list_namespaced_pod(namespace, field_selector="metadata.name=held-gone").items, 30,
+             what="the held pod removed as a never-started pod")
+    assert gone_uid not in harness.runs
+    (run_uid,) = [uid for uid, p in harness.held.items() if p.metadata.name == "held-run"]
+    assert harness.release_held(run_uid) == [run_uid]
+    assert _terminated(core, namespace, "held-run").status.phase == "Succeeded"
+    harness.hold_pods(None)
+
+
 def test_unsupported_pod_feature_fails_the_pod_with_a_clear_message(harness, core, namespace):
     pod = _harness_pod(harness, "no-command", env={})
     pod.spec.containers[0].command = None
