@@ -6,6 +6,13 @@ The executor's ``sync()`` performs it (the I/O) and closes the ledger row with a
 
 Every row requires that the attempt is the current epoch of its ``ti_id`` and is dead; the caller checks
 both before calling (proof of death: no process of the attempt's subtree left).
+
+Where the record decides nothing (none, or one without a state), the runtime's own word on the end
+(:class:`~leoflow_airflow.lifecycle.runtime.EndCause`, the Kubernetes runtime's pod status; issue 10 item 2)
+settles it, in the evidence order of ``research/k8s-runtime-facts.md`` "What the spec must say" 12 (``docs/DESIGN.md``
+§2 "Pod ends"): an infra loss is re-driven on the infra budget; an OOM kill is re-driven once
+(:attr:`Resolution.OOM_REDRIVE` marks it durably) and an OOM kill of that re-driven try is a task failure;
+``DeadlineExceeded`` is a task failure. A record always wins over the cause.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from dataclasses import dataclass
 from leoflow_agent.outcome import Outcome, OutcomeRecord, Reason
 from leoflow_airflow.dispatch.guard import TIRow
 from leoflow_airflow.ledger.states import Resolution
+from leoflow_airflow.lifecycle.runtime import EndCause, EndKind
 
 
 class Act(enum.StrEnum):
@@ -26,6 +34,7 @@ class Act(enum.StrEnum):
     INFRA_REDRIVE = "infra_redrive"    # no usable record, TI RUNNING: re-run as a new try on the infra budget
     REDISPATCH = "redispatch"          # agent died before /run, TI still QUEUED: same ti_id as epoch + 1
     RESTARTING_SUCCESS = "restarting_success"  # a user cleared a running task: executor.success(key) once
+    TASK_FAIL = "task_fail"            # the runtime says the task itself failed: executor.fail(key) with the reason
 
 
 @dataclass(frozen=True)
@@ -38,13 +47,20 @@ class Action:
 
 
 def decide(
-    *, ti_id: str, try_number: int, record: OutcomeRecord | None, ti: TIRow | None, reported: bool = False
+    *, ti_id: str, try_number: int, record: OutcomeRecord | None, ti: TIRow | None, reported: bool = False,
+    cause: EndCause | None = None, oom_redriven: bool = False,
 ) -> Action:
     """Decide what to do with a dead attempt ``(ti_id, try_number)`` (DESIGN §2's table).
 
     :param record: the attempt's outcome record as :func:`leoflow_agent.outcome.decode` returned it.
     :param ti: Airflow's live row for the attempt's logical TI (dag_id, run_id, task_id, map_index).
     :param reported: the agent told us its terminal PATCH returned 2xx (the ledger's ``reported_state``).
+    :param cause: what the runtime's status says ended the attempt (``Evidence.cause``; None for Lite). Read only
+        where the record decides nothing: a TI still RUNNING with no record or a record without a state
+        (:func:`settle_by_cause`), and a TI still QUEUED with no record at all (``DeadlineExceeded`` fails it;
+        any other cause is named in the re-dispatch's reason).
+    :param oom_redriven: this try is the one re-drive of an OOM kill: the latest earlier try of the logical TI
+        in the ledger closed :attr:`Resolution.OOM_REDRIVE` (:func:`was_oom_redrive`). Read only for an OOM cause.
     """
     if ti is None:
         return Action(Act.CLOSE, Resolution.MOVED_ON, "the task instance row is gone")
@@ -62,17 +78,55 @@ def decide(
                           "leoflow killed the attempt; the agent refused the failure the kill caused")
         if record is not None and record.payload is not None and record.state is not None:
             return Action(Act.REPLAY, Resolution.REPLAYED, f"the {record.state} report was lost; replaying it")
+        if cause is not None:
+            return settle_by_cause(cause, oom_redriven=oom_redriven)
         return Action(Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE, "the agent died with no outcome record")
     if ti.state == "queued" and not reported and (record is None or record.state is None):
         # no record, or one that reports no state (a task pod whose exchange was refused or never answered, an
         # agent that could not start): the agent never reached /run
+        if record is None and cause is not None and cause.kind is EndKind.DEADLINE_EXCEEDED:
+            return Action(Act.TASK_FAIL, Resolution.EXECUTOR_FAILED, f"{cause.reason} before the task started")
         why = "the agent died before /run" if record is None else f"the agent never reached /run ({record.reason})"
+        if record is None and cause is not None:
+            why += f": {cause.reason}"
         return Action(Act.REDISPATCH, Resolution.REDISPATCHED, why)
     if reported or (record is not None and record.state == ti.state):
         return Action(Act.CLOSE, Resolution.REPORTED, f"Airflow has the agent's report (now {ti.state})")
     if record is not None and record.state in ("up_for_reschedule", "deferred", "awaiting_input"):
         return Action(Act.CLOSE, Resolution.REPORTED, f"the {record.state} hand-off landed (now {ti.state})")
     return Action(Act.CLOSE, Resolution.MOVED_ON, f"the task instance is {ti.state}")
+
+
+def settle_by_cause(cause: EndCause, *, oom_redriven: bool) -> Action:
+    """What a RUNNING TI's dead attempt gets when its record decides nothing and its runtime named the end
+    (issue 10 item 2; ``docs/DESIGN.md`` §2 "Pod ends"). ``why`` is ``cause.reason`` first, so the TI's Log row
+    names it (``OOMKilled, exit 137, container base``):
+
+    - ``INFRA_LOSS`` → ``INFRA_REDRIVE``: a new try on the infra budget (``Resolution.INFRA_REDRIVE``);
+    - ``OOM_KILLED``, not re-driven before → ``INFRA_REDRIVE``, marked ``Resolution.OOM_REDRIVE``;
+    - ``OOM_KILLED`` on the try that re-drive made (``oom_redriven``) → ``TASK_FAIL``: ``executor.fail``,
+      Airflow's own failure path (failure callback, user retries apply), ``Resolution.EXECUTOR_FAILED``;
+    - ``DEADLINE_EXCEEDED`` → ``TASK_FAIL``, the same.
+
+    A spent infra budget turns either re-drive into ``executor.fail`` as for any infra loss (the lifecycle).
+    """
+    if cause.kind is EndKind.DEADLINE_EXCEEDED:
+        return Action(Act.TASK_FAIL, Resolution.EXECUTOR_FAILED, cause.reason)
+    if cause.kind is EndKind.OOM_KILLED:
+        if oom_redriven:
+            return Action(Act.TASK_FAIL, Resolution.EXECUTOR_FAILED,
+                          f"{cause.reason}; OOM-killed again on the try leoflow re-ran after an OOM kill")
+        return Action(Act.INFRA_REDRIVE, Resolution.OOM_REDRIVE, cause.reason)
+    return Action(Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE, cause.reason)
+
+
+def was_oom_redrive(previous: Resolution | str | None) -> bool:
+    """How "re-driven once" is counted, durably (never in memory): a try is the one re-drive of an OOM kill when
+    the latest earlier try of its logical TI in the ledger (``LedgerStore.previous_try``, its highest epoch)
+    closed with ``previous`` = :attr:`Resolution.OOM_REDRIVE`. So an OOM kill is re-driven, an OOM kill of that
+    re-driven try fails the task, and a user retry after that failure (its previous try closed
+    ``executor_failed``) is again entitled to one re-drive, within the infra budget, which bounds them all."""
+    return previous is not None and str(previous) == Resolution.OOM_REDRIVE.value
 
 
 def outcome_summary(record: OutcomeRecord | None) -> str:

@@ -58,10 +58,15 @@ class Resolution(enum.StrEnum):
     """The reconciler replayed the recorded terminal ``PATCH`` body through the Execution API."""
     INFRA_REDRIVE = "infra_redrive"
     """No usable evidence: the TI was reset as an infra loss and re-runs as a new try."""
+    OOM_REDRIVE = "oom_redrive"
+    """An infra re-drive of an attempt whose container was OOM-killed (``EndKind.OOM_KILLED``): the durable mark
+    that the next try of the logical TI was that one re-drive, so an OOM kill of that try fails the task."""
     REDISPATCHED = "redispatched"
     """The agent died before ``/run``: the same ``ti_id`` was dispatched again as epoch + 1."""
     EXECUTOR_FAILED = "executor_failed"
-    """A budget was spent: ``executor.fail(key)`` handed the TI to Airflow's killed-externally path."""
+    """``executor.fail(key)`` handed the TI to Airflow's killed-externally path: a budget was spent, or the
+    runtime's status says the task itself failed (a pod's ``DeadlineExceeded``, an OOM kill of a try that was
+    already re-driven for one)."""
     RESTARTING = "restarting"
     """A user cleared the running task: ``executor.success(key)`` let Airflow's RESTARTING branch re-run it."""
     MOVED_ON = "moved_on"

@@ -395,6 +395,19 @@ class LedgerStore:
             sa.select(t).where(t.c.ti_id == ti_id).order_by(t.c.attempt_epoch.desc()).limit(1)
         )
 
+    def previous_try(self, dag_id: str, run_id: str, task_id: str, map_index: int, try_number: int) -> Attempt | None:
+        """The latest attempt of the logical TI (dag_id, run_id, task_id, map_index) from a try before
+        ``try_number``: the highest ``try_number`` below it, then its highest epoch; None when the ledger holds
+        none (the first try, or rows the ledger GC removed). ``reconcile.was_oom_redrive`` reads its resolution."""
+        t = attempt_table
+        return self._one(
+            sa.select(t)
+            .where(t.c.dag_id == dag_id, t.c.run_id == run_id, t.c.task_id == task_id, t.c.map_index == map_index,
+                   t.c.try_number < try_number)
+            .order_by(t.c.try_number.desc(), t.c.attempt_epoch.desc())
+            .limit(1)
+        )
+
     def count_resolution(self, ti_id: str, resolution: Resolution) -> int:
         """How many CLOSED rows of ``ti_id`` ended with ``resolution`` (e.g. leoflow's re-dispatches)."""
         t = attempt_table

@@ -63,6 +63,7 @@ from leoflow_airflow.lifecycle.launches import Launch, LaunchTable
 from leoflow_airflow.lifecycle.runtime import (
     MAX_DETAIL_CHARS,
     CallbackDone,
+    EndKind,
     Exited,
     LaunchFailed,
     LaunchSpec,
@@ -382,10 +383,13 @@ class Lifecycle:
         if current is None or current.ref != ref:
             self._close(attempt, Resolution.MOVED_ON, "a newer epoch exists")
             return
-        record = self.runtime.evidence(attempt).record
+        evidence = self.runtime.evidence(attempt)
+        record, cause = evidence.record, evidence.cause
         ti = self.airflow.ti_row(attempt.dag_id, attempt.run_id, attempt.task_id, attempt.map_index)
         action = reconcile.decide(ti_id=ref.ti_id, try_number=ref.try_number, record=record, ti=ti,
-                                  reported=attempt.reported_state is not None)
+                                  reported=attempt.reported_state is not None, cause=cause,
+                                  oom_redriven=cause is not None and cause.kind is EndKind.OOM_KILLED
+                                  and self._oom_redriven(attempt))
         key = self.key_of(attempt)
         log.debug("settling %s: %s (%s)", ref, action.act, action.why)
         if action.act == reconcile.Act.CLOSE:
@@ -409,9 +413,27 @@ class Lifecycle:
                 return
             self._replay(attempt, record, key, budget)
         elif action.act == reconcile.Act.INFRA_REDRIVE:
-            self._infra_redrive(attempt, key, action.why)
+            self._infra_redrive(attempt, key, action.why, resolution=action.resolution)
         elif action.act == reconcile.Act.REDISPATCH:
             self._redispatch(attempt, key, action.why)
+        elif action.act == reconcile.Act.TASK_FAIL:
+            self._task_failed(attempt, key, action.why)
+
+    def _oom_redriven(self, attempt: Attempt) -> bool:
+        """This try is the one re-drive of an OOM kill (:func:`reconcile.was_oom_redrive` of the ledger's
+        latest earlier try of the logical TI): durable, so a restarted scheduler counts the same."""
+        previous = self.ledger.previous_try(attempt.dag_id, attempt.run_id, attempt.task_id, attempt.map_index,
+                                            attempt.ref.try_number)
+        return reconcile.was_oom_redrive(previous.resolution if previous is not None else None)
+
+    def _task_failed(self, attempt: Attempt, key: Any, why: str) -> None:
+        """The runtime's status says the task itself failed (``DeadlineExceeded``, an OOM kill of the try that
+        was re-driven for one): close the row (guarded), then a Log row naming the reason and
+        ``executor.fail(key, why)``, Airflow's own failure path (failure callback, the user's retries)."""
+        if self._close(attempt, Resolution.EXECUTOR_FAILED, why):
+            log.warning("attempt %s: %s; failing the task through Airflow", attempt.ref, why)
+            self._out.append(TaskEvent(key, "leoflow task failed", why))
+            self._out.append(Fail(key, why))
 
     def _dispatch_stranded(self, attempt: Attempt, ti: Any) -> None:
         """An adopted attempt closed while Airflow holds its TI QUEUED at the same ti_id and try (it handed off:
@@ -494,14 +516,17 @@ class Lifecycle:
         return True
 
     def _infra_redrive(self, attempt: Attempt, key: Any, why: str,
-                       expected: Sequence[AttemptState] = tuple(SETTLE_STATES)) -> None:
-        """No usable evidence and the TI is RUNNING: a new try on the infra budget, else Airflow's own path."""
+                       expected: Sequence[AttemptState] = tuple(SETTLE_STATES),
+                       resolution: Resolution = Resolution.INFRA_REDRIVE) -> None:
+        """No usable evidence (or an infra loss the runtime named) and the TI is RUNNING: a new try on the infra
+        budget, closed with ``resolution`` (``OOM_REDRIVE`` marks an OOM kill's one re-drive), else Airflow's
+        own path."""
         from leoflow_airflow.redrive import RedriveResult
 
         result = self.airflow.infra_redrive(attempt.ref.ti_id, why)
         if result == RedriveResult.REDRIVEN:
             log.warning("attempt %s: %s; re-driven as a new try on the infra budget", attempt.ref, why)
-            self._close(attempt, Resolution.INFRA_REDRIVE, why, expected=expected)
+            self._close(attempt, resolution, why, expected=expected)
         elif result == RedriveResult.BUDGET_SPENT:
             if self._close(attempt, Resolution.EXECUTOR_FAILED, f"{why}; infra budget spent", expected=expected):
                 log.warning("attempt %s: %s and the infra budget is spent; failing it through Airflow",
@@ -624,9 +649,11 @@ class Lifecycle:
 
         Makes no HTTP call (Airflow holds the TI rows ``FOR UPDATE``). A LIVE or UNKNOWN attempt is adopted and
         keeps running; a CLAIMED one is adopted and looked up by the next cycle (never presumed dead). A GONE
-        one with an outcome record, a report, or a TI not RUNNING is adopted with ``last_heartbeat_at = now``
-        (the ORM row is changed in Airflow's transaction) so the purge waits for the next ``sync()`` to settle
-        it. A GONE RUNNING one without a record is returned, for the executor to charge the infra budget.
+        one with an outcome record, a cause of its end (``Evidence.cause``: a pod's OOM kill or deadline must be
+        settled by the table, not reset as an infra loss), a report, or a TI not RUNNING is adopted with
+        ``last_heartbeat_at = now`` (the ORM row is changed in Airflow's transaction) so the purge waits for the
+        next ``sync()`` to settle it. A GONE RUNNING one with neither is returned, for the executor to charge the
+        infra budget.
         """
         self.gate.reset(self.monotonic())  # no reaping from a half-built picture
         not_adopted: list[Any] = []
@@ -650,8 +677,9 @@ class Lifecycle:
                 self.runtime.adopt(attempt)
                 self._out.append(Occupy(ti.key))
                 continue
-            record = self.runtime.evidence(attempt).record
-            if record is not None or attempt.reported_state is not None or str(ti.state) != "running":
+            evidence = self.runtime.evidence(attempt)
+            if evidence.record is not None or evidence.cause is not None or attempt.reported_state is not None \
+                    or str(ti.state) != "running":
                 ti.last_heartbeat_at = now
                 self.table.add(lid, Launch(ti.key, None, attempt.ref, adopted=True), owns_slot=False)
                 continue

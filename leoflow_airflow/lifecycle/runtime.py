@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_DETAIL_CHARS",
     "CallbackDone",
+    "EndCause",
+    "EndKind",
     "Evidence",
     "Exited",
     "LaunchFailed",
@@ -91,13 +93,40 @@ class LaunchSpec:
     fault: str | None = None
 
 
+class EndKind(enum.StrEnum):
+    """What the runtime's own status says ended an attempt, beyond its outcome record (issue 10 item 2;
+    ``docs/DESIGN.md`` §2 "Pod ends"). The reconciler reads it only where the record decides nothing."""
+
+    INFRA_LOSS = "infra_loss"
+    """The platform took the execution away (an eviction, a preemption, a taint-manager or PodGC deletion, a
+    node shut down or lost): re-driven on the infra budget, never a user retry, never a task failure."""
+    OOM_KILLED = "oom_killed"
+    """A container of the attempt was OOM-killed: re-driven once on the infra budget (node pressure can cause
+    it); the same again on the re-driven try is a task failure."""
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    """The runtime's time limit ended it (a pod's ``activeDeadlineSeconds``): a task failure, never an infra
+    loss."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndCause:
+    """Why a runtime says an attempt ended: ``kind`` and ``reason``, the one line the TI's log row names (e.g.
+    ``"OOMKilled, exit 137, container base"``), at most :data:`MAX_DETAIL_CHARS` characters."""
+
+    kind: EndKind
+    reason: str
+
+
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """What a dead attempt left: its outcome record decoded against its identity (``None``: no usable record;
-    reading never raises) and its exit code when the runtime knows it."""
+    reading never raises), its exit code when the runtime knows it, and ``cause``, what the runtime's status
+    says ended it (``None``: nothing beyond the record and exit code; always for Lite). A record wins over the
+    cause (``reconcile.decide``)."""
 
     record: OutcomeRecord | None
     exit_code: int | None = None
+    cause: EndCause | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from leoflow_agent.outcome import OutcomeRecord
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.dispatch.guard import TIRow
 from leoflow_airflow.ledger.states import AttemptRef
-from leoflow_airflow.lifecycle.runtime import Evidence, LaunchSpec, Presence, RuntimeEvent, RuntimeFacts
+from leoflow_airflow.lifecycle.runtime import EndCause, Evidence, LaunchSpec, Presence, RuntimeEvent, RuntimeFacts
 from leoflow_airflow.redrive import RedriveResult
 from leoflow_airflow.settle import SettleResult
 
@@ -39,6 +39,7 @@ class FakeRuntime:
         self.presence: dict[AttemptRef, Presence] = {}
         self.located: dict[AttemptRef, RuntimeFacts] = {}
         self.records: dict[AttemptRef, OutcomeRecord] = {}
+        self.causes: dict[AttemptRef, EndCause] = {}  # what a runtime's status says ended an attempt (Kubernetes)
         self.killed: list[AttemptRef] = []
         self.kill_graces: list[float] = []  # the grace of each kill, in the order of ``killed``
         self.killed_launches: list[str] = []
@@ -92,8 +93,8 @@ class FakeRuntime:
         return self.located.get(attempt.ref)
 
     def evidence(self, attempt: Any) -> Evidence:
-        """From ``records``."""
-        return Evidence(self.records.get(attempt.ref), attempt.exit_status)
+        """From ``records`` and ``causes``."""
+        return Evidence(self.records.get(attempt.ref), attempt.exit_status, self.causes.get(attempt.ref))
 
     def kill(self, attempt: Any, *, grace: float) -> Presence:
         """Record the kill and its grace. Grace 0: the attempt is GONE at once. A graceful kill leaves its
@@ -146,6 +147,7 @@ class FakeAirflow:
     on_replay: Callable[[], None] = lambda: None
     api_up: bool = True  # what ``api_reachable`` answers
     redrives: list[str] = field(default_factory=list)
+    redrive_reasons: list[str] = field(default_factory=list)  # the Log row's reason of each re-drive
     redrive_result: RedriveResult = RedriveResult.REDRIVEN
     lost_success: list[str] = field(default_factory=list)
     held_off: list[str] = field(default_factory=list)
@@ -183,6 +185,7 @@ class FakeAirflow:
 
     def infra_redrive(self, ti_id: str, reason: str) -> RedriveResult:
         self.redrives.append(ti_id)
+        self.redrive_reasons.append(reason)
         return self.redrive_result
 
     def lost_success_callback(self, *, ti_id: str, **_: Any) -> None:

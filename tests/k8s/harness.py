@@ -27,7 +27,12 @@ they end. The message is made as the kubelet makes it (``research/k8s-runtime-fa
 container runtime reports a message of its own); then the pod-wide cap, which keeps the **head** of every
 container's message, ``12288 // (containers + initContainers + ephemeralContainers)`` bytes, a raw byte slice
 that may split a UTF-8 character (shown as U+FFFD, as the API server's JSON encoding shows it). A pod that is deleted while running gets SIGTERM, SIGKILL after its grace period, and is then
-removed with grace 0 and a UID precondition, as the kubelet does.
+removed with grace 0 and a UID precondition, as the kubelet does. Conditions the kubelet does not own
+(``DisruptionTarget``, set by the Eviction API) are kept by every status write, as the kubelet keeps them.
+
+Switches a test flips for one running pod: :meth:`NodeHarness.oom_kill` (the kernel's OOM killer: SIGKILL, the
+container reports ``OOMKilled``, exit 137) and :meth:`NodeHarness.exceed_deadline` (the kubelet's
+``activeDeadlineSeconds`` check: the pod ends Failed, reason ``DeadlineExceeded``).
 
 Logs: each container's stdout and stderr go to one file (``<container>.log`` in the per-pod directory), served
 as the kubelet serves them to the API server's ``pods/log`` proxy: HTTPS ``GET
@@ -79,6 +84,23 @@ MAX_POD_MESSAGE_BYTES = 12288
 (``MaxPodTerminationMessageLogLength``; ``status_manager.normalizeStatus``)."""
 MAX_LOG_MESSAGE_LINES, MAX_LOG_MESSAGE_BYTES = 80, 2048
 """``FallbackToLogsOnError``: the last 80 lines of the log, at most 2048 bytes."""
+
+
+KUBELET_CONDITIONS = frozenset({"PodScheduled", "Ready", "Initialized", "ContainersReady", "PodResizeInProgress",
+                                "PodResizePending", "PodReadyToStartContainers"})
+"""Pod condition types the kubelet owns (``k8s:pkg/kubelet/types/pod_status.go`` ``PodConditionsByKubelet``, plus
+``PodReadyToStartContainers``). Every other condition (``DisruptionTarget``, set by the Eviction API, the taint
+manager, PodGC) is kept when the kubelet writes status (``status_manager.mergePodStatus``)."""
+
+DEADLINE_EXCEEDED_MESSAGE = "Pod was active on the node longer than the specified deadline"
+"""The kubelet's pod ``status.message`` when ``activeDeadlineSeconds`` ran out (``k8s:pkg/kubelet/active_deadline.go:32``)."""
+
+
+def merge_conditions(old: list | None, mine: list) -> list:
+    """The conditions a kubelet status write leaves: the old ones it does not own (:data:`KUBELET_CONDITIONS`),
+    then its own ``mine``."""
+    kept = [c for c in old or [] if isinstance(c, dict) and c.get("type") not in KUBELET_CONDITIONS]
+    return kept + list(mine)
 
 
 def kubelet_message(file_content: bytes, *, containers: int, runtime_message: str | None = None,
@@ -137,6 +159,8 @@ class _PodRun:
         self.started: dict[str, str] = {}
         self.deleting = threading.Event()
         self.done = threading.Event()
+        self.oom_killed: set[str] = set()  # containers the OOM switch killed (NodeHarness.oom_kill)
+        self.pod_end: tuple[str, str] | None = None  # (reason, message) the kubelet ends the pod with
         self.thread = threading.Thread(target=self._run, name=f"harness-{self.ns}/{self.name}", daemon=True)
 
     # ---- status --------------------------------------------------------------------------------
@@ -386,8 +410,9 @@ class _PodRun:
             pod["status"].update(
                 phase="Running", hostIP="127.0.0.1", podIP="127.0.0.1", startTime=start,
                 hostIPs=[{"ip": "127.0.0.1"}], podIPs=[{"ip": "127.0.0.1"}],
-                conditions=[{"type": t, "status": "True", "lastTransitionTime": start}
-                            for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
+                conditions=merge_conditions(pod["status"].get("conditions"), [
+                    {"type": t, "status": "True", "lastTransitionTime": start}
+                    for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")]),
                 containerStatuses=[{
                     "name": c.name, "image": c.image or "", "imageID": "", "ready": True, "restartCount": 0,
                     "started": True, "state": {"running": {"startedAt": self.started[c.name]}}}
@@ -400,7 +425,7 @@ class _PodRun:
             for name, p in self.procs.items():
                 if name not in codes and p.poll() is not None:
                     codes[name], finished[name] = p.returncode, _now()
-            if self.deleting.is_set():
+            if self.deleting.is_set() or self.pod_end is not None:
                 grace = self.pod.spec.termination_grace_period_seconds
                 self._stop_procs(30 if grace is None else grace)
                 for name, p in self.procs.items():
@@ -414,7 +439,8 @@ class _PodRun:
             for c in spec.containers:
                 code = codes[c.name]
                 code = 128 - code if code < 0 else code  # killed by signal N -> 128+N, as runtimes report
-                term = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                reason = "OOMKilled" if c.name in self.oom_killed else "Completed" if code == 0 else "Error"
+                term = {"exitCode": code, "reason": reason,
                         "startedAt": self.started[c.name], "finishedAt": finished[c.name]}
                 msg = self._message(c, code)
                 if msg:
@@ -422,13 +448,17 @@ class _PodRun:
                 statuses.append({"name": c.name, "image": c.image or "", "imageID": "", "ready": False,
                                  "restartCount": 0, "started": False, "state": {"terminated": term}})
             now = _now()
+            succeeded = self.pod_end is None and all(codes[c.name] == 0 for c in spec.containers)
             pod["status"].update(
                 containerStatuses=statuses,
-                phase="Succeeded" if all(codes[c.name] == 0 for c in spec.containers) else "Failed",
-                conditions=[{"type": t, "status": "True", "lastTransitionTime": start}
-                            for t in ("Initialized", "PodScheduled")]
-                + [{"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
-                   for t in ("Ready", "ContainersReady")])
+                phase="Succeeded" if succeeded else "Failed",
+                conditions=merge_conditions(pod["status"].get("conditions"), [
+                    {"type": t, "status": "True", "lastTransitionTime": start}
+                    for t in ("Initialized", "PodScheduled")]
+                    + [{"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
+                       for t in ("Ready", "ContainersReady")]))
+            if self.pod_end is not None:
+                pod["status"].update(reason=self.pod_end[0], message=self.pod_end[1])
         self._write_status(terminated)
         if self.deleting.is_set():
             try:
@@ -701,6 +731,31 @@ class NodeHarness:
             if run.ns == namespace and run.name == name:
                 return run
         return None
+
+    def oom_kill(self, namespace: str, name: str, container: str = "base") -> None:
+        """Play the kernel's OOM killer on a running pod: SIGKILL ``container``'s process group now. Its
+        ``state.terminated`` then reports reason ``OOMKilled`` and exit code 137, as the container runtime does
+        (facts §6.6); the pod ends Failed once every container has ended (``restartPolicy: Never``).
+
+        Raises HarnessError when the harness runs no such pod or container, or the container already ended."""
+        run = self.run_named(namespace, name)
+        proc = run.procs.get(container) if run is not None else None
+        if run is None or proc is None or proc.poll() is not None:
+            raise HarnessError(f"no running container {container!r} in pod {namespace}/{name} to OOM-kill")
+        run.oom_killed.add(container)
+        os.killpg(proc.pid, signal.SIGKILL)
+
+    def exceed_deadline(self, namespace: str, name: str) -> None:
+        """Play the kubelet's ``activeDeadlineSeconds`` check on a running pod, now: its containers are stopped as
+        for a deletion (SIGTERM, SIGKILL after the pod's grace period) and the pod ends Failed with reason
+        ``DeadlineExceeded`` and the kubelet's message (:data:`DEADLINE_EXCEEDED_MESSAGE`;
+        ``k8s:pkg/kubelet/active_deadline.go``). The pod stays (the kubelet deletes nothing here).
+
+        Raises HarnessError when the harness runs no such pod."""
+        run = self.run_named(namespace, name)
+        if run is None or run.done.is_set():
+            raise HarnessError(f"no running pod {namespace}/{name} whose deadline could run out")
+        run.pod_end = ("DeadlineExceeded", DEADLINE_EXCEEDED_MESSAGE)
 
     def start(self) -> "NodeHarness":
         """Start the kubelet endpoint, create (or adopt) the Node with its address and kubelet port, mark it

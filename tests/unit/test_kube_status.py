@@ -15,7 +15,7 @@ import pytest
 
 from leoflow_agent import outcome
 from leoflow_airflow.ledger.states import AttemptRef
-from leoflow_airflow.lifecycle.runtime import MAX_DETAIL_CHARS, Evidence
+from leoflow_airflow.lifecycle.runtime import MAX_DETAIL_CHARS, EndCause, EndKind, Evidence
 from leoflow_airflow.runtime.kubernetes.identity import IDENTITY_ANNOTATION, identity_annotation
 from leoflow_airflow.runtime.kubernetes.status import ContainerEnd, describe_end, pod_evidence, pod_view
 
@@ -117,7 +117,8 @@ def test_pod_annotated_for_another_attempt_is_no_evidence_at_all():
 def test_oomkilled_reads_reason_and_exit_137_and_names_them_first():
     v = pod_view(pod(phase="Failed", agent_state=terminated(137, "OOMKilled")))
     assert v.agent == ContainerEnd(137, "OOMKilled", None)
-    assert pod_evidence(v, REF) == Evidence(None, 137)
+    assert pod_evidence(v, REF) == Evidence(None, 137, EndCause(
+        EndKind.OOM_KILLED, "OOMKilled, exit 137, container base (pod leoflow-p-1)"))  # tests/unit/test_pod_end.py
     assert describe_end(v) == ("pod leoflow-p-1 (uid 6f1c2d3e-0000-4000-8000-000000000001): "
                                "container base OOMKilled exit 137; phase Failed")
 
@@ -146,7 +147,9 @@ def test_deadline_exceeded_before_the_container_started():
     v = pod_view(pod(phase="Failed", agent_state={"waiting": {"reason": "ContainerCreating"}}, status={
         "reason": "DeadlineExceeded", "message": "Pod was active on the node longer than the specified deadline"}))
     assert v.agent is None and v.terminal
-    assert pod_evidence(v, REF) == Evidence(None)
+    evidence = pod_evidence(v, REF)
+    assert (evidence.record, evidence.exit_code) == (None, None)
+    assert evidence.cause is not None and evidence.cause.kind is EndKind.DEADLINE_EXCEEDED
     assert "pod reason DeadlineExceeded: Pod was active" in describe_end(v)
 
 

@@ -47,6 +47,7 @@ def test_stored_strings_are_the_documented_ones():
         "reported",
         "replayed",
         "infra_redrive",
+        "oom_redrive",
         "redispatched",
         "executor_failed",
         "restarting",

@@ -5,15 +5,18 @@ deserialized ``V1Pod``: the informer builds one view per event for up to thousan
 read is cheap. Every reader here is total: a malformed or partial object gives a view with ``None`` fields (or
 no view at all when it has no name/UID), never an exception.
 
-Evidence follows the facts file's requirement 12, in this order (DESIGN §2 "Evidence"):
+Evidence follows the facts file's requirement 12, in this order (DESIGN §2 "Evidence", "Pod ends"):
 
 1. the agent container's ``state.terminated.message``: the outcome record (``leoflow_agent.outcome.decode``);
-2. the agent container's terminated ``reason`` (``OOMKilled``, ``Error``) and exit code;
-3. the pod's ``status.reason`` (``Evicted``, ``DeadlineExceeded``) and the ``DisruptionTarget`` reason;
+2. the containers' terminated ``reason`` (``OOMKilled``, ``Error``) and exit code;
+3. the pod's ``status.reason`` (``Evicted``, ``DeadlineExceeded``, ...) and the ``DisruptionTarget`` reason;
 4. the phase.
 
-Only (1) and the exit code feed the lifecycle's table (:func:`pod_evidence`, the same :class:`Evidence` Lite
-produces); (2)-(4) are named in logs (:func:`describe_end`). Pure module: no I/O, no Kubernetes client.
+:func:`pod_evidence` gives the lifecycle (1) as the record with the agent's exit code, and (2)-(3) as the
+:class:`~leoflow_airflow.lifecycle.runtime.EndCause` :func:`end_cause` classifies (an infra loss, an OOM kill,
+``DeadlineExceeded``); the reconciler lets the record win over the cause (``reconcile.decide``). (4) classifies
+nothing: a pod that ended with no record and no cause is the table's "no record" row. :func:`describe_end` names
+(2)-(4) in logs. Pure module: no I/O, no Kubernetes client.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from typing import Any
 
 from leoflow_agent import outcome
 from leoflow_airflow.ledger.states import AttemptRef
-from leoflow_airflow.lifecycle.runtime import MAX_DETAIL_CHARS, Evidence
+from leoflow_airflow.lifecycle.runtime import MAX_DETAIL_CHARS, EndCause, EndKind, Evidence
 from leoflow_airflow.runtime.kubernetes.identity import IDENTITY_ANNOTATION, parse_identity_annotation
 from leoflow_airflow.runtime.kubernetes.pod import AGENT_CONTAINER
 
-__all__ = ["TERMINAL_PHASES", "ContainerEnd", "PodView", "describe_end", "pod_evidence", "pod_view"]
+__all__ = ["INFRA_DISRUPTIONS", "INFRA_POD_REASONS", "TERMINAL_PHASES", "ContainerEnd", "PodView", "describe_end",
+           "end_cause", "pod_evidence", "pod_view"]
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 """Pod phases a pod never leaves (``restartPolicy: Never``): its containers have all terminated."""
@@ -76,6 +80,9 @@ class PodView:
         counts from it.
     :param resource_version: ``metadata.resourceVersion`` (opaque: never compared) or None.
     :param message: ``status.message`` (e.g. the kubelet's eviction or deadline text) or None.
+    :param ended: every init and regular container that has terminated, ``(name, ContainerEnd)`` in status order
+        (init containers first; ``state.terminated`` only; ephemeral debug containers are left out: their end
+        says nothing of the task's). :func:`end_cause` looks for an OOM kill among them.
     """
 
     name: str
@@ -94,6 +101,7 @@ class PodView:
     finished_at: datetime | None
     resource_version: str | None
     message: str | None = None
+    ended: tuple[tuple[str, ContainerEnd], ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -131,6 +139,26 @@ def _agent_status(status: Mapping[str, Any]) -> Mapping[str, Any]:
     return {}
 
 
+def _container_end(terminated: Mapping[str, Any]) -> ContainerEnd:
+    """The :class:`ContainerEnd` of one ``state.terminated`` mapping."""
+    return ContainerEnd(exit_code=_int(terminated.get("exitCode")), reason=_str(terminated.get("reason")),
+                        message=_str(terminated.get("message")))
+
+
+def _ended(status: Mapping[str, Any]) -> tuple[tuple[str, ContainerEnd], ...]:
+    """``(name, end)`` of every init and regular container whose ``state.terminated`` is set, in status order."""
+    out: list[tuple[str, ContainerEnd]] = []
+    for key in ("initContainerStatuses", "containerStatuses"):
+        statuses = status.get(key)
+        for entry in statuses if isinstance(statuses, list) else ():
+            if not isinstance(entry, Mapping):
+                continue
+            name, terminated = _str(entry.get("name")), _map(entry.get("state")).get("terminated")
+            if name is not None and isinstance(terminated, Mapping):
+                out.append((name, _container_end(terminated)))
+    return tuple(out)
+
+
 def _disruption(status: Mapping[str, Any]) -> str | None:
     """The reason of the ``DisruptionTarget`` condition whose status is ``"True"`` ("" reason: the type)."""
     conditions = status.get("conditions")
@@ -159,8 +187,7 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
         terminated, waiting = state.get("terminated"), _map(state.get("waiting"))
         agent = None
         if isinstance(terminated, Mapping):
-            agent = ContainerEnd(exit_code=_int(terminated.get("exitCode")), reason=_str(terminated.get("reason")),
-                                 message=_str(terminated.get("message")))
+            agent = _container_end(terminated)
         return PodView(
             name=name,
             uid=uid,
@@ -178,6 +205,7 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
             finished_at=_time(terminated.get("finishedAt")) if isinstance(terminated, Mapping) else None,
             resource_version=_str(meta.get("resourceVersion")),
             message=_str(status.get("message")),
+            ended=_ended(status),
         )
     except Exception:  # noqa: BLE001 - the contract: a malformed object is "no view", whatever it is
         return None
@@ -190,18 +218,107 @@ def _same_attempt(ref: AttemptRef, expect: outcome.AttemptIdentity) -> bool:
 
 
 def pod_evidence(view: PodView | None, expect: outcome.AttemptIdentity) -> Evidence:
-    """The evidence a pod left for attempt ``expect``: its outcome record and its exit code.
+    """The evidence a pod left for attempt ``expect``: its outcome record, its exit code and its end's cause.
 
     ``record`` is ``outcome.decode(agent.message, expect=expect)``, also past a kubelet runtime-message prefix
-    (None for no message, a cut message, or another attempt's record); ``exit_code`` is the agent container's. A view of
-    no pod, or of a pod whose identity annotation names another attempt, is ``Evidence(None)``: nothing of
-    another attempt is ever evidence for this one. Never raises.
+    (None for no message, a cut message, or another attempt's record); ``exit_code`` is the agent container's;
+    ``cause`` is :func:`end_cause` of the view (set whether or not there is a record: the reconciler lets the
+    record win). A view of no pod, or of a pod whose identity annotation names another attempt, is
+    ``Evidence(None)``: nothing of another attempt is ever evidence for this one. Never raises.
     """
     if view is None or (view.ref is not None and not _same_attempt(view.ref, expect)):
         return Evidence(None)
+    cause = end_cause(view)
     if view.agent is None:
-        return Evidence(None)
-    return Evidence(_decode_message(view.agent.message, expect), view.agent.exit_code)
+        return Evidence(None, None, cause)
+    return Evidence(_decode_message(view.agent.message, expect), view.agent.exit_code, cause)
+
+
+OOM_KILLED = "OOMKilled"
+"""A container's ``state.terminated.reason`` after the kernel's OOM killer ended it (set by the container runtime;
+the kubelet tests for this string: facts §6.6). Its exit code is typically 137 (SIGKILL)."""
+DEADLINE_EXCEEDED = "DeadlineExceeded"
+"""The pod ``status.reason`` the kubelet sets when ``activeDeadlineSeconds`` (counted from ``status.startTime``;
+leoflow sets it to at most ``[leoflow] credential_ceiling_seconds``) ran out (facts §6.6)."""
+
+INFRA_POD_REASONS: Mapping[str, str] = {
+    "Evicted": "evicted by the kubelet (node pressure)",
+    "Terminated": "terminated by its node's shutdown",
+    "NodeShutdown": "refused by a node shutting down",
+    "NodeLost": "its node was lost",
+}
+"""Pod ``status.reason`` values that mean the platform took the pod away, with what each means for the log:
+``Evicted`` (``k8s:pkg/kubelet/eviction/helpers.go:44``), ``Terminated`` and ``NodeShutdown`` (graceful node
+shutdown, ``pkg/kubelet/nodeshutdown/nodeshutdown_manager.go``), ``NodeLost`` (``pkg/util/node/node.go:30``)."""
+
+INFRA_DISRUPTIONS: Mapping[str, str] = {
+    "EvictionByEvictionAPI": "evicted through the Eviction API (a drain, an autoscaler)",
+    "PreemptionByScheduler": "preempted by the scheduler for a higher-priority pod",
+    "DeletionByTaintManager": "deleted by the taint manager (its node is not ready or unreachable)",
+    "DeletionByPodGC": "deleted by PodGC (its node no longer exists)",
+    "TerminationByKubelet": "terminated by the kubelet (node pressure or node shutdown)",
+}
+"""The ``DisruptionTarget`` condition's reasons (facts §6.6), with what each means for the log. Any other reason
+of that condition (a later Kubernetes) is an infra loss too: the condition exists to say Kubernetes disrupted the
+pod."""
+
+
+def end_cause(view: PodView) -> EndCause | None:
+    """What the pod's status says ended it, past the record (requirement 12's steps 2 and 3), or None.
+
+    In this order, the first that applies:
+
+    1. an init or regular container terminated ``OOMKilled`` (the agent container first) → ``OOM_KILLED``,
+       ``"OOMKilled, exit 137, container base (pod <name>)"``: an OOM kill is the end the container runtime
+       itself recorded, so it comes before the pod-level reasons (a node-pressure eviction that OOM-killed it
+       too is still an OOM kill);
+    2. pod reason ``DeadlineExceeded`` → ``DEADLINE_EXCEEDED``, ``"DeadlineExceeded: <the kubelet's message>"``.
+       The pod reason is the end the kubelet recorded, while ``DisruptionTarget`` says a disruption began: a pod
+       that was being evicted when its deadline ran out ended on its deadline, a task failure;
+    3. a pod reason of :data:`INFRA_POD_REASONS`, or a ``DisruptionTarget`` condition (status True) → ``INFRA_LOSS``
+       naming both, e.g. ``"pod p-1 evicted through the Eviction API (DisruptionTarget EvictionByEvictionAPI)"``.
+
+    ``Error`` and other exit codes classify nothing (an agent that exits without a record is the table's "no
+    record" row), nor does the phase. The reason is one line of at most ``MAX_DETAIL_CHARS`` characters.
+    """
+    pod = f"pod {view.name}"
+    oom = _oom_killed(view)
+    if oom is not None:
+        name, end = oom
+        code = "?" if end.exit_code is None else str(end.exit_code)
+        return EndCause(EndKind.OOM_KILLED, _line(f"OOMKilled, exit {code}, container {name} ({pod})"))
+    if view.reason == DEADLINE_EXCEEDED:
+        said = view.message or "the pod ran past its activeDeadlineSeconds"
+        return EndCause(EndKind.DEADLINE_EXCEEDED,
+                        _line(f"DeadlineExceeded: {said} ({pod}, activeDeadlineSeconds: [leoflow] "
+                              f"credential_ceiling_seconds)"))
+    parts: list[str] = []
+    if view.reason in INFRA_POD_REASONS:
+        tail = f": {view.message}" if view.message else ""
+        parts.append(f"{INFRA_POD_REASONS[view.reason]} (pod reason {view.reason}{tail})")
+    if view.disruption is not None:
+        what = INFRA_DISRUPTIONS.get(view.disruption, "disrupted by Kubernetes")
+        parts.append(f"{what} ({DISRUPTION_TARGET} {view.disruption})" if not parts
+                     else f"{DISRUPTION_TARGET} {view.disruption}")
+    if parts:
+        return EndCause(EndKind.INFRA_LOSS, _line(f"{pod} " + "; ".join(parts)))
+    return None
+
+
+def _oom_killed(view: PodView) -> tuple[str, ContainerEnd] | None:
+    """The first OOM-killed container, the agent container before any other; None when there is none."""
+    if view.agent is not None and view.agent.reason == OOM_KILLED:
+        return AGENT_CONTAINER, view.agent
+    for name, end in view.ended:
+        if end.reason == OOM_KILLED:
+            return name, end
+    return None
+
+
+def _line(text: str) -> str:
+    """``text`` as one line, cut to :data:`MAX_DETAIL_CHARS` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= MAX_DETAIL_CHARS else line[: MAX_DETAIL_CHARS - 1] + "…"
 
 
 _RUNTIME_PREFIX_END = ': {"v":'
