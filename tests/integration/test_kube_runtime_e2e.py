@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from devtools import expected, k8senv
+from devtools import expected
 from devtools.demo import DEMO_PARALLELISM, KUBE_RUN_TIMEOUT_SECONDS
-from devtools.kube import HARNESS_LABEL, HARNESS_NODE, PSA_RESTRICTED, KubeStack
+from devtools.kube import HARNESS_LABEL, HARNESS_NODE, PSA_RESTRICTED, KubeStack, require_binaries
 from devtools.runs import RunResult, run_all
 from devtools.stack import OUR_DAGS, REPO_ROOT
 
@@ -79,16 +79,6 @@ class Outcome:
     check: subprocess.CompletedProcess  # `airflow leoflow check` with the scheduler's configuration
 
 
-def _require_binaries() -> None:
-    """Skip the module when the k8s binaries are not built, unless K8SENV_REQUIRED=1 (CI): then fail."""
-    if os.environ.get("K8SENV_DIR") or k8senv.bindir() is not None:
-        return
-    msg = "k8senv binaries are not built; run `scripts/k8senv build`"
-    if os.environ.get("K8SENV_REQUIRED") == "1":
-        pytest.fail(msg)
-    pytest.skip(msg)
-
-
 def _dags_folder(root: Path) -> Path:
     """The demo's DAGs (dags/) plus the environment-dumping test DAG, in one folder."""
     root.mkdir(parents=True, exist_ok=True)
@@ -122,7 +112,7 @@ def _sample_token(workdir: Path) -> str | None:
 def outcome(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> Outcome:
     """Bring the module's one stack up, run the DAG set and the creds DAG once, stop everything, return what
     was seen. A failure is raised again for every test of the module (pytest caches it with the fixture)."""
-    _require_binaries()
+    require_binaries()
     from cryptography.fernet import Fernet
 
     work = tmp_path_factory.mktemp("kube-e2e")
