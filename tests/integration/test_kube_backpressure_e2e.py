@@ -33,6 +33,7 @@ import ssl
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +72,7 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> Env:
+def env(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> Iterator[Env]:
     """A started control plane + harness and a started Airflow whose scheduler and api-server use the
     least-privilege ServiceAccount kubeconfig; stopped at the end (nothing may be left running)."""
     require_binaries()
