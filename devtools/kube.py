@@ -44,6 +44,7 @@ Typical use (``devtools.demo --runtime kubernetes``, ``tests/integration/test_ku
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import uuid
@@ -60,6 +61,8 @@ HARNESS_LABEL = "leoflow.test/harness"
 """The label the harness selects its pods by (value :data:`HARNESS_NODE`)."""
 TASK_SERVICE_ACCOUNT = "leoflow-task"
 """``[leoflow] service_account``: the ServiceAccount the task pods run as."""
+SCHEDULER_SERVICE_ACCOUNT = "leoflow-scheduler"
+"""The ServiceAccount :meth:`KubeStack.scheduler_kubeconfig` makes for the scheduler and api-server."""
 PLACEHOLDER_IMAGE = "leoflow.test/agent:harness"
 """``[leoflow] image``: required by the API server's validation, ignored by the harness."""
 POD_RUN_AS_USER = 50000
@@ -74,8 +77,6 @@ def require_binaries() -> None:
     """For test modules that bring a :class:`KubeStack` up: skip the calling test (``pytest.skip``) when the
     k8s binaries are not built and no control plane is given (``K8SENV_DIR``); fail it instead
     (``pytest.fail``) when ``K8SENV_REQUIRED=1`` (CI), as the k8s tier does."""
-    import os
-
     import pytest
 
     if os.environ.get("K8SENV_DIR") or k8senv.bindir() is not None:
@@ -124,6 +125,8 @@ class KubeStack:
         self._recorder_rv: str | None = None
         self._stop_recorder = threading.Event()
         self._recorder: threading.Thread | None = None
+        self._cluster_objects: list[tuple[str, str]] = []  # (kind, name) created here, cluster-scoped
+        self.scheduler_user: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -208,6 +211,15 @@ class KubeStack:
             except ApiException as exc:
                 if exc.status != 404:
                     problems.append(f"deleting namespace {self.namespace}: {exc.status} {exc.reason}")
+            rbac = client.RbacAuthorizationV1Api(self.api)
+            for kind, name in reversed(self._cluster_objects):
+                delete = rbac.delete_cluster_role if kind == "clusterrole" else rbac.delete_cluster_role_binding
+                try:
+                    delete(name)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        problems.append(f"deleting {kind} {name}: {exc.status} {exc.reason}")
+        self._cluster_objects.clear()
         if self.api is not None:
             self.api.close()
             self.api = None
@@ -273,6 +285,64 @@ class KubeStack:
         }
         stack.extra_env.update(settings)
         return settings
+
+    def scheduler_kubeconfig(self, path: Path, *, name: str = SCHEDULER_SERVICE_ACCOUNT,
+                             token_seconds: int = 7200) -> Path:
+        """Write to ``path`` a kubeconfig for a least-privilege identity of leoflow's own (not the admin's,
+        which is in ``system:masters``: exempt from RBAC and from API Priority and Fairness), and return it.
+
+        The identity is the ServiceAccount ``name`` of the task namespace, granted exactly what leoflow needs
+        (``leoflow_airflow.runtime.kubernetes.access``): the scheduler's rules in the task namespace (a Role)
+        and the api-server's token exchange rules (``create tokenreviews``, a ClusterRole; ``get pods`` is in
+        the Role). Its token comes from the TokenRequest API, valid ``token_seconds``. Its user name, for RBAC
+        subjects and FlowSchemas, is ``system:serviceaccount:<namespace>:<name>``
+        (:attr:`scheduler_user` after the call). Cluster-wide objects are deleted again by :meth:`stop` on a
+        reused control plane.
+        """
+        import yaml
+        from kubernetes import client
+
+        from leoflow_airflow.runtime.kubernetes.access import EXCHANGE_RULES, SCHEDULER_RULES
+
+        if self.api is None or self.env is None:
+            raise KubeStackError("scheduler_kubeconfig() needs a started KubeStack")
+        core, rbac = client.CoreV1Api(self.api), client.RbacAuthorizationV1Api(self.api)
+        core.create_namespaced_service_account(self.namespace, client.V1ServiceAccount(
+            metadata=client.V1ObjectMeta(name=name)))
+        subject = client.RbacV1Subject(kind="ServiceAccount", name=name, namespace=self.namespace)
+
+        def policy(rules) -> list:
+            return [client.V1PolicyRule(api_groups=[r.group], resources=[r.resource], verbs=[r.verb]) for r in rules]
+
+        namespaced = [r for r in (*SCHEDULER_RULES, *EXCHANGE_RULES) if r.resource != "tokenreviews"]
+        rbac.create_namespaced_role(self.namespace, client.V1Role(
+            metadata=client.V1ObjectMeta(name=name), rules=policy(namespaced)))
+        rbac.create_namespaced_role_binding(self.namespace, client.V1RoleBinding(
+            metadata=client.V1ObjectMeta(name=name), subjects=[subject],
+            role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=name)))
+        cluster_name = f"{self.namespace}-{name}"
+        rbac.create_cluster_role(client.V1ClusterRole(
+            metadata=client.V1ObjectMeta(name=cluster_name),
+            rules=policy([r for r in EXCHANGE_RULES if r.resource == "tokenreviews"])))
+        self._cluster_objects.append(("clusterrole", cluster_name))
+        rbac.create_cluster_role_binding(client.V1ClusterRoleBinding(
+            metadata=client.V1ObjectMeta(name=cluster_name), subjects=[subject],
+            role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=cluster_name)))
+        self._cluster_objects.append(("clusterrolebinding", cluster_name))
+        token = core.create_namespaced_service_account_token(name, self.namespace, client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=token_seconds))).status.token
+        admin = yaml.safe_load(Path(self.env.kubeconfig).read_text())
+        context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
+        cluster = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
+        path = Path(path)
+        path.touch(mode=0o600)  # the token is a credential: never readable by others, not even briefly
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "clusters": [cluster],
+            "users": [{"name": name, "user": {"token": token}}],
+            "contexts": [{"name": name, "context": {"cluster": cluster["name"], "user": name}}],
+            "current-context": name}))
+        self.scheduler_user = f"system:serviceaccount:{self.namespace}:{name}"
+        return path
 
     # ------------------------------------------------------------------ pods
 
