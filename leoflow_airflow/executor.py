@@ -264,6 +264,8 @@ class LeoflowExecutor(BaseExecutor):
             self.log.info("not launching %s: %s", key, result.reason)
         else:
             self.log.error("dispatch of %s %s: %s", key, result.disposition, result.reason)
+            self._note_in_task_log(getattr(workload, "log_path", None),
+                                   f"leoflow did not start this attempt: {result.reason}")
             self.fail(key, result.reason)
 
     # --- sync -------------------------------------------------------------------------------------------
@@ -287,6 +289,8 @@ class LeoflowExecutor(BaseExecutor):
                 queue[action.key] = action.workload
             elif isinstance(action, act.Fail):
                 self.running.discard(action.key)
+                if action.log_path:
+                    self._note_in_task_log(action.log_path, action.reason)
                 self.fail(action.key, action.reason)
             elif isinstance(action, act.Succeed):
                 self.success(action.key)
@@ -296,6 +300,16 @@ class LeoflowExecutor(BaseExecutor):
                 self.send_callback(action.request)
             elif isinstance(action, act.TaskEvent):
                 self._task_event(action)
+
+    def _note_in_task_log(self, log_path: str | None, message: str) -> None:
+        """Write ``message`` into the task log of an attempt that never started (:mod:`.task_log`), so the UI's
+        Logs tab says why; never raises."""
+        from airflow.configuration import conf
+
+        from leoflow_airflow.task_log import write_note
+
+        write_note(log_path, message, base_log_folder=conf.get("logging", "base_log_folder"),
+                   remote_logging=conf.getboolean("logging", "remote_logging", fallback=False))
 
     def _task_event(self, action: act.TaskEvent) -> None:
         """Write the TaskEvent's Log row now, in a session of its own. Not through ``log_task_event``: Airflow

@@ -12,10 +12,16 @@ __all__ = ["ChangeState", "Fail", "Occupy", "Release", "Reoffer", "SchedulerActi
 
 @dataclass(frozen=True, slots=True)
 class Fail:
-    """``executor.fail(key, reason)``, after ``running.discard(key)``: Airflow's killed-externally path."""
+    """``executor.fail(key, reason)``, after ``running.discard(key)``: Airflow's killed-externally path.
+
+    ``log_path``: the workload's relative task-log path when the attempt never started (its launch was
+    refused), so the reason is also written where the UI's Logs tab looks (:mod:`leoflow_airflow.task_log`);
+    None otherwise.
+    """
 
     key: Any
     reason: str
+    log_path: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

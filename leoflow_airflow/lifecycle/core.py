@@ -292,7 +292,8 @@ class Lifecycle:
             self._out.append(Reoffer(launch.key, launch.workload, callback=launch.ref is None))
         else:
             log.error("the runtime could not launch %s: %s", event.launch_id, event.error)
-            self._out.append(Fail(launch.key, f"leoflow could not launch the workload: {event.error}"))
+            self._out.append(Fail(launch.key, f"leoflow could not launch the workload: {event.error}",
+                                  log_path=getattr(launch.workload, "log_path", None)))
 
     def _free(self, lid: str, launch: Launch) -> None:
         actions, held_for = self.table.free(lid, launch, self.monotonic())

@@ -415,8 +415,8 @@ def test_a_pod_security_violating_override_fails_at_once_with_the_reason(env: En
     server's Pod Security admission refuses the pod, so the task fails at once at try 1 (one launch in the
     ledger, no pod ever existed, its body never ran), and the reason, naming PodSecurity and ``runAsUser=0``,
     is in the task's audit log as the API serves it (``/eventLogs``: the UI's Audit Log; the scheduler writes
-    the executor's reason there). The task log itself has no entry: the attempt never started, so there is no
-    log file and the log endpoint answers only that it could not read served logs."""
+    the executor's reason there) and in its task log (the UI's Logs tab: the attempt never started, so the
+    only line there is leoflow's note, ``leoflow_airflow.task_log``)."""
     before = set(env.kube.pods())
     run_id = env.stack.trigger(PODSECURITY_DAG)
     assert env.stack.wait_for_run(PODSECURITY_DAG, run_id, timeout=RUN_TIMEOUT) == "failed"
@@ -431,3 +431,7 @@ def test_a_pod_security_violating_override_fails_at_once_with_the_reason(env: En
                                                           "task_id": "as_root", "limit": 100})
     said = [e.get("extra") or "" for e in events["event_logs"]]
     assert [s for s in said if "violates PodSecurity" in s and "runAsUser=0" in s], said
+    body = env.stack._call("GET", f"/dags/{PODSECURITY_DAG}/dagRuns/{run_id}/taskInstances/as_root/logs/1",
+                           headers={"accept": "application/json"})
+    lines = [c.get("event", "") for c in body["content"] if isinstance(c, dict)]
+    assert [e for e in lines if "violates PodSecurity" in e and "runAsUser=0" in e], body
