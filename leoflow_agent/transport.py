@@ -13,6 +13,10 @@ Keying off the requests the supervisor actually sends covers every sink without 
 * after leoflow killed the attempt gracefully (its kill marker exists) a ``failed`` or ``up_for_retry`` report is
   refused locally and a ``killed`` record written instead: the kill caused it, and the reconciler re-drives the
   attempt as an infra loss rather than spend a user retry (issue 8 hole 16);
+* every request carries the ``Leoflow-Attempt`` header naming this attempt (:mod:`leoflow_agent.fencing`), so
+  the api-server's fence refuses it with 409 once leoflow has moved the ``ti_id`` to a newer epoch (DESIGN §2
+  Invariant 1). The supervisor stops on that 409 as on Airflow's own (a heartbeat's kills the task, a terminal
+  report's is never retried into success); the transport says so in the agent's log;
 * the named fault-injection points SIGKILL the agent, only when the launch message asked for one (test mode).
 """
 
@@ -29,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from leoflow_agent import outcome
+from leoflow_agent import fencing, outcome
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +147,15 @@ class RecordingTransport(httpx.BaseTransport):
         self._on_reported = on_reported
         self._fault = fault
         self._task_log = task_log
+        try:
+            self._attempt_header: str | None = fencing.format_attempt(attempt)
+        except ValueError:  # not a UUID ti_id: no ledger row can name it, so no fence can judge it either
+            log.warning("attempt %s cannot be named in the %s header; requests go without it", attempt,
+                        fencing.ATTEMPT_HEADER)
+            self._attempt_header = None
+        self.fenced: str | None = None
+        """The fence's reason once the api-server refused a request of this attempt as not current (then this
+        execution is stale: a newer epoch of its ``ti_id`` runs), else ``None``."""
         self.terminal_recorded: str | None = None
         """The state of the last terminal record written to at least one sink. Once set, heartbeat loss writes
         no ``heartbeat_lost`` to any sink: a record that contradicts a kept terminal one would be re-driven."""
@@ -268,7 +281,10 @@ class RecordingTransport(httpx.BaseTransport):
         self._write_heartbeat_lost()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        """Send ``request``, recording/reporting terminal states and honouring the fault point."""
+        """Send ``request`` with the attempt header, recording/reporting terminal states and honouring the fault
+        point."""
+        if self._attempt_header is not None:
+            request.headers[fencing.ATTEMPT_HEADER] = self._attempt_header
         path = request.url.path
         is_state = request.method == "PATCH" and (m := _STATE_PATH.search(path)) and m["ti_id"] == self._attempt.ti_id
         is_run = request.method == "PATCH" and (m := _RUN_PATH.search(path)) and m["ti_id"] == self._attempt.ti_id
@@ -296,6 +312,8 @@ class RecordingTransport(httpx.BaseTransport):
             if recorded is not None and self._fault == "after_record":
                 _suicide("after_record")
         response = self._inner.handle_request(request)
+        if response.status_code == 409:
+            self._note_fenced(request, response)
         if is_run and self._fault == "after_run" and response.status_code < 300:
             response.read()
             _suicide("after_run")
@@ -308,6 +326,22 @@ class RecordingTransport(httpx.BaseTransport):
                 response.read()
                 _suicide("after_patch")
         return response
+
+    def _note_fenced(self, request: httpx.Request, response: httpx.Response) -> None:
+        """When a 409 is the api-server fence's refusal (:func:`leoflow_agent.fencing.fence_reason`), remember
+        it in :attr:`fenced` and say once in the agent's log that this execution is stale. The response is read
+        (a 409 body is small); a body that is not JSON is Airflow's own 409, left alone. Never raises."""
+        try:
+            response.read()
+            body = json.loads(response.content or b"{}")
+        except (httpx.HTTPError, ValueError, UnicodeDecodeError):
+            return
+        reason = fencing.fence_reason(body)
+        if reason is None or self.fenced is not None:
+            return
+        self.fenced = reason
+        log.warning("leoflow's fence refused %s %s of attempt %s: %s", request.method, request.url.path,
+                    self._attempt, (body.get("detail") or {}).get("message"))
 
     def close(self) -> None:
         """Close the wrapped transport."""

@@ -5,7 +5,10 @@ The reconciler replays a recorded terminal ``PATCH /task-instances/{id}/state`` 
 ``ti_id`` (``sub=ti_id``, ``scope=execution``), over the TLS settings the Task SDK's own client uses, with a
 short timeout and never inside a DB transaction. 200/204 = settled (200: it already was), 409 = someone
 settled first, 404/410 = the id is archived; an answer no retry can change (401, 403, 422, ...) is final and
-not retried (:attr:`SettleResult.retryable`).
+not retried (:attr:`SettleResult.retryable`). The replay names the recorded attempt in the ``Leoflow-Attempt``
+header, as its agent did, so the api-server's fence lets it through exactly while that attempt is its
+``ti_id``'s current one (the reconciler replays only the current epoch, DESIGN §2); a fence refusal is a 409
+(someone moved the ``ti_id`` on) whose detail names the fence.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from leoflow_agent import fencing
 from leoflow_agent.outcome import OutcomeRecord
 
 _HEADER_VALUE = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
@@ -135,6 +139,12 @@ def replay_state(record: OutcomeRecord, *, jwt_generator: Any, server: str, time
     headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
     if record.api_version:
         headers["airflow-api-version"] = record.api_version
+    attempt = record.attempt()
+    if attempt is not None:
+        try:
+            headers[fencing.ATTEMPT_HEADER] = fencing.format_attempt(attempt)
+        except ValueError:
+            pass  # not a UUID ti_id: no ledger row names it, so the fence does not judge this replay
     url = server.rstrip("/") + f"/task-instances/{record.ti_id}/state"
     try:
         tls = sdk_tls_options()
@@ -145,7 +155,18 @@ def replay_state(record: OutcomeRecord, *, jwt_generator: Any, server: str, time
     except httpx.HTTPError as exc:
         return SettleResult(False, False, f"transport error: {type(exc).__name__}: {exc}"[:300], retryable=True)
     result = classify(response.status_code)
+    if response.status_code == 409 and _fence_reason(response):
+        result = SettleResult(True, False, f"409: leoflow's fence refused it ({_fence_reason(response)}): "
+                                           "the record's attempt is no longer current")
     if not result.settled:
         body = response.text.strip().replace("\n", " ")[:200]
         result = SettleResult(False, False, f"{result.detail}; {body}" if body else result.detail, result.retryable)
     return result
+
+
+def _fence_reason(response: httpx.Response) -> str | None:
+    """The fence's reason when ``response`` is its refusal (:func:`leoflow_agent.fencing.fence_reason`)."""
+    try:
+        return fencing.fence_reason(response.json())
+    except ValueError:
+        return None

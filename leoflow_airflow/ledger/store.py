@@ -408,6 +408,21 @@ class LedgerStore:
             .limit(1)
         )
 
+    def current_ref(self, ti_id: str) -> AttemptRef | None:
+        """The identity of :meth:`current`'s row, or None, without reading the rest of the row (the stored
+        workload): one read on the unique key (ti_id, attempt_epoch), for the Execution API fence, which asks
+        on every request of a task's execution (``leoflow_airflow.api.execution_fence``)."""
+        t = attempt_table
+        query = (
+            sa.select(t.c.ti_id, t.c.try_number, t.c.attempt_epoch)
+            .where(t.c.ti_id == ti_id)
+            .order_by(t.c.attempt_epoch.desc())
+            .limit(1)
+        )
+        with self._tx() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else AttemptRef(row.ti_id, int(row.try_number), int(row.attempt_epoch))
+
     def count_resolution(self, ti_id: str, resolution: Resolution) -> int:
         """How many CLOSED rows of ``ti_id`` ended with ``resolution`` (e.g. leoflow's re-dispatches)."""
         t = attempt_table

@@ -79,6 +79,14 @@ def test_each_claim_of_the_same_ti_raises_the_epoch(store):
     assert store.current(ti).ref.attempt_epoch == 3
 
 
+def test_current_ref_names_the_highest_epoch_as_current_does(store):
+    ti = str(uuid.uuid4())
+    assert store.current_ref(ti) is None
+    for _ in range(2):
+        claim(store, ti, try_number=4)
+    assert store.current_ref(ti) == store.current(ti).ref == AttemptRef(ti, 4, 2)
+
+
 def test_a_real_constraint_violation_is_not_mistaken_for_a_lost_race(store):
     with pytest.raises(IntegrityError):
         claim(store, dag_id=None)

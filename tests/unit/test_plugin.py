@@ -1,4 +1,5 @@
-"""The api-server mounts leoflow's app under ``/leoflow`` with Airflow's default config (issue 9 item 3).
+"""The api-server mounts leoflow's app under ``/leoflow`` (issue 9 item 3), and adds the Execution API fence to its
+root app (issue 10 item 6), with Airflow's default config.
 
 Airflow loads a provider's plugins only with ``[core] lazy_discover_providers = False`` (default True), so
 the plugin is registered through the ``airflow.plugins`` entry point of the installed distribution. Each case
@@ -20,8 +21,9 @@ import pytest
 PROBE = """
 import json
 from airflow import plugins_manager as pm
-apps, _ = pm.get_fastapi_plugins()
-print(json.dumps({"prefixes": [a["url_prefix"] for a in apps], "errors": pm.get_import_errors()}))
+apps, middlewares = pm.get_fastapi_plugins()
+print(json.dumps({"prefixes": [a["url_prefix"] for a in apps], "middlewares": [m["name"] for m in middlewares],
+                  "errors": pm.get_import_errors()}))
 """
 
 
@@ -35,4 +37,5 @@ def test_the_plugin_app_is_mounted_once_whatever_the_provider_discovery(tmp_path
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["prefixes"].count("/leoflow") == 1, result
+    assert result["middlewares"].count("leoflow-execution-fence") == 1, result  # the Execution API fence
     assert result["errors"] == {}, result

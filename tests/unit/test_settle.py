@@ -61,6 +61,10 @@ def test_settle_result_defaults_to_not_retryable():
 
 # --- replay_state against a real https server -----------------------------------------------------------
 
+ANSWER: dict[int, tuple[int, bytes]] = {}
+"""``{port: (status, JSON body)}``: what the https server on that port answers instead of 204."""
+
+
 @pytest.fixture
 def https_server(tmp_path):
     """A real https server on 127.0.0.1 that records each PATCH and answers 204."""
@@ -71,9 +75,15 @@ def https_server(tmp_path):
         def do_PATCH(self):  # noqa: N802 (http.server's naming)
             body = self.rfile.read(int(self.headers["content-length"]))
             seen.append({"path": self.path, "body": json.loads(body), "auth": self.headers["authorization"],
-                         "version": self.headers.get("airflow-api-version")})
-            self.send_response(204)
+                         "version": self.headers.get("airflow-api-version"),
+                         "attempt": self.headers.get("leoflow-attempt")})
+            status, answer = ANSWER.get(self.server.server_address[1], (204, b""))
+            self.send_response(status)
+            if answer:
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(answer)))
             self.end_headers()
+            self.wfile.write(answer)
 
         def log_message(self, *args):
             pass
@@ -124,6 +134,21 @@ def test_replay_verifies_with_the_sdk_ca_settings(https_server, monkeypatch):
     assert call["path"] == f"/execution/task-instances/{TI_ID}/state"
     assert call["body"] == _record().payload and call["version"] == "2025-09-23"
     assert call["auth"].startswith("Bearer ey")
+    assert call["attempt"] == f"ti_id={TI_ID}; try_number=1; attempt_epoch=1"  # the fence lets it through
+
+
+def test_a_replay_the_fence_refuses_is_settled_as_moved_on(https_server, monkeypatch):
+    """The api-server's fence answers 409 when the record's attempt is no longer its ti_id's current one: the
+    replay is over (nothing of it landed) and its detail names the fence."""
+    from airflow.sdk.api import client as sdk_client
+
+    url, cert_path, seen = https_server
+    monkeypatch.setattr(sdk_client, "API_SSL_CERT_PATH", str(cert_path))
+    monkeypatch.setitem(ANSWER, int(url.split(":")[2].split("/")[0]), (409, json.dumps(
+        {"detail": {"reason": "leoflow_stale_execution", "message": "leoflow refused this request"}}).encode()))
+    result = replay_state(_record(), jwt_generator=_jwt_generator(), server=url, timeout=10)
+    assert (result.settled, result.applied) == (True, False), result
+    assert "leoflow's fence refused it (leoflow_stale_execution)" in result.detail and len(seen) == 1
 
 
 def test_replay_trusts_ssl_ca_file_too(https_server, monkeypatch):

@@ -1,0 +1,145 @@
+"""The Execution API fence: a root ASGI middleware of leoflow's plugin (DESIGN §2 Invariant 1).
+
+Airflow adds a plugin's ``fastapi_root_middlewares`` to the api-server's root app (``init_plugins``), whose
+middleware stack wraps every mount, the Execution API's ``/execution`` among them; :mod:`leoflow_airflow.plugin`
+registers :class:`ExecutionFence` there. For each ``/execution/...`` request whose bearer token names a
+``ti_id`` it reads the ledger's current attempt of that ``ti_id`` (ONE indexed read, in a worker thread, in a
+short transaction of its own, no cache: a new epoch fences at once) and lets the pure decision
+(:func:`leoflow_airflow.api.fence.decide`) pass the request or answer 409 with a leoflow reason. Anything else
+passes untouched, without a read.
+
+A ledger read that fails (database unreachable, leoflow's tables not migrated, a pool timeout) lets the request
+pass, with a warning at most once a minute: the fence is a second line behind the ledger's guarded writes, the
+proof of death before any same-``ti_id`` re-dispatch and Airflow's own ``ti_id``/host/pid checks, and a 5xx
+would count as a failed heartbeat in every running agent, so a database blip would turn into heartbeat loss and
+re-runs of every running task. Airflow's own route reads the same database and fails on its own when it is down.
+An execution-only api-server (``airflow api-server --apps execution``) runs no plugin, hence no fence: there the
+other lines hold alone (DESIGN §2).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from leoflow_agent.fencing import ATTEMPT_HEADER
+from leoflow_airflow.api.fence import decide, is_execution_path, refusal_body, token_subject
+
+log = logging.getLogger(__name__)
+
+Lookup = Callable[[str], "tuple[int, int] | None"]
+"""``lookup(ti_id) -> (try_number, attempt_epoch) | None``: the ledger's current attempt of ``ti_id`` (its highest
+epoch), ``None`` when leoflow has none. Blocking; any exception means "could not tell"."""
+
+WARN_EVERY_SECONDS = 60.0
+"""At most one "the fence could not read the ledger" warning per this many seconds (per worker)."""
+
+_ATTEMPT_HEADER = ATTEMPT_HEADER.lower().encode("latin-1")
+
+
+def ledger_lookup() -> Lookup:
+    """The default :data:`Lookup`: :meth:`LedgerStore.current_ref` on a store built at first use
+    (:meth:`LedgerStore.from_airflow`, Airflow's metadata DB; in the api-server worker that first needs it,
+    never at import, so a gunicorn fork never shares its connections). A store that cannot be built raises
+    from the lookup, and the next lookup tries again."""
+    lock = threading.Lock()
+    holder: list[Any] = []
+
+    def lookup(ti_id: str) -> tuple[int, int] | None:
+        with lock:
+            if not holder:
+                from leoflow_airflow.ledger.store import LedgerStore
+
+                holder.append(LedgerStore.from_airflow())
+        ref = holder[0].current_ref(ti_id)
+        return None if ref is None else (ref.try_number, ref.attempt_epoch)
+
+    return lookup
+
+
+class ExecutionFence:
+    """ASGI middleware refusing Execution API calls of an execution that is not its ``ti_id``'s current one.
+
+    :param app: the ASGI app it wraps (Starlette passes it).
+    :param lookup: the ledger read (:data:`Lookup`); default :func:`ledger_lookup`. Tests pass their own.
+    :param clock: monotonic seconds, for the warning's rate limit.
+
+    A refusal is ``409`` with ``Content-Type: application/json``, ``Cache-Control: no-store`` and the body of
+    :func:`~leoflow_airflow.api.fence.refusal_body`; it is logged at warning level with its ``error_id``, the
+    ``ti_id``, the attempt sent, the current one, the method and the path.
+    """
+
+    def __init__(self, app: Any, *, lookup: Lookup | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.app = app
+        self._lookup = lookup if lookup is not None else ledger_lookup()
+        self._clock = clock
+        self._warned_at: float | None = None
+        self._unread = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Judge an ``/execution/...`` HTTP request (see the class); pass everything else on untouched."""
+        if scope.get("type") != "http" or not is_execution_path(scope.get("path", ""), scope.get("root_path", "")):
+            await self.app(scope, receive, send)
+            return
+        authorization, header = _request_headers(scope)
+        ti_id = token_subject(authorization)
+        if ti_id is None:
+            await self.app(scope, receive, send)
+            return
+        import anyio.to_thread
+
+        try:
+            current = await anyio.to_thread.run_sync(self._lookup, ti_id)
+        except Exception as exc:  # noqa: BLE001 - fail open (module docstring), never a 5xx of ours
+            self._warn_unread(exc)
+            await self.app(scope, receive, send)
+            return
+        verdict = decide(ti_id=ti_id, header=header, current=current)
+        if verdict.allowed:
+            await self.app(scope, receive, send)
+            return
+        error_id = uuid.uuid4().hex
+        log.warning("execution fence: refused %s %s with 409 error_id=%s reason=%s ti_id=%s sent=%s current=%s",
+                    scope.get("method"), scope.get("path"), error_id, verdict.reason, ti_id,
+                    None if verdict.sent is None else f"try {verdict.sent.try_number} epoch {verdict.sent.attempt_epoch}",
+                    f"try {verdict.current[0]} epoch {verdict.current[1]}" if verdict.current else None)
+        body = json.dumps(refusal_body(verdict, error_id)).encode()
+        await send({"type": "http.response.start", "status": 409, "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store"),
+        ]})
+        await send({"type": "http.response.body", "body": body})
+
+    def _warn_unread(self, exc: BaseException) -> None:
+        """Count a request passed because the ledger could not be read; warn at most every
+        :data:`WARN_EVERY_SECONDS`, with how many passed unjudged since the last warning."""
+        self._unread += 1
+        now = self._clock()
+        if self._warned_at is not None and now - self._warned_at < WARN_EVERY_SECONDS:
+            return
+        self._warned_at = now
+        log.warning("execution fence: could not read the leoflow ledger (%s: %s); %d Execution API request(s) "
+                    "passed unjudged since the last warning", type(exc).__name__, str(exc)[:300], self._unread)
+        self._unread = 0
+
+
+def _request_headers(scope: dict[str, Any]) -> tuple[str | None, str | None]:
+    """``(Authorization, Leoflow-Attempt)`` of an ASGI scope, ``None`` when absent; a header sent more than once
+    is joined with ``", "`` (RFC 9110 §5.3), which no valid attempt header matches."""
+    found: dict[bytes, list[bytes]] = {}
+    for name, value in scope.get("headers") or ():
+        key = name.lower()
+        if key in (b"authorization", _ATTEMPT_HEADER):
+            found.setdefault(key, []).append(value)
+
+    def one(key: bytes) -> str | None:
+        values = found.get(key)
+        return None if not values else b", ".join(values).decode("latin-1")
+
+    return one(b"authorization"), one(_ATTEMPT_HEADER)
