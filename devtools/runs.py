@@ -31,9 +31,15 @@ def _seconds(start: str | None, end: str | None) -> float:
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
 
-def run_all(stack: AirflowStack, dag_ids: list[str], *, timeout: float) -> dict[str, RunResult]:
-    """Trigger every DAG in ``dag_ids`` while paused, then unpause them all (so the triggers do not compete
-    with the first tasks for SQLite's single writer), and wait for all runs to end.
+def run_all(stack: AirflowStack, dag_ids: list[str], *, timeout: float,
+            start_scheduler: bool = False) -> dict[str, RunResult]:
+    """Trigger every DAG in ``dag_ids`` while paused, then unpause them all, and wait for all runs to end.
+
+    With ``start_scheduler`` (a stack started with ``start(scheduler=False)``) the scheduler starts only once
+    every trigger and unpause is done: no public-API write then meets a task's open ``/run`` transaction, which
+    on SQLite stalls the api-server for the 30 s busy timeout and can fail the scheduler's own ledger write
+    (``database is locked``; seen by a new user's ``make demo`` on a loaded host). Without it the writes are at
+    least ordered so the triggers do not compete with the first tasks.
 
     Returns ``{dag_id: RunResult}``. Raises ``TimeoutError`` when some run has not ended after ``timeout``
     seconds, and ``devtools.stack.StackError`` when the API refuses a call.
@@ -43,6 +49,8 @@ def run_all(stack: AirflowStack, dag_ids: list[str], *, timeout: float) -> dict[
         runs[dag_id] = stack.trigger(dag_id)
     for dag_id in dag_ids:
         stack.unpause(dag_id)
+    if start_scheduler:
+        stack.start_scheduler()
     deadline = time.monotonic() + timeout
     states = stack.wait_for_runs(runs, timeout=max(1.0, deadline - time.monotonic()))
     results = {}

@@ -287,26 +287,20 @@ class AirflowStack:
         with sqlite3.connect(self.home / "airflow.db") as conn:
             conn.execute("PRAGMA journal_mode=WAL")
 
-    def start(self, *, wait_for_dags: list[str] | tuple[str, ...] = (), timeout: float = 180.0) -> None:
+    def start(self, *, wait_for_dags: list[str] | tuple[str, ...] = (), timeout: float = 180.0,
+              scheduler: bool = True) -> None:
         """Start api-server, scheduler and dag-processor, each in its own process group.
 
-        Returns once the api-server answers and every DAG in ``wait_for_dags`` is serialized. Raises
-        ``StackError`` (naming the logs, and any DAG import errors) after ``timeout`` seconds or when a
-        process exits early; the processes already started are left for ``stop()``.
+        Returns once the api-server answers and every DAG in ``wait_for_dags`` is serialized. With
+        ``scheduler=False`` the scheduler is left for :meth:`start_scheduler` (trigger and unpause first: see
+        :func:`devtools.runs.run_all`). Raises ``StackError`` (naming the logs, and any DAG import errors) after
+        ``timeout`` seconds or when a process exits early; the processes already started are left for ``stop()``.
         """
         t0 = time.monotonic()
         self._prepare_home()
-        env = self.env()
-        for name, args in (
-            ("api-server", ("api-server",)),
-            ("scheduler", ("scheduler",)),
-            ("dag-processor", ("dag-processor",)),
-        ):
-            popen = procs.spawn(
-                self._airflow(*args), env=env, log_path=self.process_logs / f"{name}.log", cwd=self.home
-            )
-            self._popens.append(popen)
-            self._names.append(name)
+        for name in ("api-server", "scheduler", "dag-processor"):
+            if name != "scheduler" or scheduler:
+                self._spawn(name)
         deadline = time.monotonic() + timeout
         while not self._api_up():
             self._check_alive()
@@ -328,6 +322,19 @@ class AirflowStack:
                 )
             time.sleep(1.0)
         _record_timing("start", time.monotonic() - t0, self.home)
+
+    def _spawn(self, name: str) -> None:
+        popen = procs.spawn(self._airflow(name), env=self.env(), log_path=self.process_logs / f"{name}.log",
+                            cwd=self.home)
+        self._popens.append(popen)
+        self._names.append(name)
+
+    def start_scheduler(self) -> None:
+        """Start the scheduler of a stack started with ``start(scheduler=False)``. Raises ``StackError`` when
+        one is running already."""
+        if any(n == "scheduler" and p.poll() is None for n, p in zip(self._names, self._popens)):
+            raise StackError("the scheduler is running already")
+        self._spawn("scheduler")
 
     def _markers(self) -> list[str]:
         return [f"{procs.MARKER_VAR}={self.stack_id}", f"AIRFLOW_HOME={self.home}"]

@@ -74,8 +74,8 @@ def outcome_of(airflow_stack_factory) -> Iterator[Callable[[str], Outcome]]:
         )
         try:
             stack.migrate()
-            stack.start(wait_for_dags=list(expected.EXPECTED))
-            runs = run_all(stack, list(expected.EXPECTED), timeout=RUN_TIMEOUT_SECONDS)
+            stack.start(wait_for_dags=list(expected.EXPECTED), scheduler=False)
+            runs = run_all(stack, list(expected.EXPECTED), timeout=RUN_TIMEOUT_SECONDS, start_scheduler=True)
             outcome = Outcome(executor, runs, stack.traces())
         finally:
             left = stack.stop()

@@ -139,8 +139,8 @@ def outcome(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> 
             stack.migrate()
             check = subprocess.run([sys.executable, "-m", "airflow", "leoflow", "check"], env=stack.env(),
                                    capture_output=True, text=True, timeout=300)
-            stack.start(wait_for_dags=dag_ids)
-            runs = run_all(stack, dag_ids, timeout=KUBE_RUN_TIMEOUT_SECONDS)
+            stack.start(wait_for_dags=dag_ids, scheduler=False)
+            runs = run_all(stack, dag_ids, timeout=KUBE_RUN_TIMEOUT_SECONDS, start_scheduler=True)
             executed = _executed(stack, runs)
             kube.wait_for_no_running_pods(timeout=120)
             pods = kube.pods()
