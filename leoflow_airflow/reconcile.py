@@ -9,10 +9,9 @@ both before calling (proof of death: no process of the attempt's subtree left).
 
 Where the record decides nothing (none, or one without a state), the runtime's own word on the end
 (:class:`~leoflow_airflow.lifecycle.runtime.EndCause`, the Kubernetes runtime's pod status; issue 10 item 2)
-settles it, in the evidence order of ``research/k8s-runtime-facts.md`` "What the spec must say" 12 (``docs/DESIGN.md``
-§2 "Pod ends"): an infra loss is re-driven on the infra budget; an OOM kill is re-driven once
-(:attr:`Resolution.OOM_REDRIVE` marks it durably) and an OOM kill of that re-driven try is a task failure;
-``DeadlineExceeded`` is a task failure. A record always wins over the cause.
+settles it, in the evidence order of ``docs/DESIGN.md`` §2 "Pod ends": an infra loss is re-driven on the
+infra budget; an OOM kill is re-driven once (:attr:`Resolution.OOM_REDRIVE` marks it durably) and an OOM kill
+of that re-driven try is a task failure; ``DeadlineExceeded`` is a task failure. A record always wins over the cause.
 """
 
 from __future__ import annotations

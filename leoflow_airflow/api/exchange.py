@@ -1,6 +1,6 @@
 """The token exchange: a task pod trades its projected ServiceAccount token for its attempt's workload with a
-workload token minted at that moment (DESIGN §3 "Start"; ``research/k8s-runtime-facts.md`` "What the spec must
-say" 1-4). The wire contract is :mod:`leoflow_agent.exchange`; the route is in :mod:`leoflow_airflow.api.app`.
+workload token minted at that moment (DESIGN §3 "Start" and "The token exchange, as built"). The wire contract
+is :mod:`leoflow_agent.exchange`; the route is in :mod:`leoflow_airflow.api.app`.
 
 The checks, in this order (:meth:`Exchange.exchange`); the first that fails refuses:
 

@@ -1,7 +1,7 @@
 """``LeoflowDBManager``: lets a plain ``airflow db migrate`` create and upgrade leoflow's ledger tables.
 
 Airflow 3.3's ``RunDBManager`` runs every DB manager a provider lists under ``db-managers`` in its
-``get_provider_info()`` (research/airflow-3.3-facts.md, Addendum "provider-owned tables"). This manager
+``get_provider_info()`` (Airflow 3.3.2's ``airflow/utils/db_manager.py``). This manager
 points Airflow's ``BaseDBManager`` at leoflow's own MetaData, alembic environment (``migrations/``) and
 version table, so leoflow never shares Airflow's ``alembic_version``.
 """

@@ -1,11 +1,12 @@
 """What the scheduler's Kubernetes identity may do in the task namespace, asked of the API server itself with a
 ``SelfSubjectAccessReview`` per rule (``airflow leoflow check``; issue 9 item 6).
 
-The rules are the scheduler's half of ``research/k8s-runtime-facts.md`` requirement 5 (least privilege): the
-runtime creates, watches, reads and deletes task pods and reads the task ServiceAccount at start; nothing else
-(no ``secrets``, no ``pods/exec``). The api-server's half (``create tokenreviews`` cluster-wide and ``get pods``
-in the task namespace, for the token exchange; ``get pods/log`` there, for the log view of running tasks)
-belongs to another identity, so it cannot be asked from here: :data:`EXCHANGE_RULES` names it for the report.
+The rules are the scheduler's half of leoflow's least-privilege RBAC (DESIGN §3 "The Kubernetes runtime, as
+built"; README "Deploying on a real cluster"): the runtime creates, watches, reads and deletes task pods and
+reads the task ServiceAccount at start; nothing else (no ``secrets``, no ``pods/exec``). The api-server's half
+(``create tokenreviews`` cluster-wide and ``get pods`` in the task namespace, for the token exchange; ``get
+pods/log`` there, for the log view of running tasks) belongs to another identity, so it cannot be asked from
+here: :data:`EXCHANGE_RULES` names it for the report.
 
 :func:`review_access` is the I/O; everything else is pure.
 """
@@ -45,7 +46,7 @@ SCHEDULER_RULES: tuple[Rule, ...] = (
     Rule("delete", "pods", "revoke_task, terminate() and the retention GC (UID precondition)"),
     Rule("get", "serviceaccounts", "start() checks the task ServiceAccount exists"),
 )
-"""What the scheduler needs in the task namespace (research requirement 5, scheduler side)."""
+"""What the scheduler needs in the task namespace (least privilege, scheduler side)."""
 
 EXCHANGE_RULES: tuple[Rule, ...] = (
     Rule("create", "tokenreviews", "the exchange reviews each pod's projected token (cluster-wide)",
@@ -55,8 +56,8 @@ EXCHANGE_RULES: tuple[Rule, ...] = (
     Rule("get", "pods", "get_task_log reads a running attempt's pod log (the log view), in the task namespace",
          subresource="log"),
 )
-"""What the api-server's identity needs for the token exchange and the log view (research requirement 5,
-api-server side)."""
+"""What the api-server's identity needs for the token exchange and the log view (least privilege, api-server
+side; DESIGN §3 "The token exchange, as built")."""
 
 
 @dataclass(frozen=True, slots=True)

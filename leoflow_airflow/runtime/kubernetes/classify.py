@@ -1,6 +1,9 @@
 """What one pod create's answer means for the attempt: a pure mapping of the API server's reply (status code,
-Status message, ``Retry-After``) or of a transport error to a :class:`Verdict` (DESIGN §3 "Dispatch";
-``research/k8s-runtime-facts.md`` §6.5 and "What the spec must say" 10).
+Status message, ``Retry-After``) or of a transport error to a :class:`Verdict` (DESIGN §3 "Dispatch" and
+"Classifying a create"). The 403 messages are the API server's own: ``exceeded quota`` and ``status unknown for
+quota`` from k8s.io/apiserver ``pkg/admission/plugin/resourcequota/controller.go``, ``must specify`` from
+kubernetes ``pkg/quota/v1/evaluator/core/pods.go``, ``violates PodSecurity`` from
+``pod-security-admission/admission/admission.go``.
 
 ========================================================  ====================================================
 reply                                                     verdict
@@ -21,8 +24,8 @@ any other 403 (RBAC, LimitRange, a terminating namespace) ``refused``
                                                           its own name next time: 409)
 ========================================================  ====================================================
 
-The facts file's table is followed, with one refinement: an ``exceeded quota`` whose ``used`` is zero for every
-resource can never pass, so it is ``refused`` instead of left to backpressure forever.
+An ``exceeded quota`` is backpressure, with one refinement: one whose ``used`` is zero for every resource can
+never pass, so it is ``refused`` instead of left to backpressure forever.
 
 Pure: it reads only what it is given; it imports neither the Kubernetes client nor Airflow.
 """

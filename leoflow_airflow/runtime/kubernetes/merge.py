@@ -1,6 +1,6 @@
 """Layer one pod over another the way the cncf KubernetesExecutor does, so a ``pod_template_file`` and an
 ``executor_config={"pod_override": V1Pod(...)}`` written for KE mean the same under leoflow (DESIGN §3
-"Dispatch"; ``research/k8s-runtime-facts.md`` §3.2).
+"Dispatch" and "The pod, as built").
 
 The semantics follow ``PodGenerator.reconcile_pods`` of apache-airflow-providers-cncf-kubernetes 10.25
 (read, not copied):

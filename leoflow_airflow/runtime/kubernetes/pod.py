@@ -1,6 +1,6 @@
 """The pod of one attempt: a pure builder from the attempt's identity, the ``[leoflow]`` Kubernetes options,
 the operator's pod template and the task's ``executor_config`` to a ``kubernetes.client.V1Pod`` (DESIGN §3
-"Dispatch"; ``research/k8s-runtime-facts.md`` "What the spec must say" 6-9).
+"Dispatch" and "The pod, as built").
 
 Layers, as the cncf KubernetesExecutor (KE) applies them (:mod:`.merge`): the pod template, then leoflow's own
 pod, then the task's ``executor_config["pod_override"]`` (every field it sets must be in ``[leoflow]
@@ -235,7 +235,8 @@ def allow_entry_problem(entry: str) -> str | None:
 def termination_budget(pod: k8s.V1Pod) -> int:
     """Bytes the agent may write to its termination message in ``pod``:
     ``min(4096, 12288 // (containers + initContainers + ephemeralContainers + 1))``, the 1 being room for a
-    debug container added later (research/k8s-runtime-facts.md §6.1)."""
+    debug container added later (the kubelet's limits in kubernetes ``pkg/kubelet/container/runtime.go``, its
+    per-container cut in ``pkg/kubelet/status/status_manager.go`` ``normalizeStatus``; DESIGN §4)."""
     spec = pod.spec
     count = sum(len(getattr(spec, f) or []) for f in ("containers", "init_containers", "ephemeral_containers"))
     return min(KUBELET_MESSAGE_MAX, KUBELET_POD_MESSAGE_MAX // (count + DEBUG_CONTAINER_RESERVE))
