@@ -26,8 +26,9 @@ they end. The message is made as the kubelet makes it (``research/k8s-runtime-fa
 ``NodeHarness.runtime_message`` is set, that text and ``": "`` in front (what the kubelet does when the
 container runtime reports a message of its own); then the pod-wide cap, which keeps the **head** of every
 container's message, ``12288 // (containers + initContainers + ephemeralContainers)`` bytes, a raw byte slice
-that may split a UTF-8 character (shown as U+FFFD, as the API server's JSON encoding shows it). A pod that is deleted while running gets SIGTERM, SIGKILL after its grace period, and is then
-removed with grace 0 and a UID precondition, as the kubelet does.
+that may split a UTF-8 character (shown as U+FFFD, as the API server's JSON encoding shows it). A pod that is deleted while running gets SIGTERM, SIGKILL after its grace period, its terminal status, and is then
+removed with grace 0 and a UID precondition, as the kubelet does (a deleted pod it never started is marked Failed
+first); a pod holding a finalizer then stays, terminal and deleting, until the finalizer is removed.
 
 Logs: each container's stdout and stderr go to one file (``<container>.log`` in the per-pod directory), served
 as the kubelet serves them to the API server's ``pods/log`` proxy: HTTPS ``GET
@@ -733,7 +734,17 @@ class NodeHarness:
             if run is not None:
                 run.deleting.set()
             elif (pod.status.phase or "Pending") == "Pending":
-                # never started by us: release it as the kubelet would
+                # never started by us: mark it Failed and release it as the kubelet would (TerminatePod makes a
+                # deleted Pending pod Failed before the final delete; a finalizer then keeps it, terminal)
+                try:
+                    self.core.patch_namespaced_pod_status(
+                        pod.metadata.name, pod.metadata.namespace,
+                        [{"op": "test", "path": "/metadata/uid", "value": uid},
+                         {"op": "replace", "path": "/status/phase", "value": "Failed"}],
+                        _content_type="application/json-patch+json")
+                except ApiException as e:
+                    if e.status not in (404, 409, 422):
+                        raise
                 try:
                     self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace,
                                                     body=client.V1DeleteOptions(

@@ -2,10 +2,11 @@
 ``SelfSubjectAccessReview`` per rule (``airflow leoflow check``; issue 9 item 6).
 
 The rules are the scheduler's half of ``research/k8s-runtime-facts.md`` requirement 5 (least privilege): the
-runtime creates, watches, reads and deletes task pods and reads the task ServiceAccount at start; nothing else
-(no ``secrets``, no ``pods/exec``). The api-server's half (``create tokenreviews`` cluster-wide and ``get pods``
-in the task namespace, for the token exchange; ``get pods/log`` there, for the log view of running tasks)
-belongs to another identity, so it cannot be asked from here: :data:`EXCHANGE_RULES` names it for the report.
+runtime creates, watches, reads, patches (only to take leoflow's finalizer off) and deletes task pods and reads
+the task ServiceAccount at start; nothing else (no ``secrets``, no ``pods/exec``, no ``update``). The api-server's
+half (``create tokenreviews`` cluster-wide and ``get pods`` in the task namespace, for the token exchange; ``get
+pods/log`` there, for the log view of running tasks) belongs to another identity, so it cannot be asked from here:
+:data:`EXCHANGE_RULES` names it for the report.
 
 :func:`review_access` is the I/O; everything else is pure.
 """
@@ -43,6 +44,7 @@ SCHEDULER_RULES: tuple[Rule, ...] = (
     Rule("list", "pods", "the pod informer's (re)list"),
     Rule("watch", "pods", "the pod informer's watch"),
     Rule("delete", "pods", "revoke_task, terminate() and the retention GC (UID precondition)"),
+    Rule("patch", "pods", "release leoflow's finalizer once the attempt is settled (UID-tested JSON patch)"),
     Rule("get", "serviceaccounts", "start() checks the task ServiceAccount exists"),
 )
 """What the scheduler needs in the task namespace (research requirement 5, scheduler side)."""

@@ -76,6 +76,8 @@ class PodView:
         counts from it.
     :param resource_version: ``metadata.resourceVersion`` (opaque: never compared) or None.
     :param message: ``status.message`` (e.g. the kubelet's eviction or deadline text) or None.
+    :param finalizers: ``metadata.finalizers`` in order (strings only), ``()`` for none; the runtime releases
+        ``pod.OUTCOME_FINALIZER`` by its index here.
     """
 
     name: str
@@ -94,6 +96,7 @@ class PodView:
     finished_at: datetime | None
     resource_version: str | None
     message: str | None = None
+    finalizers: tuple[str, ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -178,6 +181,8 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
             finished_at=_time(terminated.get("finishedAt")) if isinstance(terminated, Mapping) else None,
             resource_version=_str(meta.get("resourceVersion")),
             message=_str(status.get("message")),
+            finalizers=tuple(f for f in meta["finalizers"] if isinstance(f, str))
+            if isinstance(meta.get("finalizers"), list) else (),
         )
     except Exception:  # noqa: BLE001 - the contract: a malformed object is "no view", whatever it is
         return None
