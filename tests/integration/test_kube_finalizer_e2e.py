@@ -27,7 +27,7 @@ from devtools import k8senv
 from devtools.kube import KubeStack
 from devtools.stack import REPO_ROOT, AirflowStack
 
-from .fault_helpers import FaultStack, wait_until
+from fault_helpers import FaultStack, wait_until
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(1500)]
 
