@@ -306,6 +306,11 @@ def main(argv: list[str] | None = None) -> int:
                 core.delete_namespace(namespace)
             except Exception:  # noqa: BLE001 - the control plane may be gone
                 pass
+            if started is None:  # a reused control plane: its pods must not stay Terminating on our finalizer
+                from devtools.kube import release_finalizers
+
+                for problem in release_finalizers(core, namespace):
+                    print(f"kube_scale: {problem}", file=sys.stderr)
         if started is not None:
             k8senv.stop(started)
         shutil.rmtree(work, ignore_errors=True)

@@ -206,11 +206,13 @@ class KubeStack:
             from kubernetes import client
             from kubernetes.client.rest import ApiException
 
+            core = client.CoreV1Api(self.api)
             try:
-                client.CoreV1Api(self.api).delete_namespace(self.namespace)
+                core.delete_namespace(self.namespace)
             except ApiException as exc:
                 if exc.status != 404:
                     problems.append(f"deleting namespace {self.namespace}: {exc.status} {exc.reason}")
+            problems.extend(release_finalizers(core, self.namespace))
             rbac = client.RbacAuthorizationV1Api(self.api)
             for kind, name in reversed(self._cluster_objects):
                 delete = rbac.delete_cluster_role if kind == "clusterrole" else rbac.delete_cluster_role_binding
@@ -447,6 +449,20 @@ class KubeStack:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"pods still active after {timeout}s: {active}")
             time.sleep(1.0)
+
+
+def release_finalizers(core: Any, namespace: str) -> list[str]:
+    """Strip leoflow's finalizer from every leoflow pod of ``namespace`` (the function behind ``airflow leoflow
+    release-pods``), so the pods of a deleted namespace (and the namespace) can go; the problems met, empty when
+    clean. Never raises."""
+    from leoflow_airflow.runtime.kubernetes.finalizer import release_pods
+    from leoflow_airflow.runtime.kubernetes.runtime import label_selector
+
+    try:
+        return [f"releasing pod {namespace}/{r.name}: {r.outcome} {r.detail}"
+                for r in release_pods(core, namespace, label_selector()) if not r.done]
+    except Exception as exc:  # noqa: BLE001 - reported with the other problems
+        return [f"releasing leoflow's finalizers in {namespace}: {type(exc).__name__}: {exc}"]
 
 
 def _rv_key(rv: str) -> tuple[int, str]:

@@ -4,6 +4,8 @@
   also report the namespace, image, exchange URL and audience, and ask the API server what the scheduler may do
   there (``SelfSubjectAccessReview``); exit 1 on a violation, a missing permission or an unreachable API server.
 * ``airflow leoflow attempts [--limit N]``: list the ledger's open attempts.
+* ``airflow leoflow release-pods [--namespace NS] [--dry-run]``: strip leoflow's finalizer
+  (``leoflow.io/outcome-record``) from every leoflow pod of the task namespace, for an uninstall.
 """
 
 from __future__ import annotations
@@ -111,6 +113,54 @@ def attempts(args: Any) -> None:
               f"{a.resolution or '-':<16} {a.dag_id}.{a.task_id}[{a.map_index}] {a.run_id}")
 
 
+def release_pods(args: Any) -> None:
+    """Strip leoflow's finalizer from every leoflow task pod of ``--namespace`` (default ``[leoflow] namespace``),
+    running or not, printing one line per pod (``released``, ``gone``, ``not-held``; ``would-release`` with
+    ``--dry-run``; ``failed``/``conflict`` with the reason); exit 0 when every pod is released, else 1 (also when
+    the configuration cannot be loaded or the pods cannot be listed). Uses the scheduler's Kubernetes identity
+    (``[leoflow] in_cluster`` / ``kube_config``): it needs ``list``, ``get`` and ``patch pods`` there.
+    Run it when uninstalling leoflow: with no scheduler left, nothing else removes the finalizer, and deleted
+    pods (and a deleted namespace) would stay ``Terminating``. Safe while a scheduler runs: it only makes
+    the pods deletable again, as they were before leoflow."""
+    from leoflow_airflow import settings
+    from leoflow_airflow.errors import ConfigError
+    from leoflow_airflow.runtime.kubernetes.finalizer import ReleaseOutcome, release_pods as strip
+    from leoflow_airflow.runtime.kubernetes.pod import OUTCOME_FINALIZER
+    from leoflow_airflow.runtime.kubernetes.review import api_client_from_config
+    from leoflow_airflow.runtime.kubernetes.runtime import label_selector
+
+    try:
+        kube = settings.load().kubernetes
+    except ConfigError as exc:
+        print(f"leoflow: {exc}", file=sys.stderr)
+        sys.exit(1)
+    namespace = args.namespace or kube.namespace
+    try:
+        api_client = api_client_from_config(in_cluster=kube.in_cluster, kube_config=kube.kube_config)
+    except Exception as exc:  # noqa: BLE001 - reported: a config the client cannot load
+        print(f"leoflow: cannot load the Kubernetes client configuration: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        sys.exit(1)
+    from kubernetes import client
+
+    try:
+        results = strip(client.CoreV1Api(api_client), namespace, label_selector(), dry_run=args.dry_run)
+    except Exception as exc:  # noqa: BLE001 - the LIST failed: nothing was released
+        print(f"leoflow: cannot list the pods of namespace {namespace}: {type(exc).__name__}: "
+              f"{getattr(exc, 'status', '')} {getattr(exc, 'reason', exc)}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        api_client.close()
+    for r in results:
+        print(f"{r.outcome:<14} pod {namespace}/{r.name} uid {r.uid}" + (f": {r.detail}" if r.detail else ""))
+    bad = [r for r in results if not r.done and r.outcome is not ReleaseOutcome.WOULD_RELEASE]
+    verb = "would release" if args.dry_run else "released"
+    done = sum(r.outcome in (ReleaseOutcome.RELEASED, ReleaseOutcome.WOULD_RELEASE) for r in results)
+    print(f"{verb} {OUTCOME_FINALIZER} on {done} pod(s) in namespace {namespace}"
+          + (f"; {len(bad)} failed (run it again)" if bad else ""))
+    sys.exit(1 if bad else 0)
+
+
 def get_cli_commands() -> list[GroupCommand]:
     """Return the ``leoflow`` command group for Airflow's CLI parser."""
     return [
@@ -125,6 +175,15 @@ def get_cli_commands() -> list[GroupCommand]:
                     func=attempts,
                     args=(
                         Arg(("--limit",), help="rows at most", type=int, default=50),
+                    ),
+                ),
+                ActionCommand(
+                    name="release-pods",
+                    help="Strip leoflow's finalizer from every leoflow task pod (for an uninstall)",
+                    func=release_pods,
+                    args=(
+                        Arg(("--namespace",), help="the task namespace (default: [leoflow] namespace)", default=None),
+                        Arg(("--dry-run",), help="only list the pods that hold it", action="store_true"),
                     ),
                 ),
             ],

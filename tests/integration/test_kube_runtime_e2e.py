@@ -263,7 +263,7 @@ def test_airflow_leoflow_check_reports_the_runtime_and_the_schedulers_permission
     assert outcome.check.returncode == 0, (out, outcome.check.stderr)
     assert "[leoflow] runtime = kubernetes" in out
     assert "kubernetes: namespace " in out and "exchange URL http" in out and "/leoflow/v1/exchange" in out
-    for rule in ("create pods", "list pods", "watch pods", "delete pods", "get serviceaccounts"):
+    for rule in ("create pods", "list pods", "watch pods", "delete pods", "patch pods", "get serviceaccounts"):
         assert f"ok   {rule}" in out, (rule, out)
     assert "create tokenreviews.authentication.k8s.io" in out
 

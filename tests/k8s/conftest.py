@@ -106,12 +106,25 @@ def _fresh_namespace(core: client.CoreV1Api, request: pytest.FixtureRequest, lab
     except ApiException as e:
         if e.status != 404:
             raise
+    release_leoflow_pods(core, name)
+
+
+def release_leoflow_pods(core: client.CoreV1Api, namespace: str) -> None:
+    """Strip leoflow's finalizer from every leoflow pod of ``namespace`` (``airflow leoflow release-pods``'s
+    function), so a deleted namespace goes: called after its deletion, when no pod can be added any more. Fails
+    the test naming a pod it could not release."""
+    from leoflow_airflow.runtime.kubernetes.finalizer import release_pods
+    from leoflow_airflow.runtime.kubernetes.runtime import label_selector
+
+    failed = [r for r in release_pods(core, namespace, label_selector()) if not r.done]
+    assert not failed, f"leoflow's finalizer could not be released in {namespace}: {failed}"
 
 
 @pytest.fixture
 def namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> str:
     """A fresh namespace for this test, with its ``default`` ServiceAccount in place; deleted afterwards
-    (without waiting: the namespace controller finishes it in the background)."""
+    (without waiting: the namespace controller finishes it in the background), leoflow's finalizers released
+    (:func:`release_leoflow_pods`) so its pods can go."""
     yield from _fresh_namespace(core, request)
 
 

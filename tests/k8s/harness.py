@@ -26,9 +26,11 @@ they end. The message is made as the kubelet makes it (``research/k8s-runtime-fa
 ``NodeHarness.runtime_message`` is set, that text and ``": "`` in front (what the kubelet does when the
 container runtime reports a message of its own); then the pod-wide cap, which keeps the **head** of every
 container's message, ``12288 // (containers + initContainers + ephemeralContainers)`` bytes, a raw byte slice
-that may split a UTF-8 character (shown as U+FFFD, as the API server's JSON encoding shows it). A pod that is deleted while running gets SIGTERM, SIGKILL after its grace period, and is then
-removed with grace 0 and a UID precondition, as the kubelet does. Conditions the kubelet does not own
-(``DisruptionTarget``, set by the Eviction API) are kept by every status write, as the kubelet keeps them.
+that may split a UTF-8 character (shown as U+FFFD, as the API server's JSON encoding shows it). A pod that is
+deleted while running gets SIGTERM, SIGKILL after its grace period, its terminal status, and is then removed with
+grace 0 and a UID precondition, as the kubelet does (a deleted pod it never started is marked Failed first); a pod
+holding a finalizer then stays, terminal and deleting, until the finalizer is removed. Conditions the kubelet does
+not own (``DisruptionTarget``, set by the Eviction API) are kept by every status write, as the kubelet keeps them.
 
 Switches a test flips for one running pod: :meth:`NodeHarness.oom_kill` (the kernel's OOM killer: SIGKILL, the
 container reports ``OOMKilled``, exit 137) and :meth:`NodeHarness.exceed_deadline` (the kubelet's
@@ -794,7 +796,17 @@ class NodeHarness:
             if run is not None:
                 run.deleting.set()
             elif (pod.status.phase or "Pending") == "Pending":
-                # never started by us: release it as the kubelet would
+                # never started by us: mark it Failed and release it as the kubelet would (TerminatePod makes a
+                # deleted Pending pod Failed before the final delete; a finalizer then keeps it, terminal)
+                try:
+                    self.core.patch_namespaced_pod_status(
+                        pod.metadata.name, pod.metadata.namespace,
+                        [{"op": "test", "path": "/metadata/uid", "value": uid},
+                         {"op": "replace", "path": "/status/phase", "value": "Failed"}],
+                        _content_type="application/json-patch+json")
+                except ApiException as e:
+                    if e.status not in (404, 409, 422):
+                        raise
                 try:
                     self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace,
                                                     body=client.V1DeleteOptions(

@@ -212,7 +212,9 @@ def test_an_override_outside_the_allowlist_is_refused_at_launch_naming_the_field
 
 
 def test_kill_deletes_that_epochs_pod_only(make_runtime, namespace, core):
-    """Two epochs of one ti_id running: killing epoch 1 deletes its pod (UID precondition) and leaves epoch 2's."""
+    """Two epochs of one ti_id running: killing epoch 1 deletes its pod (UID precondition) and leaves epoch 2's.
+    The killed pod ends Failed (exit 137, as a kubelet reports it) and leoflow's finalizer keeps it until its
+    attempt is closed; then it goes."""
     d = make_runtime(namespace)
     ti_id = str(uuid.uuid4())
     old, new = new_ref(1, ti_id), new_ref(2, ti_id)
@@ -223,11 +225,15 @@ def test_kill_deletes_that_epochs_pod_only(make_runtime, namespace, core):
              what="both pods to be seen live")
     assert d.call("kill", rows[old], grace=0.0) is Presence.LIVE
     wait_for(lambda: d.call("observe", [rows[old]])[old] is Presence.GONE, 30, what="epoch 1's pod to be gone")
-    assert d.poll_until(lambda e: isinstance(e, Exited), 10, "epoch 1's exit") == Exited(launch_id(old), None)
-    names = {p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod(namespace).items}
-    assert names == {rows[new].pod_name: rows[new].pod_uid}
+    assert d.poll_until(lambda e: isinstance(e, Exited), 10, "epoch 1's exit") == Exited(launch_id(old), 137)
+    held = core.read_namespaced_pod(rows[old].pod_name, namespace)  # the finalizer keeps it until it is settled
+    assert held.metadata.deletion_timestamp is not None and held.status.phase == "Failed"
+    assert d.call("kill", rows[old], grace=0.0) is Presence.GONE  # nothing of it runs any more
+    d.call("forget", old)  # the lifecycle closed it
+    assert d.call("collect", lambda ti_id, epoch: epoch == 1) == 1
+    wait_for(lambda: {p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod(namespace).items}
+             == {rows[new].pod_name: rows[new].pod_uid}, 30, what="only epoch 2's pod to be left")
     assert d.call("observe", [rows[new]])[new] is Presence.LIVE
-    assert d.call("kill", rows[old], grace=0.0) is Presence.GONE  # nothing of it is left
 
 
 def test_a_409_on_our_own_pod_is_started_with_the_existing_uid(make_runtime, namespace, core):

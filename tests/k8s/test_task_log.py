@@ -24,6 +24,7 @@ from leoflow_airflow.executor import LeoflowExecutor
 from leoflow_airflow.ledger.models import metadata
 from leoflow_airflow.ledger.states import AttemptRef, AttemptState
 from leoflow_airflow.ledger.store import LedgerStore
+from leoflow_airflow.runtime.kubernetes.finalizer import release_finalizer
 from leoflow_airflow.runtime.kubernetes.pod import PodAttempt, build_pod
 
 from .conftest import HARNESS_NODE, wait_for
@@ -81,7 +82,9 @@ class Setup:
                                      pod_name=pod.metadata.name, pod_uid=pod.metadata.uid)
 
     def delete(self, pod: client.V1Pod) -> None:
+        """Delete the pod and, as the runtime does once its attempt is settled, release leoflow's finalizer."""
         self.core.delete_namespaced_pod(pod.metadata.name, self.namespace, grace_period_seconds=0)
+        assert release_finalizer(self.core, self.namespace, pod.metadata.name, pod.metadata.uid).done
         wait_for(lambda: not [p for p in self.core.list_namespaced_pod(self.namespace).items
                               if p.metadata.uid == pod.metadata.uid], 30, what="the pod to be gone")
 

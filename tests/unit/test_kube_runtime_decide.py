@@ -122,6 +122,8 @@ class View:
     uid: str
     ref: AttemptRef | None
     terminal: bool = False
+    deleting: bool = False
+    node_name: str | None = "node-1"
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 ``SelfSubjectAccessReview`` per rule (``airflow leoflow check``; issue 9 item 6).
 
 The rules are the scheduler's half of leoflow's least-privilege RBAC (DESIGN §3 "The Kubernetes runtime, as
-built"; README "Deploying on a real cluster"): the runtime creates, watches, reads and deletes task pods and
-reads the task ServiceAccount at start; nothing else (no ``secrets``, no ``pods/exec``). The api-server's half
+built"; README "Deploying on a real cluster"): the runtime creates, watches, reads, patches (only to take
+leoflow's finalizer off) and deletes task pods and reads the task ServiceAccount at start; nothing else (no
+``secrets``, no ``pods/exec``, no ``update``). The api-server's half
 (``create tokenreviews`` cluster-wide and ``get pods`` in the task namespace, for the token exchange; ``get
 pods/log`` there, for the log view of running tasks) belongs to another identity, so it cannot be asked from
 here: :data:`EXCHANGE_RULES` names it for the report.
@@ -44,6 +45,7 @@ SCHEDULER_RULES: tuple[Rule, ...] = (
     Rule("list", "pods", "the pod informer's (re)list"),
     Rule("watch", "pods", "the pod informer's watch"),
     Rule("delete", "pods", "revoke_task, terminate() and the retention GC (UID precondition)"),
+    Rule("patch", "pods", "release leoflow's finalizer once the attempt is settled (UID-tested JSON patch)"),
     Rule("get", "serviceaccounts", "start() checks the task ServiceAccount exists"),
 )
 """What the scheduler needs in the task namespace (least privilege, scheduler side)."""

@@ -10,6 +10,8 @@
   is trusted to say LIVE or terminal, never to prove a pod gone by its absence.
 * :func:`retention_due`: whether a terminal pod of a closed attempt has been kept long enough (``[leoflow]
   pod_retention_success`` / ``pod_retention_failure``).
+* :func:`release_due` and :func:`release_patch`: when leoflow's finalizer (``pod.OUTCOME_FINALIZER``) comes
+  off a pod, and the JSON patch that takes it off exactly that pod (issue 10 item 4).
 
 Pure: no I/O, no clock of its own (every ``now`` is passed in), no Kubernetes client.
 """
@@ -19,12 +21,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.ledger.states import AttemptRef
 from leoflow_airflow.lifecycle.runtime import LaunchFailed, Presence, RuntimeEvent, Started
 from leoflow_airflow.runtime.kubernetes.classify import Verdict, VerdictKind
+from leoflow_airflow.runtime.kubernetes.pod import OUTCOME_FINALIZER
 
 __all__ = [
     "BACKOFF_MAX_SECONDS",
@@ -34,7 +38,10 @@ __all__ = [
     "CreateWindow",
     "Lookup",
     "create_event",
+    "finalizer_index",
     "presence",
+    "release_due",
+    "release_patch",
     "retention_due",
 ]
 
@@ -171,12 +178,61 @@ def retention_due(*, phase: str | None, finished_at: object, first_seen_terminal
     return (now - ended).total_seconds() >= keep
 
 
+def finalizer_index(finalizers: Sequence[str]) -> int | None:
+    """The index of leoflow's finalizer (``pod.OUTCOME_FINALIZER``) in a pod's ``metadata.finalizers``, or None
+    when the pod does not hold it."""
+    try:
+        return list(finalizers).index(OUTCOME_FINALIZER)
+    except ValueError:
+        return None
+
+
+def release_due(*, finalizers: Sequence[str], terminal: bool, deleting: bool, closed: bool) -> bool:
+    """Whether leoflow's finalizer may come off a pod now: the pod holds it, its status can change no more or it
+    is on its way out (``terminal``: phase Succeeded/Failed; ``deleting``: ``deletionTimestamp`` set by a user,
+    PodGC, the taint manager or a kill), and its attempt is settled (``closed``: the ledger row of the pod's
+    (ti_id, epoch) is CLOSED, or there is none). The row closes only after the reconciler read the pod's terminal
+    status (its termination message: the outcome record), so the record is never taken away unread; a running
+    pod keeps the finalizer even when its attempt is closed (its status may still change), until it is deleted.
+    Issue 10 item 4; the Job controller's ``batch.kubernetes.io/job-tracking`` precedent."""
+    return closed and (terminal or deleting) and finalizer_index(finalizers) is not None
+
+
+_PATCH_OP = "op"
+"""The member naming an RFC 6902 operation. Not leoflow's agent wire ``op`` (``leoflow_agent.protocol.Op``): kept
+in a name so the wire lint (tests/unit/test_protocol.py) still finds every hand-written wire message."""
+
+
+def _operation(kind: str, path: str, **value: Any) -> dict[str, Any]:
+    """One JSON-patch operation ``{"op": kind, "path": path[, "value": ...]}``."""
+    return {_PATCH_OP: kind, "path": path, **value}
+
+
+def release_patch(uid: str, index: int) -> list[dict[str, Any]]:
+    """The JSON patch (RFC 6902, ``application/json-patch+json``) that removes leoflow's finalizer at ``index``
+    from the pod whose UID is ``uid``, and from nothing else: ``test`` the UID (a pod re-created under the name
+    is another), ``test`` that the finalizer is still at ``index`` (the list may have changed since it was read),
+    then ``remove`` it. A failed ``test`` is answered 422 by the API server and changes nothing."""
+    path = f"/metadata/finalizers/{int(index)}"
+    return [_operation("test", "/metadata/uid", value=uid),
+            _operation("test", path, value=OUTCOME_FINALIZER),
+            _operation("remove", path)]
+
+
 class _View(Protocol):
     """What :func:`presence` reads of a pod view (``status.PodView``)."""
 
     uid: str
     ref: AttemptRef | None
     terminal: bool
+    deleting: bool
+    node_name: str | None
+
+
+def _dead(view: _View) -> bool:
+    """Nothing of the pod runs or ever will: it is terminal, or it is being deleted while bound to no node (the
+    API server binds no pod that has a ``deletionTimestamp``, so it never starts; a finalizer may keep it)."""
+    return view.terminal or (view.deleting and not view.node_name)
 
 
 class _ReadLike(Protocol):
@@ -192,7 +248,8 @@ def presence(cached: _View | None, read: _ReadLike | None, *, uid: str | None, r
     the pod by name must be sent.
 
     A pod is the attempt's when its UID is ``uid`` (recorded) or, without one, its identity annotation names
-    ``ref``. In the cache: terminal → GONE, else LIVE. Not in the cache: the last confirming read decides:
+    ``ref``. In the cache: terminal (also while being deleted: a finalizer keeps it), or deleting and bound to no
+    node (it can never start) → GONE, else LIVE. Not in the cache: the last confirming read decides:
     404, or another pod under the name → GONE (for good when ``uid`` is known: a UID never comes back; for
     ``read_reuse`` seconds otherwise); the attempt's pod, terminal → GONE, else LIVE (a fresh read is asked
     for once it is ``read_reuse`` seconds old). No read yet → UNKNOWN, and one is asked for.
@@ -204,7 +261,7 @@ def presence(cached: _View | None, read: _ReadLike | None, *, uid: str | None, r
 
     if ours(cached):
         assert cached is not None
-        return (Presence.GONE if cached.terminal else Presence.LIVE), cached, False
+        return (Presence.GONE if _dead(cached) else Presence.LIVE), cached, False
     if read is None:
         return Presence.UNKNOWN, None, True
     stale = now - read.at >= read_reuse
@@ -212,6 +269,6 @@ def presence(cached: _View | None, read: _ReadLike | None, *, uid: str | None, r
         if uid is not None or not stale:
             return Presence.GONE, None, False
         return Presence.UNKNOWN, None, True
-    if read.view.terminal:
+    if _dead(read.view):
         return Presence.GONE, read.view, False
     return Presence.LIVE, read.view, stale

@@ -10,6 +10,9 @@ can change it:
 * name ``<dag-task slug>-<ti_id hex>-<epoch>``, one per (ti_id, epoch), a DNS-1123 label;
 * the ``app.kubernetes.io/*`` labels, leoflow's attempt labels (values made label-safe, hashed when cut) and
   the identity annotation ``leoflow.io/attempt`` (:mod:`.identity`: the one format the token exchange parses);
+* the finalizer :data:`OUTCOME_FINALIZER` (other finalizers are kept): the pod, and with it the outcome record
+  in its termination message, outlives any delete (PodGC's, a user's, a kill's) until the runtime has read it
+  and the attempt is settled (issue 10 item 4; the Job controller's ``batch.kubernetes.io/job-tracking``);
 * ``restartPolicy: Never``; ``serviceAccountName`` ``[leoflow] service_account`` and
   ``automountServiceAccountToken: false``, with exactly one projected ServiceAccount token (audience ``[leoflow]
   exchange_audience``, 600 s, rotated by the kubelet) mounted read-only into the agent container only: the
@@ -59,6 +62,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AGENT_ARGS",
     "AGENT_CONTAINER",
+    "OUTCOME_FINALIZER",
     "PINNED_PATHS",
     "TERMINATION_MESSAGE_PATH",
     "TOKEN_EXPIRATION_SECONDS",
@@ -96,6 +100,12 @@ KUBELET_POD_MESSAGE_MAX = 12288
 DEBUG_CONTAINER_RESERVE = 1
 """Containers counted on top of the pod's own, for an ephemeral debug container added later
 (``kubectl debug``), which shrinks every message's share after the fact."""
+
+OUTCOME_FINALIZER = "leoflow.io/outcome-record"
+"""The finalizer every task pod carries: Kubernetes keeps a deleted pod (``deletionTimestamp`` set, status
+intact) until it is removed, and leoflow removes it only once the attempt's ledger row is closed and the pod is
+terminal or deleting (:func:`~leoflow_airflow.runtime.kubernetes.decide.release_due`), so the termination
+message is never taken away unread. ``airflow leoflow release-pods`` strips it for an uninstall."""
 
 APP_LABELS = {
     "app.kubernetes.io/name": "leoflow",
@@ -343,6 +353,7 @@ def _pin(pod: k8s.V1Pod, attempt: PodAttempt, settings: KubernetesSettings) -> N
     meta.name, meta.generate_name, meta.namespace = pod_name(attempt), None, settings.namespace
     meta.labels = {**(meta.labels or {}), **attempt_labels(attempt)}
     meta.annotations = {**(meta.annotations or {}), IDENTITY_ANNOTATION: identity_annotation(attempt.ref)}
+    meta.finalizers = [f for f in meta.finalizers or [] if f != OUTCOME_FINALIZER] + [OUTCOME_FINALIZER]
 
     spec = pod.spec = pod.spec or k8s.V1PodSpec(containers=[])
     spec.restart_policy = "Never"

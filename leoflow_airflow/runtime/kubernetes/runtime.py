@@ -31,6 +31,13 @@ so a newer epoch's pod (another name) or a pod re-created under the same name (a
 and the pods' labels. Settled pods are deleted after ``[leoflow] pod_retention_success`` /
 ``pod_retention_failure`` seconds (:meth:`collect`, UID precondition).
 
+The evidence is kept alive (issue 10 item 4): every pod carries leoflow's finalizer (``pod.OUTCOME_FINALIZER``),
+so a deleted pod (PodGC, a user, a kill) stays readable, terminal and ``deleting``, until its record was read.
+:meth:`collect` takes the finalizer off (:mod:`.finalizer`, on the pool) once the attempt's ledger row is closed
+and the pod is terminal or deleting (:func:`.decide.release_due`): at once for the attempts the lifecycle just
+closed (:meth:`forget`), and by a sweep of the cache every :data:`COLLECT_INTERVAL_SECONDS` for every other pod
+(a predecessor's settled attempts, a failed release), so no settled pod keeps it.
+
 Callbacks (``ExecuteCallback``: deadline callbacks) do not get a pod: they run on the scheduler's host as a
 local child process (:mod:`.callback`: ``BaseExecutor.run_workload``), the workload JSON handed over on its
 stdin from an unlinked 0600 temporary file (never argv or the environment), the environment filtered as
@@ -69,6 +76,7 @@ from leoflow_airflow.lifecycle.runtime import (
 )
 from leoflow_airflow.runtime.kubernetes import decide, status
 from leoflow_airflow.runtime.kubernetes.classify import Verdict, VerdictKind, classify_exception
+from leoflow_airflow.runtime.kubernetes.finalizer import Release, ReleaseOutcome, release_finalizer
 from leoflow_airflow.runtime.kubernetes.pod import APP_LABELS, PodAttempt, build_pod, pod_name
 
 if TYPE_CHECKING:
@@ -90,10 +98,14 @@ READ_REUSE_SECONDS = 10.0
 DELETE_RETRY_SECONDS = 5.0
 """Seconds after a delete that got no answer before it is sent again."""
 COLLECT_INTERVAL_SECONDS = 30.0
+"""Seconds between two passes of the settled-pod GC (retention deletes, the finalizer sweep)."""
+RELEASE_SOON_SECONDS = 30.0
+"""Seconds after :meth:`KubernetesRuntime.forget` during which every :meth:`~KubernetesRuntime.collect` checks
+whether that attempt's pod may lose its finalizer (it may turn ``deleting`` only after the forget: a revoke's
+kill); later, the sweep does."""
 STUCK_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
                            "CreateContainerError"})
 """Waiting reasons of the agent container that do not pass by themselves: logged once per pod as an error."""
-"""Seconds between two passes of the settled-pod GC."""
 
 
 def label_selector() -> str:
@@ -133,6 +145,13 @@ class _Deleted:
     uid: str | None
     why: str
     error: str = ""
+
+
+@dataclass(frozen=True)
+class _Released:
+    """The answer to one finalizer release (:func:`.finalizer.release_finalizer`)."""
+
+    release: Release
 
 
 @dataclass(frozen=True)
@@ -182,7 +201,7 @@ class KubernetesRuntime:
         self.informer: PodInformer | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._results: queue.SimpleQueue[Any] = queue.SimpleQueue()  # create answers: become events in poll()
-        self._facts: queue.SimpleQueue[_Read | _Deleted] = queue.SimpleQueue()  # reads, deletes: taken anywhere
+        self._facts: queue.SimpleQueue[_Read | _Deleted | _Released] = queue.SimpleQueue()  # taken anywhere
         self._futures: set[concurrent.futures.Future[Any]] = set()
         self._window = decide.CreateWindow()
         self._launches: dict[str, _Launch] = {}
@@ -191,6 +210,9 @@ class KubernetesRuntime:
         self._deleting: dict[tuple[str, str | None], float | None] = {}  # deletes on the pool -> their grace
         self._delete_again: dict[tuple[str, str | None], tuple[float, float | None, str]] = {}
         self._terminal_seen: dict[tuple[str, str], datetime] = {}
+        self._releasing: set[tuple[str, str]] = set()  # finalizer releases on the pool
+        self._released: set[tuple[str, str]] = set()  # released; the cache may still show the finalizer
+        self._release_soon: dict[tuple[str, str], tuple[AttemptRef, float]] = {}  # forgotten -> (ref, until)
         self._callbacks: dict[str, subprocess.Popen[bytes]] = {}
         self._checked = False  # the start-up check passed
         self._checking = False
@@ -287,7 +309,7 @@ class KubernetesRuntime:
         def job() -> None:
             try:
                 result = fn(*args)
-                if isinstance(result, (_Read, _Deleted)):
+                if isinstance(result, (_Read, _Deleted, _Released)):
                     self._facts.put(result)
                 elif result is not None:
                     self._results.put(result)
@@ -334,7 +356,7 @@ class KubernetesRuntime:
             code = getattr(exc, "status", None)
             if code in (401, 403):
                 return _StartCheck(f"the scheduler's Kubernetes identity may not list pods in namespace {ns!r} "
-                                   f"(HTTP {code}): grant it pods create, get, list, watch, delete there")
+                                   f"(HTTP {code}): grant it pods create, get, list, watch, delete, patch there")
             return _StartCheck(f"the Kubernetes API server at {host} does not answer ({_short(exc)}): check "
                                "[leoflow] in_cluster / kube_config and that the API server is reachable")
         for what, call in (("namespace", lambda: self._core.read_namespace(ns, _request_timeout=t)),
@@ -418,6 +440,22 @@ class KubernetesRuntime:
         self._deleting[key] = grace
         if not self._submit(self._delete, name, uid, grace, why):
             self._deleting.pop(key, None)
+
+    def _release_job(self, name: str, uid: str, index: int) -> _Released:
+        """Pool: take leoflow's finalizer off pod ``name`` uid ``uid`` (:func:`.finalizer.release_finalizer`)."""
+        return _Released(release_finalizer(self._core, self.kube.namespace, name, uid, index=index,
+                                           timeout=REQUEST_TIMEOUT_SECONDS))
+
+    def _request_release(self, view: PodView) -> bool:
+        """Submit the release of ``view``'s finalizer unless one is on its way or done already; True if submitted."""
+        key = (view.name, view.uid)
+        index = decide.finalizer_index(view.finalizers)
+        if index is None or key in self._releasing or key in self._released:
+            return False
+        if not self._submit(self._release_job, view.name, view.uid, index):
+            return False
+        self._releasing.add(key)
+        return True
 
     def _request_read(self, name: str) -> None:
         if name not in self._reading and self._submit(self._read, name):
@@ -554,6 +592,17 @@ class KubernetesRuntime:
                 self._reading.discard(item.name)
                 if not item.error:
                     self._reads[item.name] = item
+            elif isinstance(item, _Released):
+                rel = item.release
+                key = (rel.name, rel.uid or "")
+                self._releasing.discard(key)
+                if rel.done:
+                    self._released.add(key)
+                    what = "released" if rel.outcome is ReleaseOutcome.RELEASED else f"needed no release ({rel.outcome})"
+                    log.info("pod %s uid %s: leoflow's finalizer %s", rel.name, rel.uid, what)
+                else:
+                    log.warning("could not release leoflow's finalizer of pod %s uid %s: %s %s; trying again at "
+                                "the next pass", rel.name, rel.uid, rel.outcome, rel.detail)
             else:
                 grace = self._deleting.pop((item.name, item.uid), None)
                 if item.error:
@@ -703,11 +752,14 @@ class KubernetesRuntime:
             self._request_delete(launch.name, launch.uid, 0, f"launch {launch_id} must not run")
 
     def forget(self, ref: AttemptRef) -> None:
-        """Drop what is remembered of ``ref`` (its launch and the confirming read of its pod)."""
+        """Drop what is remembered of ``ref`` (its launch and the confirming read of its pod); its pod's finalizer
+        is released by the next :meth:`collect` once the row is closed and the pod terminal or deleting."""
         launch = self._launches.pop(launch_id(ref), None)
         if launch is not None and not launch.creating:
             self._reads.pop(launch.name, None)
             self._delete_again = {k: v for k, v in self._delete_again.items() if k[0] != launch.name}
+            if launch.uid is not None:
+                self._release_soon[(launch.name, launch.uid)] = (ref, self._monotonic() + RELEASE_SOON_SECONDS)
 
     def adopt(self, attempt: Attempt) -> None:
         """Watch a predecessor's pod: its end is reported as ``Exited`` like our own."""
@@ -717,21 +769,51 @@ class KubernetesRuntime:
 
     # --- housekeeping -----------------------------------------------------------------------------------
     def collect(self, is_closed: Callable[[str, int], bool]) -> int:
-        """Delete terminal pods of closed attempts once ``[leoflow] pod_retention_success`` (Succeeded) or
-        ``pod_retention_failure`` (otherwise) seconds passed since they ended (:func:`.decide.retention_due`),
-        with a UID precondition; every :data:`COLLECT_INTERVAL_SECONDS`. Returns the deletes submitted."""
+        """Release and delete what settled attempts left (module docstring), on the pool; returns the number of
+        pods acted on (a pod released and deleted in one pass counts once).
+
+        Every call: the pods of attempts :meth:`forget` named in the last :data:`RELEASE_SOON_SECONDS` lose
+        leoflow's finalizer once :func:`.decide.release_due` holds (``is_closed`` of their attempt). Every
+        :data:`COLLECT_INTERVAL_SECONDS`, a sweep of the cache: every pod holding the finalizer that is terminal
+        or deleting is released when its attempt is closed (or it names none); terminal pods of closed attempts
+        are deleted (UID precondition) once ``[leoflow] pod_retention_success`` (Succeeded) or
+        ``pod_retention_failure`` (otherwise) seconds passed since they ended (:func:`.decide.retention_due`).
+
+        :param is_closed: ``is_closed(ti_id, attempt_epoch)``: the ledger row is CLOSED or absent (a DB read:
+            asked only of pods that hold the finalizer and are terminal or deleting, or whose retention is over).
+        """
         self._absorb()
-        now_m = self._monotonic()
-        if self.informer is None or not self.informer.synced or now_m < self._next_collect:
+        if self.informer is None or not self.informer.synced:
             return 0
+        acted = self._release_forgotten(is_closed)
+        now_m = self._monotonic()
+        if now_m < self._next_collect:
+            return len(acted)
         self._next_collect = now_m + COLLECT_INTERVAL_SECONDS
         now = datetime.now(timezone.utc)
-        count = 0
         seen: set[tuple[str, str]] = set()
+        held: set[tuple[str, str]] = set()
+        closed: dict[tuple[str, int], bool] = {}
+
+        def settled(ref: AttemptRef | None) -> bool:
+            if ref is None:  # names no attempt: nothing can ever read it as evidence
+                return True
+            at = (ref.ti_id, ref.attempt_epoch)
+            if at not in closed:
+                closed[at] = is_closed(*at)
+            return closed[at]
+
         for view in self.informer.views():
+            key = (view.name, view.uid)
+            if decide.finalizer_index(view.finalizers) is not None:
+                held.add(key)
+                asked = key in self._releasing or key in self._released
+                if not asked and (view.terminal or view.deleting) and decide.release_due(
+                        finalizers=view.finalizers, terminal=view.terminal, deleting=view.deleting,
+                        closed=settled(view.ref)) and self._request_release(view):
+                    acted.add(key)
             if not view.terminal or view.ref is None or view.deleting:
                 continue
-            key = (view.name, view.uid)
             seen.add(key)
             first = self._terminal_seen.setdefault(key, now)
             if key in self._deleting or not decide.retention_due(
@@ -739,11 +821,34 @@ class KubernetesRuntime:
                     success_seconds=self.kube.pod_retention_success,
                     failure_seconds=self.kube.pod_retention_failure):
                 continue
-            if is_closed(view.ref.ti_id, view.ref.attempt_epoch):
+            if settled(view.ref):
                 self._request_delete(view.name, view.uid, None, "settled; its retention is over")
-                count += 1
+                acted.add(key)
         self._terminal_seen = {k: v for k, v in self._terminal_seen.items() if k in seen}
-        return count
+        self._released &= held  # the cache caught up: a pod no longer holding it needs no memo
+        return len(acted)
+
+    def _release_forgotten(self, is_closed: Callable[[str, int], bool]) -> set[tuple[str, str]]:
+        """Release the finalizers of pods whose attempts :meth:`forget` named, once their rows are closed and the
+        pods terminal or deleting (the prompt path of :meth:`collect`); the keys released."""
+        assert self.informer is not None
+        acted: set[tuple[str, str]] = set()
+        now_m = self._monotonic()
+        for key, (ref, until) in list(self._release_soon.items()):
+            view = self.informer.get(key[0])
+            if view is None or view.uid != key[1] or decide.finalizer_index(view.finalizers) is None \
+                    or key in self._released:
+                del self._release_soon[key]  # gone, or released: nothing to do
+                continue
+            if (view.terminal or view.deleting) and decide.release_due(
+                    finalizers=view.finalizers, terminal=view.terminal, deleting=view.deleting,
+                    closed=is_closed(ref.ti_id, ref.attempt_epoch)):
+                if self._request_release(view):
+                    acted.add(key)
+                del self._release_soon[key]
+            elif now_m >= until:
+                del self._release_soon[key]  # still running or still open: the sweep takes it over
+        return acted
 
     def extra_capacity(self, parallelism: int, running_ages: Sequence[float]) -> int:
         """0: no queue-ahead; a pod starts in the API server's time, not the scheduler's."""

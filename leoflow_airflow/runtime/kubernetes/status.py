@@ -83,6 +83,8 @@ class PodView:
     :param ended: every init and regular container that has terminated, ``(name, ContainerEnd)`` in status order
         (init containers first; ``state.terminated`` only; ephemeral debug containers are left out: their end
         says nothing of the task's). :func:`end_cause` looks for an OOM kill among them.
+    :param finalizers: ``metadata.finalizers`` in order (strings only), ``()`` for none; the runtime releases
+        ``pod.OUTCOME_FINALIZER`` by its index here.
     """
 
     name: str
@@ -102,6 +104,7 @@ class PodView:
     resource_version: str | None
     message: str | None = None
     ended: tuple[tuple[str, ContainerEnd], ...] = ()
+    finalizers: tuple[str, ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -206,6 +209,8 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
             resource_version=_str(meta.get("resourceVersion")),
             message=_str(status.get("message")),
             ended=_ended(status),
+            finalizers=tuple(f for f in meta["finalizers"] if isinstance(f, str))
+            if isinstance(meta.get("finalizers"), list) else (),
         )
     except Exception:  # noqa: BLE001 - the contract: a malformed object is "no view", whatever it is
         return None
