@@ -65,6 +65,7 @@ from leoflow_airflow.lifecycle.runtime import (
     RuntimeEvent,
     RuntimeFacts,
     Started,
+    StartProgress,
     launch_id,
 )
 from leoflow_airflow.runtime.kubernetes import decide, status
@@ -90,10 +91,10 @@ READ_REUSE_SECONDS = 10.0
 DELETE_RETRY_SECONDS = 5.0
 """Seconds after a delete that got no answer before it is sent again."""
 COLLECT_INTERVAL_SECONDS = 30.0
-STUCK_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
-                           "CreateContainerError"})
-"""Waiting reasons of the agent container that do not pass by themselves: logged once per pod as an error."""
 """Seconds between two passes of the settled-pod GC."""
+STUCK_REASONS = decide.STUCK_REASONS
+"""Waiting reasons of the agent container that do not pass by themselves: logged once per pod as an error, and
+the attempt rejected (:func:`.decide.start_progress`)."""
 
 
 def label_selector() -> str:
@@ -191,6 +192,7 @@ class KubernetesRuntime:
         self._deleting: dict[tuple[str, str | None], float | None] = {}  # deletes on the pool -> their grace
         self._delete_again: dict[tuple[str, str | None], tuple[float, float | None, str]] = {}
         self._terminal_seen: dict[tuple[str, str], datetime] = {}
+        self._start_seen: dict[str, tuple[str, datetime]] = {}  # pod uid -> (its start key, first seen at it)
         self._callbacks: dict[str, subprocess.Popen[bytes]] = {}
         self._checked = False  # the start-up check passed
         self._checking = False
@@ -516,7 +518,7 @@ class KubernetesRuntime:
             elif view is not None and view.waiting_reason in STUCK_REASONS and not launch.warned:
                 launch.warned = True
                 log.error("attempt %s: pod %s cannot start its agent container: %s: %s (fix the image or "
-                          "[leoflow] image / the pod template; the dispatch-lost reaper re-dispatches it)",
+                          "[leoflow] image / the pod template; unless it passes, the task instance fails with it)",
                           launch.ref, launch.name, view.waiting_reason, view.waiting_message or "")
         for lid, proc in list(self._callbacks.items()):
             code = proc.poll()
@@ -634,6 +636,28 @@ class KubernetesRuntime:
                 out[attempt.ref] = Presence.UNKNOWN
                 continue
             out[attempt.ref] = self._presence(name, uid, attempt.ref)[0]
+        return out
+
+    def start_progress(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, StartProgress]:
+        """How far each attempt's pod got toward running its agent (:func:`.decide.start_progress` of the view
+        its presence is decided from, with ``[leoflow] pod_unschedulable_timeout``); an attempt with no view of
+        its pod, or a terminal one, is left out. Remembers when each pod was first seen at its start step (the
+        waiting reasons carry no time): only for the pods of this call."""
+        now = datetime.now(timezone.utc)
+        out: dict[AttemptRef, StartProgress] = {}
+        seen: dict[str, tuple[str, datetime]] = {}
+        for attempt in attempts:
+            name, uid, _ = self._where(attempt)
+            presence, view = self._presence(name, uid, attempt.ref)
+            if presence is not Presence.LIVE or view is None:
+                continue
+            key = decide.start_key(view)
+            earlier = self._start_seen.get(view.uid)
+            first = earlier[1] if earlier is not None and earlier[0] == key else now
+            seen[view.uid] = (key, first)
+            out[attempt.ref] = decide.start_progress(
+                view, first_seen=first, unschedulable_timeout=self.kube.pod_unschedulable_timeout)
+        self._start_seen = seen
         return out
 
     def locate(self, attempt: Attempt) -> RuntimeFacts | None:
