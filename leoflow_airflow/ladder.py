@@ -42,6 +42,8 @@ class LadderValues:
     dispatch_lost_threshold: float = 120.0
     scheduler_health_check_threshold: float = 30.0
     killed_task_cleanup_time: float = 60.0
+    pod_unschedulable_timeout: float | None = None
+    """``[leoflow] pod_unschedulable_timeout`` with ``runtime = kubernetes``, else None (not checked)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,15 @@ def evaluate(v: LadderValues) -> LadderReport:
             {"leoflow.dispatch_lost_threshold": v.dispatch_lost_threshold,
              "scheduler.task_queued_timeout": v.task_queued_timeout},
         ))
+    if v.pod_unschedulable_timeout and v.pod_unschedulable_timeout >= v.task_queued_timeout:
+        warnings.append(Rung(
+            "pod_unschedulable_timeout",
+            "Airflow's stuck-in-queued handling (revoke + requeue, then failure after [scheduler] "
+            "num_stuck_in_queued_retries) acts on an unschedulable task pod before leoflow re-offers it as "
+            "backpressure: lower [leoflow] pod_unschedulable_timeout below [scheduler] task_queued_timeout",
+            {"leoflow.pod_unschedulable_timeout": v.pod_unschedulable_timeout,
+             "scheduler.task_queued_timeout": v.task_queued_timeout},
+        ))
     if 2 * v.settle_timeout >= v.scheduler_health_check_threshold:
         # a sync() may spend one settle timeout on a replay an api-server accepts but does not answer (issue 8
         # hole 11); the heartbeat Airflow's health check reads lags one scheduler loop (the Job row is written
@@ -183,6 +194,8 @@ def read_values(settings: LeoflowSettings, getfloat: Callable[[str, str, float],
         maintenance_interval=settings.maintenance_interval,
         settle_timeout=settings.settle_timeout,
         dispatch_lost_threshold=settings.dispatch_lost_threshold,
+        pod_unschedulable_timeout=settings.kubernetes.pod_unschedulable_timeout
+        if settings.runtime == "kubernetes" else None,
     )
 
 

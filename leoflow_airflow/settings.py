@@ -158,7 +158,9 @@ OPTIONS: tuple[Option, ...] = (
            "only: DAG files are parsed fresh by every attempt. A module that fails to import is logged in the "
            "zygote's log and skipped.", _module_list),
     Option("dispatch_lost_threshold", "float", "120", "Seconds a dispatched attempt may stay QUEUED (its agent "
-           "never reached /run) before the dispatch-lost reaper kills it and re-dispatches the ti_id.", _positive),
+           "never reached /run) before the dispatch-lost reaper kills it and re-dispatches the ti_id; counted from "
+           "the dispatch (Lite) or from when the agent container started running (Kubernetes: image pulls and "
+           "scheduling do not count).", _positive),
     Option("reap_grace", "float", "30", "Seconds after start or adoption before any reaper acts (the settling "
            "gate; one full reconcile sweep is needed too).", _non_negative),
     Option("infra_retry_budget", "integer", "2", "Infra re-runs (a dead agent that left no outcome) per "
@@ -195,6 +197,13 @@ OPTIONS: tuple[Option, ...] = (
            "longest a task pod may live, counted from when the kubelet took it (so it covers the image pull). It "
            "becomes the pod's activeDeadlineSeconds (a shorter one from the template or an override is kept) and "
            "bounds the agent's exchange retries. 0: no deadline.", _ceiling),
+    Option("pod_unschedulable_timeout", "float", "300", "Seconds a task pod the Kubernetes scheduler cannot place "
+           "(condition PodScheduled False, reason Unschedulable: no node has room, or none matches) waits as "
+           "backpressure; then leoflow deletes it (UID precondition) and re-offers the workload, never spending a "
+           "user retry or failing it. Keep it below [scheduler] task_queued_timeout (`airflow leoflow check` "
+           "warns). 0: no bound (Airflow's task_queued_timeout alone). A pod that is scheduled and still starting "
+           "(pulling a large image) is never reaped as dispatch-lost: that clock starts when its agent container "
+           "runs.", _non_negative),
     Option("pod_retention_success", "float", "60", "Seconds a Succeeded task pod is kept after its agent "
            "container ended and its attempt settled (for `kubectl logs` / `describe`), then deleted with a UID "
            "precondition. 0: delete as soon as the attempt settled.", _non_negative),
@@ -256,6 +265,9 @@ class KubernetesSettings:
     """Pod field paths a ``pod_override`` may set."""
     credential_ceiling_seconds: int
     """Longest life of a task pod from its start, in seconds (its ``activeDeadlineSeconds``; 0: none)."""
+    pod_unschedulable_timeout: float
+    """Seconds an unschedulable task pod waits as backpressure before it is deleted and its workload re-offered
+    (0: no bound; Airflow's ``[scheduler] task_queued_timeout`` still applies)."""
     pod_retention_success: float
     """Seconds a Succeeded pod of a settled attempt is kept before it is deleted (≥ 0)."""
     pod_retention_failure: float

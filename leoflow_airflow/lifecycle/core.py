@@ -132,6 +132,9 @@ class Lifecycle:
         # reaper kills signalled and not yet over: ref -> monotonic time past which a still-live attempt is
         # killed once more, at once (the runtime lost the kill: e.g. its zygote died mid-grace)
         self._killing: dict[AttemptRef, float] = {}
+        # attempts a reaper killed because they cannot start: ref -> (what follows once gone, why). In memory: a
+        # restarted scheduler re-dispatches such an attempt, and the new one is judged again (issue 10 item 1)
+        self._start_ends: dict[AttemptRef, tuple[reapers.After, str]] = {}
 
     # --- output -----------------------------------------------------------------------------------------
     def take(self) -> list[SchedulerAction]:
@@ -416,7 +419,10 @@ class Lifecycle:
         elif action.act == reconcile.Act.INFRA_REDRIVE:
             self._infra_redrive(attempt, key, action.why, resolution=action.resolution)
         elif action.act == reconcile.Act.REDISPATCH:
-            self._redispatch(attempt, key, action.why)
+            if ref in self._start_ends:
+                self._start_ended(attempt, key, *self._start_ends[ref])
+            else:
+                self._redispatch(attempt, key, action.why)
         elif action.act == reconcile.Act.TASK_FAIL:
             self._task_failed(attempt, key, action.why)
 
@@ -566,6 +572,23 @@ class Lifecycle:
             else:
                 self._out.append(reoffer)
 
+    def _start_ended(self, attempt: Attempt, key: Any, after: reapers.After, why: str) -> None:
+        """An attempt a reaper killed because it could not start is gone, its TI still QUEUED at its try.
+        ``REJECT``: close it ``EXECUTOR_FAILED``, a ``Fail`` with ``why`` that also writes it into the TI's task
+        log (the workload's ``log_path``; no agent ever wrote one). ``BACKPRESSURE``: close it
+        ``LAUNCH_FAILED`` (it never started; no ``redispatch_limit`` spent) and re-offer its workload."""
+        lid = launch_id(attempt.ref)
+        launch = self.table.get(lid)
+        workload = launch.workload if launch is not None and launch.workload is not None else \
+            self.airflow.workload_from_json(attempt.workload_json)
+        if after is reapers.After.REJECT:
+            if self._close(attempt, Resolution.EXECUTOR_FAILED, why):
+                log.warning("attempt %s cannot start: %s; failing the task through Airflow", attempt.ref, why)
+                self._out.append(Fail(key, why, log_path=getattr(workload, "log_path", None)))
+        elif self._close(attempt, Resolution.LAUNCH_FAILED, why):
+            log.warning("attempt %s: %s", attempt.ref, why)
+            self._out.append(Reoffer(key, workload))
+
     def _redispatches_in_a_row(self, ref: AttemptRef) -> int:
         """How many epochs right before ``ref`` ended REDISPATCHED (counting stops past the limit)."""
         count = 0
@@ -597,6 +620,7 @@ class Lifecycle:
         self._waiting_for_api.discard(attempt.ref)
         self._replay_stalled_at.pop(attempt.ref, None)
         self._killing.pop(attempt.ref, None)
+        self._start_ends.pop(attempt.ref, None)
         return changed
 
     # --- reap -------------------------------------------------------------------------------------------
@@ -604,7 +628,11 @@ class Lifecycle:
         """Run the lost-agent reapers (pure decisions) on the LIVE dispatched attempts and kill what they name.
 
         Each attempt is killed once (logged, a ``TaskEvent``, one signal): the agent-lost reaper with
-        ``reap_kill_grace`` (its task's ``on_kill`` runs), the dispatch-lost reaper at once (no body started).
+        ``reap_kill_grace`` (its task's ``on_kill`` runs), the dispatch-lost reapers at once (no body started).
+        The runtime's :meth:`~leoflow_airflow.lifecycle.runtime.Runtime.start_progress` decides where the
+        dispatch-lost clock starts; an attempt killed because it cannot start (``start-rejected``) or has no room
+        (``start-backpressure``) is remembered, and once gone its TI fails with the reason or its workload is
+        re-offered (:meth:`_start_ended`) instead of being re-dispatched.
         The kill is never waited for here; it ends as ``Exited`` / GONE and the attempt is settled from its
         evidence. An attempt still named :data:`KILL_ESCALATION_SLACK` seconds past its grace is killed once
         more, at once (the runtime lost the first kill)."""
@@ -615,10 +643,13 @@ class Lifecycle:
             return
         presence = self.runtime.observe(live)
         tis = self.airflow.ti_liveness([a.ref.ti_id for a in live])
+        progress = self.runtime.start_progress([a for a in live if presence.get(a.ref) == Presence.LIVE
+                                                and tis.get(a.ref.ti_id, (None, None))[0] == "queued"])
         snapshot = [
             reapers.AttemptView(ref=a.ref, presence=presence.get(a.ref, Presence.UNKNOWN),
                                 ti_state=tis.get(a.ref.ti_id, (None, None))[0],
-                                last_heartbeat_at=tis.get(a.ref.ti_id, (None, None))[1], dispatched_at=a.dispatched_at)
+                                last_heartbeat_at=tis.get(a.ref.ti_id, (None, None))[1], dispatched_at=a.dispatched_at,
+                                start=progress.get(a.ref))
             for a in live
         ]
         settings = reapers.ReapSettings(self.settings.agent_lost_threshold, self.settings.dispatch_lost_threshold)
@@ -636,6 +667,8 @@ class Lifecycle:
                 continue  # signalled already: its end comes through the runtime's events and presence
             grace = self.reap_kill_grace if action.reaper == "agent-lost" else 0.0
             self._killing[action.ref] = now + grace + KILL_ESCALATION_SLACK
+            if action.after is not reapers.After.SETTLE:
+                self._start_ends[action.ref] = (action.after, action.why)
             log.warning("leoflow %s reaper: killing attempt %s (SIGTERM, then SIGKILL after %.0f s): %s",
                         action.reaper, action.ref, grace, action.why)
             self._out.append(TaskEvent(self.key_of(attempt), f"leoflow {action.reaper}", action.why))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from leoflow_agent.outcome import OutcomeRecord
@@ -38,6 +39,8 @@ __all__ = [
     "Runtime",
     "RuntimeEvent",
     "RuntimeFacts",
+    "StartProgress",
+    "StartState",
     "Started",
     "launch_id",
 ]
@@ -129,6 +132,39 @@ class Evidence:
     cause: EndCause | None = None
 
 
+class StartState(enum.StrEnum):
+    """How far a LIVE attempt got toward running its agent, as its runtime tells (issue 10 item 1,
+    ``docs/DESIGN.md`` §3 "Reap"). The dispatch-lost reaper reads it; a runtime that says nothing (Lite) is
+    judged from the dispatch, as before."""
+
+    STARTED = "started"
+    """The agent runs, since ``since``: the dispatch-lost clock counts from there (not from the dispatch)."""
+    STARTING = "starting"
+    """The runtime is still bringing it up (placed, its image being pulled, its container being created):
+    progress. The dispatch-lost reaper leaves it alone; Airflow's ``[scheduler] task_queued_timeout`` still
+    bounds a task instance stuck in QUEUED (its revoke kills the attempt)."""
+    NO_ROOM = "no_room"
+    """The runtime has no room for it now (Kubernetes: the pod is unschedulable), since ``since``: backpressure,
+    waited for until ``until``; then its execution is removed and the workload re-offered, never a user retry
+    and never a failure."""
+    REJECTED = "rejected"
+    """It can never start as asked (an image that cannot be pulled or is no valid name, a container that
+    cannot be configured): once ``until`` passed (at once when None), its execution is removed and the task
+    instance fails through Airflow's path with ``reason``, which also goes into its task log."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartProgress:
+    """One attempt's :class:`StartState`. ``since``/``until``: aware UTC or None; ``reason``: one line of at
+    most :data:`MAX_DETAIL_CHARS` characters, what the operator reads (``REJECTED``: the task's failure
+    reason, e.g. ``image "x" cannot be pulled: <kubelet message>``; ``NO_ROOM``: why it cannot be placed)."""
+
+    state: StartState
+    since: datetime | None = None
+    until: datetime | None = None
+    reason: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class Started:
     """The runtime started launch ``launch_id`` (Lite: the agent was forked); ``facts`` identify it."""
@@ -216,6 +252,11 @@ class Runtime(Protocol):
 
     def observe(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, Presence]:
         """The presence of each open attempt, batched, from what the runtime holds."""
+
+    def start_progress(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, StartProgress]:
+        """How far each of these LIVE attempts (the reaper passes those whose TI is QUEUED) got toward running its
+        agent, from what the runtime holds (never the network). An attempt left out: the runtime cannot tell
+        (Lite: always), and the dispatch-lost reaper counts from its dispatch."""
 
     def locate(self, attempt: Attempt) -> RuntimeFacts | None:
         """Look up an attempt that has no recorded handle (a CLAIMED row not in flight here): its facts when

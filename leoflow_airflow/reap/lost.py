@@ -5,8 +5,20 @@
   Kill it; the reconciler then decides from the record (or re-drives it as an infra loss) before Airflow's
   own purge would fail it at ``[scheduler] task_instance_heartbeat_timeout``.
 * **dispatch-lost** (start-expired): the TI is still QUEUED ``[leoflow] dispatch_lost_threshold`` seconds
-  after leoflow dispatched it, and its agent never reached ``/run``. Kill it; the reconciler re-dispatches the
-  same ``ti_id`` as epoch + 1 (at most ``[leoflow] redispatch_limit`` times).
+  after its agent started, and its agent never reached ``/run``. Kill it; the reconciler re-dispatches the
+  same ``ti_id`` as epoch + 1 (at most ``[leoflow] redispatch_limit`` times). The clock starts where the
+  runtime's :class:`~leoflow_airflow.lifecycle.runtime.StartProgress` says the agent started (Kubernetes: its
+  container running), or at the dispatch when the runtime says nothing (Lite, exactly as before). While the
+  TI is QUEUED and its attempt not started, the start progress decides instead:
+
+  ==================  ========================================================================================
+  ``STARTING``        progress (scheduled, pulling its image, creating its container): never killed here
+                      (Airflow's ``task_queued_timeout`` still bounds it)
+  ``NO_ROOM``         backpressure: left alone until ``until``; then killed and its workload re-offered
+                      (``start-backpressure``: never a user retry, never a failure)
+  ``REJECTED``        once ``until`` passed (at once without one): killed, and the TI fails through Airflow's
+                      path with the reason (``start-rejected``)
+  ==================  ========================================================================================
 
 Three-valued presence (:class:`~leoflow_airflow.lifecycle.runtime.Presence`): a LIVE agent is subject to these
 rules, a GONE one belongs to the reconciler, an UNKNOWN one is left alone; only these rules ever kill a live
@@ -15,13 +27,14 @@ agent.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from datetime import datetime
 
 from leoflow_airflow.ledger.states import AttemptRef
-from leoflow_airflow.lifecycle.runtime import Presence
+from leoflow_airflow.lifecycle.runtime import Presence, StartProgress, StartState
 
-__all__ = ["AttemptView", "KillAgent", "Presence", "ReapSettings", "decide"]
+__all__ = ["After", "AttemptView", "KillAgent", "Presence", "ReapSettings", "decide"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +44,8 @@ class AttemptView:
     :param ti_state: Airflow's state of that exact ``ti_id`` (``None`` when the id is gone/archived).
     :param last_heartbeat_at: Airflow's ``last_heartbeat_at`` of that ``ti_id`` (tz-aware UTC) or ``None``.
     :param dispatched_at: when leoflow handed it to the runtime (tz-aware UTC).
+    :param start: how far it got toward running its agent, as the runtime tells (None: the runtime says nothing;
+        the dispatch-lost clock counts from ``dispatched_at``).
     """
 
     ref: AttemptRef
@@ -38,6 +53,7 @@ class AttemptView:
     ti_state: str | None
     last_heartbeat_at: datetime | None
     dispatched_at: datetime | None
+    start: StartProgress | None = None
 
 
 @dataclass(frozen=True)
@@ -48,17 +64,30 @@ class ReapSettings:
     dispatch_lost_threshold: float
 
 
+class After(enum.StrEnum):
+    """What follows a reaper's kill once the attempt is gone."""
+
+    SETTLE = "settle"
+    """The reconciler decides from the evidence (a re-dispatch, an infra re-drive, a replay)."""
+    REJECT = "reject"
+    """The task instance fails through Airflow's path with ``why`` (it can never start as asked)."""
+    BACKPRESSURE = "backpressure"
+    """The workload is re-offered: no user retry, no failure, no ``redispatch_limit`` spent."""
+
+
 @dataclass(frozen=True)
 class KillAgent:
-    """Kill this attempt's whole subtree; ``reaper`` names the rule, ``why`` is for the log and Log row."""
+    """Kill this attempt's whole subtree; ``reaper`` names the rule, ``why`` is for the log and Log row (and,
+    for ``REJECT``, the task's failure reason); ``after`` says what follows once it is gone."""
 
     ref: AttemptRef
     reaper: str
     why: str
+    after: After = After.SETTLE
 
 
 def decide(snapshot: list[AttemptView], now: datetime, settings: ReapSettings) -> list[KillAgent]:
-    """Return the agents to kill. Pure: ``now`` is tz-aware UTC; no I/O."""
+    """Return the agents to kill (module docstring). Pure: ``now`` is tz-aware UTC; no I/O."""
     actions: list[KillAgent] = []
     for view in snapshot:
         if view.presence != Presence.LIVE:
@@ -69,10 +98,33 @@ def decide(snapshot: list[AttemptView], now: datetime, settings: ReapSettings) -
                 actions.append(KillAgent(view.ref, "agent-lost",
                                          f"heartbeat silent for {silent:.0f} s (> agent_lost_threshold "
                                          f"{settings.agent_lost_threshold:g} s) while the agent process lives"))
-        elif view.ti_state == "queued" and view.dispatched_at is not None:
-            waited = (now - view.dispatched_at).total_seconds()
-            if waited > settings.dispatch_lost_threshold:
-                actions.append(KillAgent(view.ref, "dispatch-lost",
-                                         f"still queued {waited:.0f} s after dispatch (> dispatch_lost_threshold "
-                                         f"{settings.dispatch_lost_threshold:g} s): its agent never reached /run"))
+        elif view.ti_state == "queued":
+            action = _queued(view, now, settings)
+            if action is not None:
+                actions.append(action)
     return actions
+
+
+def _queued(view: AttemptView, now: datetime, settings: ReapSettings) -> KillAgent | None:
+    """The dispatch-lost rule for one LIVE attempt whose TI is QUEUED (module docstring's table)."""
+    start = view.start
+    if start is None or start.state is StartState.STARTED:
+        since, what = (view.dispatched_at, "dispatch") if start is None else (start.since, "its agent started")
+        if since is None:
+            return None
+        waited = (now - since).total_seconds()
+        if waited <= settings.dispatch_lost_threshold:
+            return None
+        return KillAgent(view.ref, "dispatch-lost",
+                         f"still queued {waited:.0f} s after {what} (> dispatch_lost_threshold "
+                         f"{settings.dispatch_lost_threshold:g} s): its agent never reached /run")
+    if start.until is not None and now < start.until:
+        return None
+    if start.state is StartState.REJECTED:
+        return KillAgent(view.ref, "start-rejected", start.reason or "it cannot start", After.REJECT)
+    if start.state is StartState.NO_ROOM and start.until is not None:
+        waited = f" for {(now - start.since).total_seconds():.0f} s" if start.since is not None else ""
+        return KillAgent(view.ref, "start-backpressure",
+                         f"no room to start it{waited}: {start.reason or 'the runtime cannot place it'}; "
+                         "re-offered as backpressure", After.BACKPRESSURE)
+    return None  # STARTING, or NO_ROOM without a bound: progress

@@ -18,7 +18,15 @@ from leoflow_agent.outcome import OutcomeRecord
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.dispatch.guard import TIRow
 from leoflow_airflow.ledger.states import AttemptRef
-from leoflow_airflow.lifecycle.runtime import EndCause, Evidence, LaunchSpec, Presence, RuntimeEvent, RuntimeFacts
+from leoflow_airflow.lifecycle.runtime import (
+    EndCause,
+    Evidence,
+    LaunchSpec,
+    Presence,
+    RuntimeEvent,
+    RuntimeFacts,
+    StartProgress,
+)
 from leoflow_airflow.redrive import RedriveResult
 from leoflow_airflow.settle import SettleResult
 
@@ -40,6 +48,7 @@ class FakeRuntime:
         self.located: dict[AttemptRef, RuntimeFacts] = {}
         self.records: dict[AttemptRef, OutcomeRecord] = {}
         self.causes: dict[AttemptRef, EndCause] = {}  # what a runtime's status says ended an attempt (Kubernetes)
+        self.progress: dict[AttemptRef, StartProgress] = {}  # how far an attempt got to start (Kubernetes)
         self.killed: list[AttemptRef] = []
         self.kill_graces: list[float] = []  # the grace of each kill, in the order of ``killed``
         self.killed_launches: list[str] = []
@@ -87,6 +96,10 @@ class FakeRuntime:
         """From ``presence``; unset: LIVE with a handle (a pid, or ``located``), GONE without (Lite's answer)."""
         return {a.ref: self.presence.get(a.ref, Presence.LIVE if a.pid is not None or a.ref in self.located
                                          else Presence.GONE) for a in attempts}
+
+    def start_progress(self, attempts: Sequence[Any]) -> dict[AttemptRef, StartProgress]:
+        """From ``progress`` (unset: nothing said, as Lite)."""
+        return {a.ref: self.progress[a.ref] for a in attempts if a.ref in self.progress}
 
     def locate(self, attempt: Any) -> RuntimeFacts | None:
         """From ``located``."""

@@ -288,7 +288,7 @@ def test_nothing_blocks_while_the_api_server_is_frozen(make_runtime, namespace, 
 def test_an_image_that_cannot_be_pulled_is_one_clear_error(make_runtime, namespace, core, caplog):
     """The agent container waiting in ErrImagePull (the status a kubelet writes; here patched in, the pod bound
     to a node nobody serves) is logged once as an error naming the reason and the image's message; the attempt
-    stays LIVE (the dispatch-lost reaper re-dispatches it) and nothing is lost."""
+    stays LIVE (the reaper rejects it past a grace: ``test_pod_start.py``) and nothing is lost."""
     import logging
 
     caplog.set_level(logging.ERROR, logger="leoflow_airflow.runtime.kubernetes.runtime")

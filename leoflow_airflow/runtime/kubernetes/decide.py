@@ -12,6 +12,10 @@
   pod_retention_success`` / ``pod_retention_failure``).
 * :func:`release_due` and :func:`release_patch`: when leoflow's finalizer (``pod.OUTCOME_FINALIZER``) comes
   off a pod, and the JSON patch that takes it off exactly that pod (issue 10 item 4).
+* :func:`start_progress`: how far a live pod got toward running its agent (issue 10 item 1), for the
+  dispatch-lost reaper (``reap.lost``): the clock starts when the agent container runs, a pod still being
+  started is progress, an unschedulable one waits as backpressure for ``[leoflow] pod_unschedulable_timeout``,
+  and one whose agent container can never start is rejected with the kubelet's reason.
 
 Pure: no I/O, no clock of its own (every ``now`` is passed in), no Kubernetes client.
 """
@@ -19,20 +23,32 @@ Pure: no I/O, no clock of its own (every ``now`` is passed in), no Kubernetes cl
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.ledger.states import AttemptRef
-from leoflow_airflow.lifecycle.runtime import LaunchFailed, Presence, RuntimeEvent, Started
+from leoflow_airflow.lifecycle.runtime import (
+    MAX_DETAIL_CHARS,
+    LaunchFailed,
+    Presence,
+    RuntimeEvent,
+    Started,
+    StartProgress,
+    StartState,
+)
 from leoflow_airflow.runtime.kubernetes.classify import Verdict, VerdictKind
-from leoflow_airflow.runtime.kubernetes.pod import OUTCOME_FINALIZER
+from leoflow_airflow.runtime.kubernetes.pod import AGENT_CONTAINER, OUTCOME_FINALIZER
 
 __all__ = [
     "BACKOFF_MAX_SECONDS",
     "BACKOFF_SECONDS",
+    "IMAGE_PULL_GRACE_SECONDS",
+    "PULL_REASONS",
+    "REJECT_REASONS",
+    "STUCK_REASONS",
     "RETRY_AFTER_MAX_SECONDS",
     "CreateResult",
     "CreateWindow",
@@ -43,6 +59,8 @@ __all__ = [
     "release_due",
     "release_patch",
     "retention_due",
+    "start_key",
+    "start_progress",
 ]
 
 BACKOFF_SECONDS = 1.0
@@ -272,3 +290,114 @@ def presence(cached: _View | None, read: _ReadLike | None, *, uid: str | None, r
     if _dead(read.view):
         return Presence.GONE, read.view, False
     return Presence.LIVE, read.view, stale
+
+
+PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff"})
+"""Waiting reasons of a container whose image pull failed; the kubelet retries it (back-off 10 s doubling to
+300 s), so a short registry hiccup may pass: rejected once they lasted :data:`IMAGE_PULL_GRACE_SECONDS`."""
+REJECT_REASONS = frozenset({"InvalidImageName", "CreateContainerConfigError", "CreateContainerError"})
+"""Waiting reasons that do not pass by themselves (a malformed image reference; a missing Secret/ConfigMap key
+or an invalid container config; a container the runtime refuses to create): rejected at once."""
+STUCK_REASONS = PULL_REASONS | REJECT_REASONS
+"""Every waiting reason of the agent container that means it cannot start as asked."""
+IMAGE_PULL_GRACE_SECONDS = 60.0
+"""Seconds an agent container may stay in :data:`PULL_REASONS` before its attempt is rejected: the kubelet's
+first retries (10 s, 20 s) fit in it."""
+
+
+class _StartView(Protocol):
+    """What :func:`start_progress` reads of a pod view (``status.PodView``)."""
+
+    name: str
+    deleting: bool
+    node_name: str | None
+    agent: Any
+    agent_running: bool
+    agent_started_at: datetime | None
+    agent_image: str | None
+    started_at: datetime | None
+    waiting_reason: str | None
+    waiting_message: str | None
+    unschedulable: str | None
+    unschedulable_since: datetime | None
+
+
+def start_key(view: _StartView) -> str:
+    """The start step a pod is in, as a key: ``"started"``, ``"pull"`` (either of :data:`PULL_REASONS`, so the
+    kubelet's ErrImagePull/ImagePullBackOff alternation is one step), a reason of :data:`REJECT_REASONS`,
+    ``"unschedulable"`` or ``"starting"``. The runtime remembers when it first saw a pod at its current key:
+    the ``first_seen`` of :func:`start_progress`."""
+    if view.agent_running or view.agent is not None:
+        return "started"
+    if view.deleting:
+        return "starting"
+    if view.waiting_reason in PULL_REASONS:
+        return "pull"
+    if view.waiting_reason in REJECT_REASONS:
+        return view.waiting_reason or "starting"
+    if view.unschedulable is not None and view.node_name is None:
+        return "unschedulable"
+    return "starting"
+
+
+def start_progress(view: _StartView, *, first_seen: datetime, unschedulable_timeout: float,
+                   pull_grace: float = IMAGE_PULL_GRACE_SECONDS) -> StartProgress:
+    """How far a live (non-terminal) pod got toward running its agent, for the dispatch-lost reaper.
+
+    :param first_seen: when the runtime first saw the pod at its :func:`start_key` (aware UTC): the waiting
+        reasons carry no time of their own.
+    :param unschedulable_timeout: ``[leoflow] pod_unschedulable_timeout`` seconds; 0: no bound.
+    :param pull_grace: seconds an image-pull failure may last (:data:`IMAGE_PULL_GRACE_SECONDS`).
+
+    ================================================  ============================================================
+    agent container running (or ended)                ``STARTED`` since its ``startedAt`` (else the pod's
+                                                      ``startTime``, else ``first_seen``)
+    deleting                                          ``STARTING`` (whoever deletes it, its end settles it)
+    waiting ``ErrImagePull``/``ImagePullBackOff``     ``REJECTED`` until ``first_seen + pull_grace``:
+                                                      ``image "<image>" cannot be pulled: <message>``
+    waiting ``InvalidImageName``                      ``REJECTED`` at once: ``image "<image>" is not a valid image
+                                                      name: <message>``
+    waiting ``CreateContainerConfigError``            ``REJECTED`` at once: ``container base cannot be
+                                                      configured: <message>``
+    waiting ``CreateContainerError``                  ``REJECTED`` at once: ``container base cannot be created:
+                                                      <message>``
+    not bound, ``PodScheduled`` False                 ``NO_ROOM`` since the condition's ``lastTransitionTime``
+    ``Unschedulable``                                 (else ``first_seen``), until ``unschedulable_timeout`` later
+                                                      (no bound at 0)
+    anything else (not scheduled yet, scheduled,      ``STARTING``: progress
+    ``ContainerCreating``, ``PodInitializing``,
+    pulling)
+    ================================================  ============================================================
+
+    Every reason names the pod and the waiting reason, e.g. ``image "r/x:1" cannot be pulled: <message>
+    (ErrImagePull, pod p-1)``; one line, at most ``MAX_DETAIL_CHARS`` characters.
+    """
+    key = start_key(view)
+    if key == "started":
+        return StartProgress(StartState.STARTED, since=view.agent_started_at or view.started_at or first_seen)
+    waiting, said = view.waiting_reason, view.waiting_message or view.waiting_reason
+    tail = f" ({waiting}, pod {view.name})"
+    image = view.agent_image or "?"
+    if key == "pull":
+        return StartProgress(StartState.REJECTED, since=first_seen, until=first_seen + timedelta(seconds=pull_grace),
+                             reason=_line(f'image "{image}" cannot be pulled: {said}{tail}'))
+    if key in REJECT_REASONS:
+        what = {"InvalidImageName": f'image "{image}" is not a valid image name',
+                "CreateContainerConfigError": f"container {AGENT_CONTAINER} cannot be configured",
+                "CreateContainerError": f"container {AGENT_CONTAINER} cannot be created"}[key]
+        return StartProgress(StartState.REJECTED, since=first_seen, reason=_line(f"{what}: {said}{tail}"))
+    if key == "unschedulable":
+        since = view.unschedulable_since or first_seen
+        until = since + timedelta(seconds=unschedulable_timeout) if unschedulable_timeout > 0 else None
+        return StartProgress(StartState.NO_ROOM, since=since, until=until,
+                             reason=_line(f"pod {view.name} is unschedulable: {view.unschedulable} "
+                                          f"([leoflow] pod_unschedulable_timeout {unschedulable_timeout:g} s)"))
+    return StartProgress(StartState.STARTING, since=first_seen,
+                         reason=_line(f"pod {view.name}: " + (f"waiting {waiting}" if waiting else
+                                                             "scheduled" if view.node_name else "not scheduled yet")))
+
+
+def _line(text: str) -> str:
+    """``text`` as one line, cut to :data:`MAX_DETAIL_CHARS` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= MAX_DETAIL_CHARS else line[: MAX_DETAIL_CHARS - 1] + "…"

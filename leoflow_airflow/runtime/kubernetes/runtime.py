@@ -72,6 +72,7 @@ from leoflow_airflow.lifecycle.runtime import (
     RuntimeEvent,
     RuntimeFacts,
     Started,
+    StartProgress,
     launch_id,
 )
 from leoflow_airflow.runtime.kubernetes import decide, status
@@ -103,9 +104,9 @@ RELEASE_SOON_SECONDS = 30.0
 """Seconds after :meth:`KubernetesRuntime.forget` during which every :meth:`~KubernetesRuntime.collect` checks
 whether that attempt's pod may lose its finalizer (it may turn ``deleting`` only after the forget: a revoke's
 kill); later, the sweep does."""
-STUCK_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
-                           "CreateContainerError"})
-"""Waiting reasons of the agent container that do not pass by themselves: logged once per pod as an error."""
+STUCK_REASONS = decide.STUCK_REASONS
+"""Waiting reasons of the agent container that do not pass by themselves: logged once per pod as an error, and
+the attempt rejected (:func:`.decide.start_progress`)."""
 
 
 def label_selector() -> str:
@@ -213,6 +214,7 @@ class KubernetesRuntime:
         self._releasing: set[tuple[str, str]] = set()  # finalizer releases on the pool
         self._released: set[tuple[str, str]] = set()  # released; the cache may still show the finalizer
         self._release_soon: dict[tuple[str, str], tuple[AttemptRef, float]] = {}  # forgotten -> (ref, until)
+        self._start_seen: dict[str, tuple[str, datetime]] = {}  # pod uid -> (its start key, first seen at it)
         self._callbacks: dict[str, subprocess.Popen[bytes]] = {}
         self._checked = False  # the start-up check passed
         self._checking = False
@@ -554,7 +556,7 @@ class KubernetesRuntime:
             elif view is not None and view.waiting_reason in STUCK_REASONS and not launch.warned:
                 launch.warned = True
                 log.error("attempt %s: pod %s cannot start its agent container: %s: %s (fix the image or "
-                          "[leoflow] image / the pod template; the dispatch-lost reaper re-dispatches it)",
+                          "[leoflow] image / the pod template; unless it passes, the task instance fails with it)",
                           launch.ref, launch.name, view.waiting_reason, view.waiting_message or "")
         for lid, proc in list(self._callbacks.items()):
             code = proc.poll()
@@ -683,6 +685,28 @@ class KubernetesRuntime:
                 out[attempt.ref] = Presence.UNKNOWN
                 continue
             out[attempt.ref] = self._presence(name, uid, attempt.ref)[0]
+        return out
+
+    def start_progress(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, StartProgress]:
+        """How far each attempt's pod got toward running its agent (:func:`.decide.start_progress` of the view
+        its presence is decided from, with ``[leoflow] pod_unschedulable_timeout``); an attempt with no view of
+        its pod, or a terminal one, is left out. Remembers when each pod was first seen at its start step (the
+        waiting reasons carry no time): only for the pods of this call."""
+        now = datetime.now(timezone.utc)
+        out: dict[AttemptRef, StartProgress] = {}
+        seen: dict[str, tuple[str, datetime]] = {}
+        for attempt in attempts:
+            name, uid, _ = self._where(attempt)
+            presence, view = self._presence(name, uid, attempt.ref)
+            if presence is not Presence.LIVE or view is None:
+                continue
+            key = decide.start_key(view)
+            earlier = self._start_seen.get(view.uid)
+            first = earlier[1] if earlier is not None and earlier[0] == key else now
+            seen[view.uid] = (key, first)
+            out[attempt.ref] = decide.start_progress(
+                view, first_seen=first, unschedulable_timeout=self.kube.pod_unschedulable_timeout)
+        self._start_seen = seen
         return out
 
     def locate(self, attempt: Attempt) -> RuntimeFacts | None:

@@ -85,6 +85,13 @@ class PodView:
         says nothing of the task's). :func:`end_cause` looks for an OOM kill among them.
     :param finalizers: ``metadata.finalizers`` in order (strings only), ``()`` for none; the runtime releases
         ``pod.OUTCOME_FINALIZER`` by its index here.
+    :param agent_started_at: the agent container's ``state.running.startedAt`` (aware UTC) or None: the agent
+        process runs since then (the dispatch-lost clock's start, :func:`.decide.start_progress`).
+    :param agent_running: the agent container's ``state.running`` is set (with or without ``startedAt``).
+    :param agent_image: the agent container's ``spec`` image or None (named when it cannot be pulled).
+    :param unschedulable: the message of condition ``PodScheduled`` status ``"False"`` reason ``Unschedulable``
+        (the scheduler's "0/3 nodes are available: …"; the reason itself when it has none), None otherwise.
+    :param unschedulable_since: that condition's ``lastTransitionTime`` (aware UTC) or None.
     """
 
     name: str
@@ -105,6 +112,11 @@ class PodView:
     message: str | None = None
     ended: tuple[tuple[str, ContainerEnd], ...] = ()
     finalizers: tuple[str, ...] = ()
+    agent_started_at: datetime | None = None
+    agent_running: bool = False
+    agent_image: str | None = None
+    unschedulable: str | None = None
+    unschedulable_since: datetime | None = None
 
     @property
     def terminal(self) -> bool:
@@ -172,6 +184,30 @@ def _disruption(status: Mapping[str, Any]) -> str | None:
     return None
 
 
+UNSCHEDULABLE = "Unschedulable"
+"""The reason of condition ``PodScheduled`` (status ``"False"``) the scheduler writes when no node fits the pod
+(``k8s:pkg/apis/core/types.go`` ``PodReasonUnschedulable``)."""
+
+
+def _unschedulable(status: Mapping[str, Any]) -> tuple[str | None, datetime | None]:
+    """(message, lastTransitionTime) of condition ``PodScheduled`` False ``Unschedulable``, else (None, None)."""
+    conditions = status.get("conditions")
+    for cond in conditions if isinstance(conditions, list) else ():
+        if isinstance(cond, Mapping) and cond.get("type") == "PodScheduled" and cond.get("status") == "False" \
+                and cond.get("reason") == UNSCHEDULABLE:
+            return _str(cond.get("message")) or UNSCHEDULABLE, _time(cond.get("lastTransitionTime"))
+    return None, None
+
+
+def _agent_image(spec: Mapping[str, Any]) -> str | None:
+    """The image of the agent container in ``spec.containers``, or None."""
+    containers = spec.get("containers")
+    for entry in containers if isinstance(containers, list) else ():
+        if isinstance(entry, Mapping) and entry.get("name") == AGENT_CONTAINER:
+            return _str(entry.get("image"))
+    return None
+
+
 def pod_view(obj: Mapping[str, Any]) -> PodView | None:
     """The :class:`PodView` of a pod given as its JSON dict (camelCase keys, as the API serves it).
 
@@ -187,7 +223,8 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
             return None
         status, spec = _map(obj.get("status")), _map(obj.get("spec"))
         state = _map(_agent_status(status).get("state"))
-        terminated, waiting = state.get("terminated"), _map(state.get("waiting"))
+        terminated, waiting, running = state.get("terminated"), _map(state.get("waiting")), state.get("running")
+        unschedulable, unschedulable_since = _unschedulable(status)
         agent = None
         if isinstance(terminated, Mapping):
             agent = _container_end(terminated)
@@ -211,6 +248,11 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
             ended=_ended(status),
             finalizers=tuple(f for f in meta["finalizers"] if isinstance(f, str))
             if isinstance(meta.get("finalizers"), list) else (),
+            agent_started_at=_time(running.get("startedAt")) if isinstance(running, Mapping) else None,
+            agent_running=isinstance(running, Mapping),
+            agent_image=_agent_image(spec),
+            unschedulable=unschedulable,
+            unschedulable_since=unschedulable_since,
         )
     except Exception:  # noqa: BLE001 - the contract: a malformed object is "no view", whatever it is
         return None

@@ -52,6 +52,7 @@ from leoflow_airflow.lifecycle.runtime import (
     RuntimeEvent,
     RuntimeFacts,
     Started,
+    StartProgress,
     launch_id,
 )
 from leoflow_airflow.runtime.lite.zygote_client import LitePaths, ZygoteClient
@@ -395,6 +396,11 @@ class LiteRuntime:
         environment marker; ``None`` when neither is found."""
         found = table.by_title(protocol.agent_title_marker(lid)) or table.by_marker(lid)
         return found[0] if found else None
+
+    def start_progress(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, StartProgress]:
+        """Nothing: a forked agent starts in milliseconds, so the dispatch-lost reaper counts from the
+        dispatch (``[leoflow] dispatch_lost_threshold``), as it always has for Lite."""
+        return {}
 
     def locate(self, attempt: Attempt) -> RuntimeFacts | None:
         """Find the agent of an attempt with no recorded pid by its title marker, else its environment marker
