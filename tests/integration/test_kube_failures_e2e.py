@@ -14,8 +14,8 @@ both DAGs' pods stop 2 s after a SIGTERM (the Task SDK's task process ignores SI
 The user-facing checks shared by all (:func:`_check_bodies`): no body that recorded its end ran again, no two bodies
 of one TI overlapped, and a body whose pod was lost or stopped never ended.
 
-Wall time on the 2-core host: see the module's report in the commit (the stack's start and PodGC's 40-80 s
-dominate).
+Wall time on the 2-core host: 437 s for the module (the stack's start 92 s; PodGC removed the lost node's pod 45 s
+after the Node's deletion).
 """
 
 from __future__ import annotations
@@ -42,10 +42,11 @@ ALLOW = ("metadata.labels, metadata.annotations, spec.containers.image, spec.con
 EXTRA = {"AIRFLOW__LEOFLOW__POD_OVERRIDE_ALLOW": ALLOW}
 INFRA = "leoflow infra re-drive"
 FAILED = "leoflow task failed"
-PODGC_BOUND = 120.0
+PODGC_BOUND = 110.0
 """Seconds PodGC may take once a Node is deleted: a pass every 20 s, a 40 s quarantine (40-60 s, 80 s at worst:
-scripts/k8senv), plus margin for a loaded host; below ``[leoflow] agent_lost_threshold`` (120 s) is not needed:
-the pod's Failed status arrives first, and its reason is asserted."""
+scripts/k8senv), plus margin for a loaded host. It must stay below ``[leoflow] agent_lost_threshold`` (120 s of a
+silent heartbeat), or leoflow's own agent-lost reaper could settle the attempt first (with another reason than the
+one asserted)."""
 
 
 @pytest.fixture(scope="module")
