@@ -34,7 +34,9 @@ not own (``DisruptionTarget``, set by the Eviction API) are kept by every status
 
 Switches a test flips for one running pod: :meth:`NodeHarness.oom_kill` (the kernel's OOM killer: SIGKILL, the
 container reports ``OOMKilled``, exit 137) and :meth:`NodeHarness.exceed_deadline` (the kubelet's
-``activeDeadlineSeconds`` check: the pod ends Failed, reason ``DeadlineExceeded``).
+``activeDeadlineSeconds`` check: the pod ends Failed, reason ``DeadlineExceeded``). For the whole node:
+:meth:`NodeHarness.lose_node` (the machine is gone: every process killed, no status written, the Node object
+deleted; PodGC then fails and removes its pods).
 
 Logs: each container's stdout and stderr go to one file (``<container>.log`` in the per-pod directory), served
 as the kubelet serves them to the API server's ``pods/log`` proxy: HTTPS ``GET
@@ -168,8 +170,11 @@ class _PodRun:
     # ---- status --------------------------------------------------------------------------------
     def _write_status(self, mutate) -> None:
         """Read the pod as a JSON dict, apply `mutate(pod_dict)` and PUT it to the status subresource,
-        retrying on 409 conflicts; a pod that is gone (or replaced by another UID) is left alone."""
+        retrying on 409 conflicts; a pod that is gone (or replaced by another UID) is left alone, and nothing
+        is written once the node is lost (:meth:`NodeHarness.lose_node`: a vanished kubelet writes nothing)."""
         for _ in range(20):
+            if self.h.lost:
+                return
             try:
                 resp = self.h.core.read_namespaced_pod(self.name, self.ns, _preload_content=False)
                 pod = json.loads(resp.data)
@@ -462,7 +467,7 @@ class _PodRun:
             if self.pod_end is not None:
                 pod["status"].update(reason=self.pod_end[0], message=self.pod_end[1])
         self._write_status(terminated)
-        if self.deleting.is_set():
+        if self.deleting.is_set() and not self.h.lost:
             try:
                 self.h.core.delete_namespaced_pod(self.name, self.ns, body=client.V1DeleteOptions(
                     grace_period_seconds=0, preconditions=client.V1Preconditions(uid=self.uid)))
@@ -484,23 +489,76 @@ class _PodRun:
         return kubelet_message(data, containers=count, runtime_message=self.h.runtime_message, log_tail=tail)
 
     def _stop_procs(self, grace: float) -> None:
-        """SIGTERM every running process group, SIGKILL what is left after `grace` seconds."""
+        """SIGTERM every running process group, then kill each container's whole process tree
+        (:func:`kill_tree`) once its main process ended or `grace` seconds passed (0: at once), as a container
+        runtime kills a container's cgroup: nothing a container started outlives it."""
+        import psutil
+
+        # the processes each container started, before any of them can exit and leave its children orphaned
+        started: list[psutil.Process] = []
         for p in self.procs.values():
-            if p.poll() is None:
+            if p.poll() is None:  # alive and not reaped: its pid cannot have been reused
                 try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
+                    started.extend(psutil.Process(p.pid).children(recursive=True))
+                except psutil.NoSuchProcess:
                     pass
+                if grace > 0:
+                    try:
+                        os.killpg(p.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
         deadline = time.monotonic() + grace
         for p in self.procs.values():
             try:
                 p.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait()
+                pass
+            if p.poll() is None:
+                kill_tree(p.pid)
+            p.wait()
+        for child in started:  # those that outlived their parent (psutil checks it is still the same process)
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL process ``pid``, its process group and every descendant, as a container runtime kills a container's
+    cgroup. The tree is frozen first (SIGSTOP, repeated until no new descendant appears), so nothing forks away
+    between the listing and the kill. Needed because a container's processes need not share its process group:
+    the Task SDK's supervisor puts its task process in a group of its own (``setpgid``). The caller makes sure
+    ``pid`` is alive and not yet reaped (so not reused); gone descendants are skipped."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    tree: dict[int, psutil.Process] = {}
+    for _ in range(10):
+        try:
+            found = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            break
+        new = [p for p in found if p.pid not in tree]
+        if not new:
+            break
+        for p in new:
+            tree[p.pid] = p
+            try:
+                p.suspend()
+            except psutil.NoSuchProcess:
+                pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in tree.values():
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def _expand(s: str, env: dict[str, str]) -> str:
@@ -693,6 +751,7 @@ class NodeHarness:
         self.kubelet_host = kubelet_host
         self.kubelet_port = 0
         self._kubelet: _KubeletServer | None = None
+        self.lost = False  # lose_node(): no status write, no delete from now on
         self._hold: Callable[[client.V1Pod], bool] | None = None
         self.held: dict[str, client.V1Pod] = {}
         self._hold_lock = threading.Lock()
@@ -745,7 +804,7 @@ class NodeHarness:
         if run is None or proc is None or proc.poll() is not None:
             raise HarnessError(f"no running container {container!r} in pod {namespace}/{name} to OOM-kill")
         run.oom_killed.add(container)
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
 
     def exceed_deadline(self, namespace: str, name: str) -> None:
         """Play the kubelet's ``activeDeadlineSeconds`` check on a running pod, now: its containers are stopped as
@@ -758,6 +817,25 @@ class NodeHarness:
         if run is None or run.done.is_set():
             raise HarnessError(f"no running pod {namespace}/{name} whose deadline could run out")
         run.pod_end = ("DeadlineExceeded", DEADLINE_EXCEEDED_MESSAGE)
+
+    def lose_node(self, timeout: float = 30.0) -> None:
+        """Play the loss of this node (a machine reclaimed or powered off), then its removal from the cluster:
+        the harness stops serving it (no watch, no kubelet endpoint), every pod process is SIGKILLed and **no
+        status is written** (a vanished kubelet reports nothing: its pods stay Running in the API server), and
+        then the Node object is deleted, as a cloud controller or an operator deletes a gone machine's Node.
+        The pods stay until PodGC (kube-controller-manager's ``pod-garbage-collector-controller``) finds them
+        bound to a Node that no longer exists: it marks them Failed with condition ``DisruptionTarget``
+        (reason ``DeletionByPodGC``) and deletes them with grace 0, 40-60 s later (facts §6.6; scripts/k8senv).
+
+        The harness is stopped for good (:meth:`stop` afterwards is harmless); serving the Node again takes a new
+        ``NodeHarness``. Raises ``ApiException`` when the Node cannot be deleted (404 is fine: already gone)."""
+        self.lost = True
+        self.stop(grace=0.0, timeout=timeout)
+        try:
+            self.core.delete_node(self.node_name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
     def start(self) -> "NodeHarness":
         """Start the kubelet endpoint, create (or adopt) the Node with its address and kubelet port, mark it
@@ -878,20 +956,22 @@ class NodeHarness:
                     self.errors.append(f"watch: {e!r}")
                     self._stop.wait(0.5)
 
-    def stop(self) -> None:
-        """Stop watching and kill every process still running (mount-point placeholders stay: see
-        :meth:`ensure_mount_point`)."""
+    def stop(self, grace: float = 0.0, timeout: float = 15.0) -> None:
+        """Stop watching and kill every process still running (SIGTERM, SIGKILL after ``grace`` seconds; 0:
+        SIGKILL at once), waiting up to ``timeout`` seconds for the watcher and each pod's thread. Mount-point
+        placeholders stay: see :meth:`ensure_mount_point`. Idempotent."""
         self._stop.set()
-        for run in self.runs.values():
-            run._stop_procs(0)
+        for run in list(self.runs.values()):
+            run._stop_procs(grace)
             run.done.set()
         if self._watcher:
-            self._watcher.join(15)
+            self._watcher.join(timeout)
         if self._kubelet is not None:
             self._kubelet.shutdown()
             self._kubelet.server_close()
-        for run in self.runs.values():
-            run.thread.join(10)
+            self._kubelet = None
+        for run in list(self.runs.values()):
+            run.thread.join(timeout)
 
     def __enter__(self) -> "NodeHarness":
         return self.start()
