@@ -17,6 +17,8 @@ import pytest
 import sqlalchemy as sa
 
 from leoflow_agent.exchange import decode_grant, request_body
+from leoflow_agent.fencing import ATTEMPT_HEADER, format_attempt
+from leoflow_agent.outcome import AttemptIdentity
 from leoflow_airflow.ledger.states import AttemptState
 from leoflow_airflow.ledger.store import LedgerStore
 
@@ -82,12 +84,18 @@ def test_exchange_in_a_real_api_server_and_its_token_on_the_execution_api(
             (ti_a, grant_a), (ti_b, _) = list(granted.items())[:2]
             token_a = ExecuteTask.model_validate_json(grant_a.workload).token
             run = f"{stack.base_url}/execution/task-instances/{{}}/run"
-            auth = {"Authorization": f"Bearer {token_a}"}
+            ref_a = next(ref for ref, _ in attempts if ref.ti_id == ti_a)
+            # the agent names its attempt on every Execution API call (leoflow's fence lets the current one by)
+            who = {ATTEMPT_HEADER: format_attempt(AttemptIdentity(ref_a.ti_id, ref_a.try_number,
+                                                                   ref_a.attempt_epoch))}
+            auth = {"Authorization": f"Bearer {token_a}", **who}
             assert http.patch(run.format(ti_a), json=body, headers=auth).status_code == 404
             assert http.patch(run.format(ti_b), json=body, headers=auth).status_code == 403
             tampered = token_a[:-4] + ("AAAA" if not token_a.endswith("AAAA") else "BBBB")
             assert http.patch(run.format(ti_a), json=body,
-                              headers={"Authorization": f"Bearer {tampered}"}).status_code == 403
+                              headers={"Authorization": f"Bearer {tampered}", **who}).status_code == 403
+            unnamed = http.patch(run.format(ti_a), json=body, headers={"Authorization": f"Bearer {token_a}"})
+            assert unnamed.status_code == 409, unnamed.text  # leoflow's fence: a call naming no attempt
         engine.dispose()
         log = (stack.process_logs / "api-server.log").read_text(errors="replace")
         assert log.count("leoflow token exchange serving") == 2, log[-3000:]

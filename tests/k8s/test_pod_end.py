@@ -8,9 +8,8 @@ the kubelet, whose switches report what a kubelet and a container runtime report
 from the ledger. The pods run ``sleep`` under the harness (no agent); a test that wants a record puts it in the
 termination file through an annotation.
 
-The same against a real Airflow (a task that really re-runs, ``max_tries`` up by one, the Log rows in the UI) needs
-the agent image's entrypoint run by the harness against an api-server with leoflow's exchange (the integration
-tier's ``AirflowStack`` with ``runtime = kubernetes``): not done here.
+The same against a real Airflow (a task that really re-runs, ``max_tries`` up by one, the Log rows in the UI) is
+``tests/integration/test_kube_failures_e2e.py``.
 """
 
 from __future__ import annotations
