@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.kube import SCHEDULER_SERVICE_ACCOUNT, KubeStack, require_binaries
+from devtools.kube import HARNESS_NODE, SCHEDULER_SERVICE_ACCOUNT, KubeStack, require_binaries
 from devtools.stack import REPO_ROOT, AirflowStack
 from tests.integration.lite_procs import wait_for
 
@@ -151,12 +151,15 @@ def _assert_waiting(env: Env, run_id: str, what: str, before: set[str]) -> None:
     assert tis == {t: ("queued", 1) for t in TASKS}
     assert _run_pods(env, BACKPRESSURE_DAG, before) == []
     rows = _ledger(env.stack, BACKPRESSURE_DAG, run_id)
-    assert [r for r in rows if not _is_backpressure(r, what)] == []
+    # a launch that ended was refused naming ``what``; one still open is a create in flight (a re-offer after
+    # Retry-After), never one that got a pod
+    assert [r for r in rows if r["state"] == "closed" and not _is_backpressure(r, what)] == []
+    assert [r for r in rows if r["state"] not in ("closed", "claimed")] == []
     assert {r["try_number"] for r in rows} == {1}
     assert _bodies(env.stack, run_id) == Counter()
 
 
-def _assert_each_ran_once(env: Env, run_id: str, what: str, before: set[str]) -> None:
+def _assert_each_ran_once(env: Env, run_id: str, before: set[str]) -> None:
     """After the cluster frees: the run succeeded, every task at try 1, each body ran exactly once, one pod per
     task, and of each task's launches exactly one was dispatched (the others were backpressure)."""
     assert env.stack.wait_for_run(BACKPRESSURE_DAG, run_id, timeout=RUN_TIMEOUT) == "success"
@@ -167,7 +170,9 @@ def _assert_each_ran_once(env: Env, run_id: str, what: str, before: set[str]) ->
     rows = _ledger(env.stack, BACKPRESSURE_DAG, run_id)
     dispatched = Counter(r["task_id"] for r in rows if r["resolution"] != "launch_failed")
     assert dispatched == Counter({t: 1 for t in TASKS})
-    assert [r for r in rows if r["resolution"] == "launch_failed" and not _is_backpressure(r, what)] == []
+    # every launch without a pod was backpressure (a create racing the release may meet another transient
+    # answer than ``what``: the quota controller's "status unknown for quota" right after the patch)
+    assert [r for r in rows if r["resolution"] == "launch_failed" and not _is_backpressure(r, "")] == []
 
 
 def _trigger(env: Env) -> tuple[str, set[str]]:
@@ -180,14 +185,15 @@ def _trigger(env: Env) -> tuple[str, set[str]]:
 
 
 def _filler_pod(name: str):
-    """A pod nothing runs (bound to a Node nobody serves), compliant with ``restricted``: it holds one pod of
-    the quota for as long as it exists."""
+    """A pod nothing runs, compliant with ``restricted``: it holds one pod of the quota for as long as it exists.
+    It is bound to the harness's Node without the harness label, so the harness leaves it alone; a Node that does
+    not exist would not do: the control plane's PodGC deletes a pod bound to a missing Node after 40-60 s."""
     from kubernetes import client
 
     return client.V1Pod(
         metadata=client.V1ObjectMeta(name=name),
         spec=client.V1PodSpec(
-            node_name="nobody-serves-this-node",
+            node_name=HARNESS_NODE,
             security_context=client.V1PodSecurityContext(run_as_non_root=True, run_as_user=1000,
                                                          seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault")),
             containers=[client.V1Container(
@@ -214,7 +220,7 @@ def test_a_full_resource_quota_keeps_ten_tasks_queued_then_each_runs_once(env: E
                  what="every task's pod create to meet the full quota")
         _assert_waiting(env, run_id, "exceeded quota", before)
         core.patch_namespaced_resource_quota("full", ns, {"spec": {"hard": {"pods": "100"}}})
-        _assert_each_ran_once(env, run_id, "exceeded quota", before)
+        _assert_each_ran_once(env, run_id, before)
     finally:
         core.delete_namespaced_resource_quota("full", ns)
         core.delete_namespaced_pod("quota-filler", ns, grace_period_seconds=0)
@@ -397,7 +403,7 @@ def test_an_apf_429_keeps_ten_tasks_queued_then_each_runs_once(env: Env) -> None
         created.remove((fc.delete_flow_schema, schema))
         holder.release()
         holding.join(40)
-        _assert_each_ran_once(env, run_id, "Too many requests", before)
+        _assert_each_ran_once(env, run_id, before)
     finally:
         holder.close()
         for delete, name in reversed(created):
