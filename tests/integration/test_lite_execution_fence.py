@@ -43,8 +43,10 @@ def test_a_stale_executions_heartbeat_and_patch_get_409_while_the_current_epoch_
         stack.up(["lf_fence"])
         run = stack.trigger_with("lf_fence", {"work/1/1": "before_run"})
         wait_until(lambda: executions(stack, "lf_fence", "work", run), 180, "epoch 2's body to start")
-        rows = stack.attempts("lf_fence", run, "work")
-        assert [(r["attempt_epoch"], r["state"]) for r in rows] == [(1, "closed"), (2, "dispatched")], rows
+        # the body can reach /run before the scheduler's next cycle records epoch 2's launch (CLAIMED until then)
+        rows = wait_until(lambda: (r := stack.attempts("lf_fence", run, "work"))
+                          and [(x["attempt_epoch"], x["state"]) for x in r] == [(1, "closed"), (2, "dispatched")]
+                          and r, 60, "epoch 2's launch to be recorded")
         ti_id = rows[0]["ti_id"]
         assert rows[1]["ti_id"] == ti_id and stack.ti_row("lf_fence", run, "work")["state"] == "running"
 
