@@ -23,8 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import k8senv
-from devtools.kube import KubeStack
+from devtools.kube import KubeStack, require_binaries
 from devtools.stack import REPO_ROOT, AirflowStack
 
 from fault_helpers import FaultStack, wait_until
@@ -47,22 +46,12 @@ class KubeFaultStack(AirflowStack):
     start_component = FaultStack.start_component
 
 
-def _require_binaries() -> None:
-    """Skip when the k8s binaries are not built, unless K8SENV_REQUIRED=1 (CI): then fail."""
-    if os.environ.get("K8SENV_DIR") or k8senv.bindir() is not None:
-        return
-    msg = "k8senv binaries are not built; run `scripts/k8senv build`"
-    if os.environ.get("K8SENV_REQUIRED") == "1":
-        pytest.fail(msg)
-    pytest.skip(msg)
-
-
 def _lines(path: Path) -> list[str]:
     return [line.split(" pid=")[0] for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_a_success_force_deleted_after_termination_is_settled_from_its_record_and_ran_once(tmp_path):
-    _require_binaries()
+    require_binaries()
     from kubernetes import client
 
     dags = tmp_path / "dags"
