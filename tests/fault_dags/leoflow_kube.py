@@ -1,4 +1,4 @@
-"""Test DAGs for the Kubernetes pod-end faults through a real Airflow (``tests/integration/test_kube_failures_e2e.py``).
+"""Test DAGs for the Kubernetes pod-end faults through a real Airflow (``tests/integration/test_kube_faults_e2e.py``).
 
 Each body appends ``<run_id> <try> <event> <unix time> <pid>`` lines (``start``, ``tick`` every 0.2 s, ``end``) to
 ``$AIRFLOW_HOME/traces/<dag>.<task>.body`` (:func:`fault_trace.body_line`) and, on every try, works until the test

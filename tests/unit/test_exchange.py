@@ -323,8 +323,8 @@ def test_pod_gone_replaced_or_terminating_is_refused_before_the_ledger(world, ca
 
 
 @pytest.mark.parametrize("annotation", [None, "", "{}", "not json", '{"ti_id": "x", "try_number": 1, "attempt_epoch": 1}',
-                                        '{"ti_id": "%s", "try_number": 0, "attempt_epoch": 1}' % uuid.uuid4(),
-                                        '{"ti_id": "%s", "try_number": 1, "attempt_epoch": true}' % uuid.uuid4(),
+                                        '{"ti_id": "%s", "try_number": 0, "attempt_epoch": 1}' % "463d00a1-e73c-489e-ad14-8db95d62af65",
+                                        '{"ti_id": "%s", "try_number": 1, "attempt_epoch": true}' % "d8c9077b-2dca-4ef4-8645-432dedd60b58",
                                         "[1, 2, 3]"])
 def test_a_pod_without_a_valid_identity_annotation_is_refused(world, caplog, annotation):
     _, name, uid = world.attempt()
