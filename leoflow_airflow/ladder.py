@@ -44,6 +44,8 @@ class LadderValues:
     killed_task_cleanup_time: float = 60.0
     pod_unschedulable_timeout: float | None = None
     """``[leoflow] pod_unschedulable_timeout`` with ``runtime = kubernetes``, else None (not checked)."""
+    pod_termination_valve: float | None = None
+    """``[leoflow] pod_termination_valve`` with ``runtime = kubernetes``, else None (not checked)."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,23 @@ def evaluate(v: LadderValues) -> LadderReport:
             {"leoflow.pod_unschedulable_timeout": v.pod_unschedulable_timeout,
              "scheduler.task_queued_timeout": v.task_queued_timeout},
         ))
+    if not violations and v.pod_termination_valve is not None:
+        # the agent-lost reaper deletes a silent pod with reap_kill_grace; on an unreachable node no kubelet
+        # reports its end, so the valve must open (and the next sync() re-drive it) before the purge acts
+        late = v.agent_lost_threshold + reap_kill_grace(v) + v.pod_termination_valve + v.maintenance_interval
+        if v.pod_termination_valve == 0 or late >= upper:
+            warnings.append(Rung(
+                "pod_termination_valve",
+                "a task pod on an unreachable node never reports its end; leoflow re-runs its task instance on the "
+                "infra budget once [leoflow] pod_termination_valve has passed after the agent-lost reaper's delete "
+                f"(agent_lost_threshold + kill grace {reap_kill_grace(v):g} + valve + maintenance_interval = "
+                f"{late:g} s after its last heartbeat), and Airflow's heartbeat purge may fail it first (a user "
+                f"retry spent) from {upper:g} s on: keep the valve above 0 and lower it, or lower [leoflow] "
+                "agent_lost_threshold",
+                {"leoflow.pod_termination_valve": v.pod_termination_valve,
+                 "leoflow.agent_lost_threshold": v.agent_lost_threshold,
+                 "scheduler.task_instance_heartbeat_timeout": v.task_instance_heartbeat_timeout},
+            ))
     if 2 * v.settle_timeout >= v.scheduler_health_check_threshold:
         # a sync() may spend one settle timeout on a replay an api-server accepts but does not answer (issue 8
         # hole 11); the heartbeat Airflow's health check reads lags one scheduler loop (the Job row is written
@@ -195,6 +214,8 @@ def read_values(settings: LeoflowSettings, getfloat: Callable[[str, str, float],
         settle_timeout=settings.settle_timeout,
         dispatch_lost_threshold=settings.dispatch_lost_threshold,
         pod_unschedulable_timeout=settings.kubernetes.pod_unschedulable_timeout
+        if settings.runtime == "kubernetes" else None,
+        pod_termination_valve=settings.kubernetes.pod_termination_valve
         if settings.runtime == "kubernetes" else None,
     )
 

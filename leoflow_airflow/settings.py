@@ -204,6 +204,14 @@ OPTIONS: tuple[Option, ...] = (
            "warns). 0: no bound (Airflow's task_queued_timeout alone). A pod that is scheduled and still starting "
            "(pulling a large image) is never reaped as dispatch-lost: that clock starts when its agent container "
            "runs.", _non_negative),
+    Option("pod_termination_valve", "float", "60", "Seconds leoflow waits for a deleted task pod's terminated "
+           "status, which carries the outcome record, once its deletion grace period has passed (a kill by a "
+           "reaper or a revoke, an eviction, a user's delete). The pod of a node that is unreachable never "
+           "reports one; past this valve its attempt counts as ended with no record, and its task instance is "
+           "re-run as an infra loss (a new try on the infra budget, never a user retry); a success it recorded "
+           "after that is not read. Keep [leoflow] agent_lost_threshold + the reaper's kill grace + this below "
+           "Airflow's [scheduler] task_instance_heartbeat_timeout (`airflow leoflow check` warns). 0: wait for "
+           "the terminated status for ever (Airflow's heartbeat purge then fails such a task).", _non_negative),
     Option("pod_retention_success", "float", "60", "Seconds a Succeeded task pod is kept after its agent "
            "container ended and its attempt settled (for `kubectl logs` / `describe`), then deleted with a UID "
            "precondition. 0: delete as soon as the attempt settled.", _non_negative),
@@ -268,6 +276,9 @@ class KubernetesSettings:
     pod_unschedulable_timeout: float
     """Seconds an unschedulable task pod waits as backpressure before it is deleted and its workload re-offered
     (0: no bound; Airflow's ``[scheduler] task_queued_timeout`` still applies)."""
+    pod_termination_valve: float
+    """Seconds a deleted task pod may go without a terminated status past its deletion grace period before its
+    attempt counts as ended with no record (issue 10 item 3, the confirmation valve; 0: wait for ever)."""
     pod_retention_success: float
     """Seconds a Succeeded pod of a settled attempt is kept before it is deleted (≥ 0)."""
     pod_retention_failure: float

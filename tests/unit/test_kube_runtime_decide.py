@@ -124,6 +124,7 @@ class View:
     terminal: bool = False
     deleting: bool = False
     node_name: str | None = "node-1"
+    deletion_grace: int | None = None
 
 
 @dataclass(frozen=True)
@@ -183,3 +184,26 @@ def test_retention_counts_from_the_end_by_phase(phase, finished, after, due):
 def test_zero_retention_deletes_at_once():
     assert decide.retention_due(phase="Succeeded", finished_at=T0, first_seen_terminal=T0, now=T0,
                                 success_seconds=0, failure_seconds=0)
+
+
+# --- the confirmation valve (issue 10 item 3) ------------------------------------------------------------------
+
+def test_a_deleted_pod_should_stop_by_its_grace_and_a_second_delete_only_shortens_it():
+    deleting = View("u1", REF, deleting=True, deletion_grace=30)
+    assert decide.deletion_deadline(View("u1", REF), seen=100.0, earlier=None) is None  # not being deleted
+    assert decide.deletion_deadline(View("u1", REF, terminal=True, deleting=True), seen=100.0, earlier=None) is None
+    assert decide.deletion_deadline(deleting, seen=100.0, earlier=None) == 130.0
+    assert decide.deletion_deadline(deleting, seen=110.0, earlier=130.0) == 130.0  # seen again: the first stands
+    forced = View("u1", REF, deleting=True, deletion_grace=0)  # escalated to a grace-0 delete
+    assert decide.deletion_deadline(forced, seen=105.0, earlier=130.0) == 105.0
+    assert decide.deletion_deadline(View("u1", REF, deleting=True), seen=100.0, earlier=None) == 100.0
+
+
+@pytest.mark.parametrize("now, valve, opened", [
+    (159.9, 60.0, False),  # within the valve: wait for the terminated status and its record
+    (160.0, 60.0, True),
+    (10_000.0, 0.0, False),  # 0: wait for ever
+])
+def test_the_valve_opens_its_length_past_the_deadline(now, valve, opened):
+    assert decide.valve_open(100.0, now=now, valve=valve) is opened
+    assert decide.valve_open(None, now=now, valve=valve) is False  # nothing deleted: nothing to confirm

@@ -219,3 +219,26 @@ def test_malformed_fields_read_as_absent_but_keep_the_rest():
     v = pod_view(good)
     assert v.agent == ContainerEnd(None, "Error", "x") and v.started_at is None and v.phase == "Failed"
     assert pod_view({"metadata": {"name": "p"}}) is None
+
+
+# --- the confirmation valve (issue 10 item 3) ------------------------------------------------------------------
+
+def test_a_deleted_pod_reads_its_deletion_grace():
+    assert pod_view(pod(deleting=True)).deletion_grace == 30
+    assert pod_view(pod()).deletion_grace is None
+
+
+def test_an_unconfirmed_end_is_an_infra_loss_naming_pod_node_wait_and_valve():
+    from leoflow_airflow.runtime.kubernetes.status import unconfirmed_cause
+
+    cause = unconfirmed_cause(pod_view(pod(deleting=True)), waited=61.4, valve=60)
+    assert cause.kind is EndKind.INFRA_LOSS
+    assert cause.reason == ("pod leoflow-p-1 on node node-a was deleted and reported no end 61 s past its grace "
+                            "period (its node is unreachable or lost): its record could not be read ([leoflow] "
+                            "pod_termination_valve 60 s)")
+    tainted = pod_view(pod(deleting=True, status={"conditions": [
+        {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]}))
+    reason = unconfirmed_cause(tainted, waited=5, valve=60).reason
+    assert reason.endswith("; pod leoflow-p-1 deleted by the taint manager (its node is not ready or unreachable) "
+                           "(DisruptionTarget DeletionByTaintManager)"), reason
+    assert len(unconfirmed_cause(tainted, waited=1e12, valve=1e12).reason) <= MAX_DETAIL_CHARS

@@ -140,3 +140,16 @@ def test_the_agent_lost_kill_grace_ends_inside_the_recovery_window(threshold, gr
 
 def test_a_shorter_killed_task_cleanup_time_is_kept():
     assert ladder.reap_kill_grace(replace(DEFAULTS, killed_task_cleanup_time=5)) == 5
+
+
+@pytest.mark.parametrize("valve, threshold, warned", [
+    (60, 120, False),   # 120 + 60 (kill grace) + 60 + 5 = 245 < 280: re-driven before the purge
+    (94, 120, False),   # 279: just in time
+    (95, 120, True),    # 280: the purge may fail the task first
+    (0, 120, True),     # 0 waits for ever: the purge fails a task whose node is unreachable
+    (None, 120, False),  # Lite: not checked
+])
+def test_the_termination_valve_must_open_before_the_purge(valve, threshold, warned):
+    values = replace(DEFAULTS, pod_termination_valve=valve, agent_lost_threshold=threshold)
+    rungs = [w.rung for w in ladder.evaluate(values).warnings]
+    assert ("pod_termination_valve" in rungs) is warned, rungs

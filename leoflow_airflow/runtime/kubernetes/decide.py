@@ -12,6 +12,9 @@
   pod_retention_success`` / ``pod_retention_failure``).
 * :func:`release_due` and :func:`release_patch`: when leoflow's finalizer (``pod.OUTCOME_FINALIZER``) comes
   off a pod, and the JSON patch that takes it off exactly that pod (issue 10 item 4).
+* :func:`deletion_deadline` and :func:`valve_open`: the confirmation valve (issue 10 item 3): a deleted pod
+  that goes ``[leoflow] pod_termination_valve`` seconds past its deletion grace period without a terminated
+  status (its node is unreachable: no kubelet reports its end) counts as GONE with no record.
 * :func:`start_progress`: how far a live pod got toward running its agent (issue 10 item 1), for the
   dispatch-lost reaper (``reap.lost``): the clock starts when the agent container runs, a pod still being
   started is progress, an unschedulable one waits as backpressure for ``[leoflow] pod_unschedulable_timeout``,
@@ -54,6 +57,7 @@ __all__ = [
     "CreateWindow",
     "Lookup",
     "create_event",
+    "deletion_deadline",
     "finalizer_index",
     "presence",
     "release_due",
@@ -61,6 +65,7 @@ __all__ = [
     "retention_due",
     "start_key",
     "start_progress",
+    "valve_open",
 ]
 
 BACKOFF_SECONDS = 1.0
@@ -245,6 +250,7 @@ class _View(Protocol):
     terminal: bool
     deleting: bool
     node_name: str | None
+    deletion_grace: int | None
 
 
 def _dead(view: _View) -> bool:
@@ -290,6 +296,25 @@ def presence(cached: _View | None, read: _ReadLike | None, *, uid: str | None, r
     if _dead(read.view):
         return Presence.GONE, read.view, False
     return Presence.LIVE, read.view, stale
+
+
+def deletion_deadline(view: _View, *, seen: float, earlier: float | None) -> float | None:
+    """When a pod being deleted should have stopped: ``seen`` (``monotonic()`` seconds, when this view was read)
+    plus its ``deletion_grace`` (0 when unknown), or ``earlier`` (the deadline already noted for that pod) when
+    that comes first: a second delete can only shorten the grace (the API server keeps the shorter one). None
+    for a pod that is not being deleted or is terminal (nothing to confirm). Pure."""
+    if not view.deleting or view.terminal:
+        return None
+    deadline = seen + max(0, view.deletion_grace or 0)
+    return deadline if earlier is None else min(earlier, deadline)
+
+
+def valve_open(deadline: float | None, *, now: float, valve: float) -> bool:
+    """Whether a deleted pod's end stays unconfirmed for too long: ``valve`` seconds (``[leoflow]
+    pod_termination_valve``; 0: never) past its :func:`deletion_deadline` (None: not being deleted). The seed's
+    confirmation valve (ADR 0052 amendment): the reconciler waits for the terminated status to read a record
+    before anything re-runs, but not for ever. Pure; ``now`` is ``monotonic()`` seconds."""
+    return deadline is not None and valve > 0 and now >= deadline + valve
 
 
 PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff"})

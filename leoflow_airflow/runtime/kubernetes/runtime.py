@@ -24,6 +24,11 @@ Presence (DESIGN §2 "proof of death"): LIVE while the attempt's pod (by UID) is
 terminal; GONE when the cache shows it terminal (``Succeeded``/``Failed``), or when it is absent from the cache
 and a live read on the pool confirmed it (404, or the name now holds another UID); UNKNOWN until that read
 answers, while a create is in flight, and while the cache has not synced. The cache is trusted only to defer.
+One exception, the confirmation valve (issue 10 item 3): a pod that is being deleted and goes ``[leoflow]
+pod_termination_valve`` seconds past its deletion grace period without a terminated status (its node is
+unreachable: no kubelet will report its end, and leoflow's finalizer keeps the object) is GONE, and its evidence
+says so (:func:`.status.unconfirmed_cause`, an infra loss), so its task instance is re-run on the infra budget
+before Airflow's heartbeat purge would fail it.
 
 Kills delete exactly the attempt's pod: ``grace_period_seconds`` = the kill's grace and a UID precondition,
 so a newer epoch's pod (another name) or a pod re-created under the same name (another UID) is never touched.
@@ -215,6 +220,8 @@ class KubernetesRuntime:
         self._released: set[tuple[str, str]] = set()  # released; the cache may still show the finalizer
         self._release_soon: dict[tuple[str, str], tuple[AttemptRef, float]] = {}  # forgotten -> (ref, until)
         self._start_seen: dict[str, tuple[str, datetime]] = {}  # pod uid -> (its start key, first seen at it)
+        self._stop_due: dict[str, float] = {}  # deleted pod's uid -> monotonic time it should have stopped by
+        self._unconfirmed: dict[str, float] = {}  # pod uid -> seconds past its grace when the valve opened
         self._callbacks: dict[str, subprocess.Popen[bytes]] = {}
         self._checked = False  # the start-up check passed
         self._checking = False
@@ -660,14 +667,36 @@ class KubernetesRuntime:
         if self.informer is None or not self.informer.synced:
             return Presence.UNKNOWN, None
         self._absorb()
+        now = self._monotonic()
         presence, view, need_read = decide.presence(
-            self.informer.get(name), self._reads.get(name), uid=uid, ref=ref, now=self._monotonic(),
+            self.informer.get(name), self._reads.get(name), uid=uid, ref=ref, now=now,
             read_reuse=READ_REUSE_SECONDS)
         if need_read:
             self._request_read(name)
+        if presence is Presence.LIVE and view is not None and self._valve_opened(view, now):
+            presence = Presence.GONE
         if view is None and uid is not None:
             view = self.informer.tombstone(name, uid)
         return presence, view
+
+    def _valve_opened(self, view: PodView, now: float) -> bool:
+        """The confirmation valve (issue 10 item 3, :func:`.decide.valve_open`): whether the live ``view`` is of
+        a pod deleted ``[leoflow] pod_termination_valve`` seconds past its grace period that never reported its
+        end. Notes when each deleted pod should have stopped; a pod whose valve opened is remembered, so its
+        :meth:`evidence` names why it counts as ended."""
+        if view.uid in self._unconfirmed:
+            return True
+        due = decide.deletion_deadline(view, seen=now, earlier=self._stop_due.get(view.uid))
+        if due is None:
+            return False
+        self._stop_due[view.uid] = due
+        if not decide.valve_open(due, now=now, valve=self.kube.pod_termination_valve):
+            return False
+        self._unconfirmed[view.uid] = now - due
+        log.warning("pod %s (uid %s) on %s reported no end %.0f s past its deletion grace period: its attempt %s "
+                    "counts as ended with no record ([leoflow] pod_termination_valve %g s)", view.name, view.uid,
+                    view.node_name or "no node", now - due, view.ref, self.kube.pod_termination_valve)
+        return True
 
     def _where(self, attempt: Attempt) -> tuple[str, str | None, _Launch | None]:
         """The attempt's pod name, its UID when known (ledger, else our launch), and our launch of it."""
@@ -737,7 +766,12 @@ class KubernetesRuntime:
                 (read.view.uid == uid if uid else read.view.ref == attempt.ref):
             view = read.view
         try:
-            return status.pod_evidence(view, attempt.ref)
+            evidence = status.pod_evidence(view, attempt.ref)
+            if view is not None and view.uid in self._unconfirmed and not view.terminal and evidence.record is None:
+                cause = status.unconfirmed_cause(view, waited=self._unconfirmed[view.uid],
+                                                 valve=self.kube.pod_termination_valve)
+                return Evidence(None, evidence.exit_code, cause)
+            return evidence
         except Exception:  # noqa: BLE001 - evidence never raises: no usable record
             log.exception("reading the evidence of %s failed", attempt.ref)
             return Evidence(None, None)
@@ -784,6 +818,8 @@ class KubernetesRuntime:
             self._delete_again = {k: v for k, v in self._delete_again.items() if k[0] != launch.name}
             if launch.uid is not None:
                 self._release_soon[(launch.name, launch.uid)] = (ref, self._monotonic() + RELEASE_SOON_SECONDS)
+                self._stop_due.pop(launch.uid, None)
+                self._unconfirmed.pop(launch.uid, None)
 
     def adopt(self, attempt: Attempt) -> None:
         """Watch a predecessor's pod: its end is reported as ``Exited`` like our own."""
@@ -827,8 +863,10 @@ class KubernetesRuntime:
                 closed[at] = is_closed(*at)
             return closed[at]
 
+        uids: set[str] = set()
         for view in self.informer.views():
             key = (view.name, view.uid)
+            uids.add(view.uid)
             if decide.finalizer_index(view.finalizers) is not None:
                 held.add(key)
                 asked = key in self._releasing or key in self._released
@@ -849,6 +887,8 @@ class KubernetesRuntime:
                 self._request_delete(view.name, view.uid, None, "settled; its retention is over")
                 acted.add(key)
         self._terminal_seen = {k: v for k, v in self._terminal_seen.items() if k in seen}
+        self._stop_due = {uid: due for uid, due in self._stop_due.items() if uid in uids}  # gone: nothing to confirm
+        self._unconfirmed = {uid: waited for uid, waited in self._unconfirmed.items() if uid in uids}
         self._released &= held  # the cache caught up: a pod no longer holding it needs no memo
         return len(acted)
 

@@ -92,6 +92,8 @@ class PodView:
     :param unschedulable: the message of condition ``PodScheduled`` status ``"False"`` reason ``Unschedulable``
         (the scheduler's "0/3 nodes are available: …"; the reason itself when it has none), None otherwise.
     :param unschedulable_since: that condition's ``lastTransitionTime`` (aware UTC) or None.
+    :param deletion_grace: ``metadata.deletionGracePeriodSeconds`` (seconds the kubelet was given to stop the
+        pod) while it is being deleted, else None.
     """
 
     name: str
@@ -117,6 +119,7 @@ class PodView:
     agent_image: str | None = None
     unschedulable: str | None = None
     unschedulable_since: datetime | None = None
+    deletion_grace: int | None = None
 
     @property
     def terminal(self) -> bool:
@@ -253,6 +256,7 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
             agent_image=_agent_image(spec),
             unschedulable=unschedulable,
             unschedulable_since=unschedulable_since,
+            deletion_grace=_int(meta.get("deletionGracePeriodSeconds")),
         )
     except Exception:  # noqa: BLE001 - the contract: a malformed object is "no view", whatever it is
         return None
@@ -350,6 +354,21 @@ def end_cause(view: PodView) -> EndCause | None:
     if parts:
         return EndCause(EndKind.INFRA_LOSS, _line(f"{pod} " + "; ".join(parts)))
     return None
+
+
+def unconfirmed_cause(view: PodView, *, waited: float, valve: float) -> EndCause:
+    """Why an attempt whose pod never reported its end counts as ended (issue 10 item 3, the confirmation valve):
+    ``INFRA_LOSS`` naming the pod, its node, how long past its deletion grace period it went without a terminated
+    status (``waited`` seconds) and ``[leoflow] pod_termination_valve`` (``valve`` seconds), plus what its status
+    says beyond that (:func:`end_cause`: e.g. the taint manager's ``DisruptionTarget``). One line of at most
+    ``MAX_DETAIL_CHARS`` characters. Pure."""
+    node = f"node {view.node_name}" if view.node_name else "no node"
+    said = end_cause(view)
+    extra = f"; {said.reason}" if said is not None else ""
+    return EndCause(EndKind.INFRA_LOSS, _line(
+        f"pod {view.name} on {node} was deleted and reported no end {waited:.0f} s past its grace period (its "
+        f"node is unreachable or lost): its record could not be read ([leoflow] pod_termination_valve "
+        f"{valve:g} s){extra}"))
 
 
 def _oom_killed(view: PodView) -> tuple[str, ContainerEnd] | None:
