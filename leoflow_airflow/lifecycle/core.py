@@ -258,7 +258,10 @@ class Lifecycle:
             self.gate.swept()
         if self.gate.is_open(self.monotonic()):
             self.reap(page, presence)
-            self.reap_orphans()
+            try:
+                self.reap_orphans()
+            except Exception:  # noqa: BLE001 - a failed read of Airflow's rows waits for the next cycle
+                log.exception("leoflow orphan-run reaper failed; trying again next cycle")
         try:
             removed = self.runtime.collect(self._is_closed)
         except Exception:  # noqa: BLE001 - GC must never break the scheduler loop

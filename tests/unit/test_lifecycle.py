@@ -1004,3 +1004,23 @@ def test_orphan_run_reaper_waits_for_the_settling_gate(tmp_path):
     world.clock.tick(61)
     world.life.cycle()
     assert len(world.airflow.redrives) == 1
+
+
+def test_a_failed_read_of_airflows_running_rows_does_not_break_the_cycle(tmp_path):
+    """The orphan-run reaper's read fails (a DB hiccup): the cycle still settles and collects, and the next
+    cycle tries again."""
+    world = World(tmp_path, orphan_run_threshold="100")
+    _ours(world)
+    w, ref = world.dispatched()
+    world.record(ref, "success")
+    calls = []
+
+    def broken(after, limit):
+        calls.append(after)
+        raise RuntimeError("database is locked")
+
+    world.airflow.running_tis = broken
+    world.exit(ref)
+    assert world.row(ref).state == S.CLOSED and len(calls) == 1
+    world.life.cycle()
+    assert len(calls) == 2
