@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from leoflow_airflow.dispatch.guard import TIRow
+from leoflow_airflow.reap.orphan import RunningTI
 
 
 def _row(ti: object | None) -> TIRow | None:
@@ -78,6 +79,63 @@ def load_ti_liveness(ti_ids: list[str]) -> dict[str, tuple[str | None, object]]:
             select(TaskInstance.id, TaskInstance.state, TaskInstance.last_heartbeat_at).where(TaskInstance.id.in_(keys))
         ).all()
     return {str(r.id): (None if r.state is None else str(r.state), r.last_heartbeat_at) for r in rows}
+
+
+def _aware(value: Any) -> datetime | None:
+    """A timestamp read from Airflow as tz-aware UTC (SQLite hands back naive UTC through a Core select)."""
+    from datetime import timezone
+
+    if value is None:
+        return None
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def load_running_tis(after: str | None, limit: int, *, session: Any = None) -> list[RunningTI]:
+    """One keyset page of Airflow's RUNNING task instances, for the orphan-run reaper
+    (:mod:`leoflow_airflow.reap.orphan`): up to ``limit`` rows of ``task_instance`` in state RUNNING whose ``id``
+    is above ``after`` (None: from the start), ascending ``id``, each joined with its ``dag_run`` (state and
+    start). Page on with the last row's ``ti_id``; a page shorter than ``limit`` is the last.
+
+    One query through Airflow's ORM models (the ``ti_state`` index picks the RUNNING rows): its cost is the
+    number of RUNNING task instances at most, never the table's history, and a ``sync()`` makes one such read.
+
+    :param session: read in this SQLAlchemy session; default a fresh non-scoped session.
+    :raises ValueError: ``limit`` below 1 or an ``after`` that is not a UUID.
+    :raises sqlalchemy.exc.SQLAlchemyError: on a DB failure.
+    """
+    from sqlalchemy import and_, select
+
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance as TI
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    query = (
+        select(TI.id, TI.dag_id, TI.run_id, TI.task_id, TI.map_index, TI.try_number, TI.state, TI.executor,
+               TI.queued_dttm, TI.start_date, TI.last_heartbeat_at, TI.updated_at,
+               DagRun.state.label("run_state"), DagRun.start_date.label("run_start_date"))
+        .join(DagRun, and_(DagRun.dag_id == TI.dag_id, DagRun.run_id == TI.run_id))
+        .where(TI.state == TaskInstanceState.RUNNING)
+        .order_by(TI.id)
+        .limit(limit)
+    )
+    if after is not None:
+        query = query.where(TI.id > uuid.UUID(str(after)))
+    if session is not None:
+        rows = session.execute(query).all()
+    else:
+        with create_session(scoped=False) as own:
+            rows = own.execute(query).all()
+    return [RunningTI(ti_id=str(r.id), dag_id=r.dag_id, run_id=r.run_id, task_id=r.task_id,
+                      map_index=int(r.map_index), try_number=int(r.try_number),
+                      state=None if r.state is None else str(r.state), executor=r.executor,
+                      run_state=None if r.run_state is None else str(r.run_state),
+                      queued_dttm=_aware(r.queued_dttm), start_date=_aware(r.start_date),
+                      last_heartbeat_at=_aware(r.last_heartbeat_at), updated_at=_aware(r.updated_at),
+                      run_start_date=_aware(r.run_start_date))
+            for r in rows]
 
 
 def load_executor_config(ti_id: str, *, session: Any = None) -> dict | None:

@@ -163,11 +163,34 @@ class LeoflowExecutor(BaseExecutor):
         except Exception:  # noqa: BLE001 - unknown: count the held workloads (the safe side)
             self._sole_executor = False
         self.life.job_id = self.job_id
+        self.life.ownership = self._ownership()
         runtime = self.life.runtime
         runtime.start()
         self._started = True
         self.log.info("leoflow started: runtime=%s, runtime_dir=%s, parallelism=%d", runtime.kind,
                       settings.runtime_dir, self.parallelism)
+
+    def _ownership(self) -> Any:
+        """Which task instances this executor queued, for the orphan-run reaper (``reap.orphan.Ownership``): the
+        ``TaskInstance.executor`` values the scheduler matches to it (its alias, module path and class name, as
+        ``SchedulerJobRunner._try_to_load_executor`` does), and whether it is the default executor (then an empty
+        ``executor`` is its too). Unknown (no name, a config error): only this class's own path and name, never
+        the empty value (the safe side: an orphan is then left to Airflow's purge)."""
+        from airflow.executors.executor_loader import ExecutorLoader
+
+        from leoflow_airflow.reap.orphan import Ownership
+
+        path = f"{type(self).__module__}.{type(self).__qualname__}"
+        names = {path, type(self).__qualname__}
+        name = getattr(self, "name", None)
+        default = False
+        if name is not None:
+            names |= {n for n in (name.alias, name.module_path) if n}
+            try:
+                default = ExecutorLoader.get_default_executor_name().module_path == name.module_path
+            except Exception:  # noqa: BLE001 - unknown: not the default (the safe side)
+                default = False
+        return Ownership(frozenset(names), default)
 
     def _warn_rung(self, rung: ladder.Rung) -> None:
         self.log.warning("leoflow resilience ladder: %s (%s)", rung.message, rung.values, extra={"rung": rung.rung})

@@ -46,6 +46,8 @@ class LadderValues:
     """``[leoflow] pod_unschedulable_timeout`` with ``runtime = kubernetes``, else None (not checked)."""
     pod_termination_valve: float | None = None
     """``[leoflow] pod_termination_valve`` with ``runtime = kubernetes``, else None (not checked)."""
+    orphan_run_threshold: float | None = None
+    """``[leoflow] orphan_run_threshold`` (None: not checked)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,10 @@ def evaluate(v: LadderValues) -> LadderReport:
 
     A healthy supervisor stops heartbeating once its terminal state is set, hence the lower bound; Airflow's
     purge (which cannot be switched off) must never act before leoflow has decided, hence the upper bound.
+
+    Hard rung too: ``[leoflow] orphan_run_threshold < task_instance_heartbeat_timeout`` (else the purge always
+    fails an orphaned running task before the orphan-run reaper re-runs it); soft below that when it is not under
+    the window's upper bound (the margin a sweep and a settle pass need).
     """
     lower, upper = window(v)
     margin = 2 * v.maintenance_interval + v.settle_timeout
@@ -124,7 +130,29 @@ def evaluate(v: LadderValues) -> LadderReport:
                if v.agent_lost_threshold >= upper else ""),
             window_values,
         ))
+    orphan = v.orphan_run_threshold
+    orphan_values = {"leoflow.orphan_run_threshold": orphan or 0.0,
+                     "scheduler.task_instance_heartbeat_timeout": v.task_instance_heartbeat_timeout}
+    if orphan is not None and orphan >= v.task_instance_heartbeat_timeout:
+        violations.append(Rung(
+            "orphan_run_threshold",
+            f"[leoflow] orphan_run_threshold = {orphan:g} is not below [scheduler] task_instance_heartbeat_timeout "
+            f"= {v.task_instance_heartbeat_timeout:g}: Airflow's heartbeat purge would always fail an orphaned "
+            f"running task (spending a user retry) before leoflow's orphan-run reaper re-runs it on the infra "
+            f"budget; set it below {upper:g} s",
+            orphan_values,
+        ))
     warnings: list[Rung] = []
+    if orphan is not None and upper <= orphan < v.task_instance_heartbeat_timeout:
+        warnings.append(Rung(
+            "orphan_run_threshold",
+            f"[leoflow] orphan_run_threshold = {orphan:g} leaves less than 2 x [leoflow] maintenance_interval + "
+            f"[leoflow] settle_timeout ({margin:g} s) before Airflow's heartbeat purge "
+            f"({v.task_instance_heartbeat_timeout:g} s): an orphaned running task found late in a sweep may be "
+            f"failed by the purge first; lower it below {upper:g} s",
+            {**orphan_values, "leoflow.maintenance_interval": v.maintenance_interval,
+             "leoflow.settle_timeout": v.settle_timeout},
+        ))
     if not violations and reap_kill_grace(v) < v.killed_task_cleanup_time:
         warnings.append(Rung(
             "kill_grace",
@@ -217,6 +245,7 @@ def read_values(settings: LeoflowSettings, getfloat: Callable[[str, str, float],
         if settings.runtime == "kubernetes" else None,
         pod_termination_valve=settings.kubernetes.pod_termination_valve
         if settings.runtime == "kubernetes" else None,
+        orphan_run_threshold=settings.orphan_run_threshold,
     )
 
 

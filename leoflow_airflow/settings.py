@@ -163,6 +163,17 @@ OPTIONS: tuple[Option, ...] = (
            "scheduling do not count).", _positive),
     Option("reap_grace", "float", "30", "Seconds after start or adoption before any reaper acts (the settling "
            "gate; one full reconcile sweep is needed too).", _non_negative),
+    Option("reap_page_size", "integer", "500", "Running attempts looked at per sync(): each scheduler loop reads the "
+           "attempts that need action now (claimed, exited, settling) and one page of this many running ones, "
+           "after a cursor that wraps to the start after the last page, so a loop costs the same however many "
+           "attempts run. Every running attempt is checked once per ceil(running / reap_page_size) loops (one "
+           "sweep; the reapers wait for one full sweep after start or adoption). The orphan-run reaper pages "
+           "Airflow's running task instances by the same size.", _positive),
+    Option("orphan_run_threshold", "float", "240", "Seconds without activity (the latest of the task instance's "
+           "queued, start, heartbeat and update times and its dag run's start) after which a RUNNING task "
+           "instance of a running dag run, queued by this executor, that has no open leoflow attempt is re-run "
+           "as a new try on the infra budget (the orphan-run reaper; no user retry spent). Must stay below "
+           "[scheduler] task_instance_heartbeat_timeout, or Airflow's purge fails the task first.", _positive),
     Option("infra_retry_budget", "integer", "2", "Infra re-runs (a dead agent that left no outcome) per "
            "logical task instance that do not spend the user's retries; then Airflow's own failure path.",
            _non_negative),
@@ -352,6 +363,10 @@ class LeoflowSettings:
     """Seconds a dispatched attempt may stay QUEUED before it is killed as dispatch-lost."""
     reap_grace: float
     """Seconds after start or adoption before any reaper acts."""
+    reap_page_size: int
+    """LIVE attempts (and Airflow RUNNING task instances, for the orphan-run reaper) read per ``sync()``, at most."""
+    orphan_run_threshold: float
+    """Seconds of no activity after which a RUNNING task instance with no open attempt is re-driven."""
     replay_holdoff_max_seconds: float
     """Seconds after an attempt's exit during which a replayable record keeps Airflow's purge off, at most."""
     # --- runtime (Kubernetes)

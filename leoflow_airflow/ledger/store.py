@@ -105,6 +105,9 @@ class Attempt:
     """When the attempt's pod exchanged its token (revision 0004; None: not exchanged, or Lite)."""
     exchange_credential_id: str | None = None
     """The TokenReview ``credential-id`` of the exchanged token (``JTI=…``), when the review named one."""
+    id: int | None = None
+    """The row's surrogate key (``leoflow_attempt.id``, ascending in insert order): the keyset cursor of
+    :meth:`LedgerStore.open_page`. None only for an ``Attempt`` built by hand (tests)."""
 
     @classmethod
     def from_row(cls, row: RowMapping) -> Attempt:
@@ -137,6 +140,7 @@ class Attempt:
             updated_at=row["updated_at"],
             exchanged_at=row["exchanged_at"],
             exchange_credential_id=row["exchange_credential_id"],
+            id=row["id"],
         )
 
 
@@ -432,13 +436,71 @@ class LedgerStore:
         with self._tx() as conn:
             return int(conn.execute(query).scalar_one())
 
-    def open_attempts(self, *, runtime: str | None = None) -> list[Attempt]:
-        """Every attempt not CLOSED (optionally only of ``runtime``: "lite"/"kubernetes"), oldest id first."""
+    def open_attempts(self, *, runtime: str | None = None, ti_id: str | None = None) -> list[Attempt]:
+        """Every attempt not CLOSED (optionally only of ``runtime``: "lite"/"kubernetes", and only of ``ti_id``),
+        oldest id first. Without ``ti_id`` it reads every running attempt: for a command or a shutdown, never a
+        scheduler loop (that pages: :meth:`in_states`, :meth:`open_page`)."""
         t = attempt_table
         query = sa.select(t).where(t.c.state.in_(_OPEN_STATES)).order_by(t.c.id)
         if runtime is not None:
             query = query.where(t.c.runtime == runtime)
+        if ti_id is not None:
+            query = query.where(t.c.ti_id == ti_id)
         return self._many(query)
+
+    def in_states(self, states: Iterable[AttemptState], *, runtime: str | None = None) -> list[Attempt]:
+        """Every attempt in one of ``states`` (optionally only of ``runtime``), oldest id first: one query on the
+        ``(state, id)`` index. The lifecycle reads the rows that need action now this way (CLAIMED, EXITED,
+        SETTLING: few, and each settled within a pass or two), never the LIVE ones (:meth:`open_page`).
+
+        :raises ValueError: ``states`` is empty or names an unknown state.
+        """
+        names = [s.value for s in self._expected(states)]
+        t = attempt_table
+        query = sa.select(t).where(t.c.state.in_(names)).order_by(t.c.id)
+        if runtime is not None:
+            query = query.where(t.c.runtime == runtime)
+        return self._many(query)
+
+    def open_page(self, *, states: Iterable[AttemptState], after_id: int, limit: int,
+                  runtime: str | None = None) -> list[Attempt]:
+        """One keyset page: up to ``limit`` attempts in one of ``states`` (optionally only of ``runtime``) whose
+        ``id`` is above ``after_id``, ascending ``id``. Page on with the last row's ``id``; ``after_id=0``
+        starts at the beginning. A page shorter than ``limit`` is the last one.
+
+        One statement per state (``state = :s AND id > :after ORDER BY id LIMIT :limit``), each a bounded range
+        scan of the ``(state, id)`` index, merged here: the cost of a page is ``len(states) * limit`` index
+        entries whatever the number of rows (a single ``state IN (…)`` would make PostgreSQL and MySQL gather
+        and sort every matching row for the ``ORDER BY``). All in one transaction.
+
+        :raises ValueError: ``limit`` below 1, ``after_id`` below 0, or an empty/unknown ``states``.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        if after_id < 0:
+            raise ValueError(f"after_id must be >= 0, got {after_id}")
+        t = attempt_table
+        rows: list[RowMapping] = []
+        with self._tx() as conn:
+            for state in self._expected(states):
+                query = sa.select(t).where(t.c.state == state.value, t.c.id > after_id)
+                if runtime is not None:
+                    query = query.where(t.c.runtime == runtime)
+                rows.extend(conn.execute(query.order_by(t.c.id).limit(limit)).mappings().all())
+        rows.sort(key=lambda r: r["id"])
+        return [Attempt.from_row(r) for r in rows[:limit]]
+
+    def open_ti_ids(self, ti_ids: Iterable[str]) -> set[str]:
+        """The ids among ``ti_ids`` that have an attempt not CLOSED, of any runtime (one query on the unique
+        key's leading ``ti_id``): what the orphan-run reaper asks of a page of Airflow's RUNNING task
+        instances (:mod:`leoflow_airflow.reap.orphan`)."""
+        wanted = sorted(set(ti_ids))
+        if not wanted:
+            return set()
+        t = attempt_table
+        query = sa.select(t.c.ti_id).where(t.c.ti_id.in_(wanted), t.c.state.in_(_OPEN_STATES)).distinct()
+        with self._tx() as conn:
+            return {str(r[0]) for r in conn.execute(query)}
 
     def closed_before(self, cutoff: datetime, *, limit: int) -> list[Attempt]:
         """Up to ``limit`` CLOSED attempts with ``closed_at < cutoff`` (aware), oldest close first (for GC).

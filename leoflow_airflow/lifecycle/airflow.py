@@ -33,6 +33,10 @@ class AirflowPort(Protocol):
     def ti_liveness(self, ti_ids: list[str]) -> dict[str, tuple[str | None, Any]]:
         """``{ti_id: (state, last_heartbeat_at)}`` for the live rows among ``ti_ids`` (one query)."""
 
+    def running_tis(self, after: str | None, limit: int) -> list[Any]:
+        """One keyset page of Airflow's RUNNING task instances after ``ti_id`` ``after`` (None: from the start),
+        ascending id, at most ``limit``: ``reap.orphan.RunningTI`` rows (one query)."""
+
     def jobs_alive(self, job_ids: set[int]) -> set[int]:
         """The ids among ``job_ids`` whose Airflow ``Job`` row is alive (``Job.is_alive``: state running and a
         heartbeat within the job type's health-check threshold); a missing row is not alive (one query)."""
@@ -94,6 +98,12 @@ class AirflowIO:
         from leoflow_airflow.airflow_db import load_ti_liveness
 
         return load_ti_liveness(ti_ids)
+
+    def running_tis(self, after: str | None, limit: int) -> list[Any]:
+        """See :class:`AirflowPort`: :func:`leoflow_airflow.airflow_db.load_running_tis`."""
+        from leoflow_airflow.airflow_db import load_running_tis
+
+        return list(load_running_tis(after, limit))
 
     def jobs_alive(self, job_ids: set[int]) -> set[int]:
         """See :class:`AirflowPort`."""

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from leoflow_agent.outcome import OutcomeRecord
@@ -75,6 +76,7 @@ from leoflow_airflow.lifecycle.runtime import (
     launch_id,
 )
 from leoflow_airflow.reap import lost as reapers
+from leoflow_airflow.reap import orphan
 from leoflow_airflow.reap.gate import SettlingGate
 
 if TYPE_CHECKING:
@@ -84,6 +86,24 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _S = AttemptState
+
+ACT_STATES: frozenset[AttemptState] = frozenset({_S.CLAIMED, *SETTLE_STATES})
+"""States read whole every ``sync()``: rows that need action now (looked up, settled) and are few."""
+
+
+@dataclass(frozen=True)
+class LivePage:
+    """One keyset page of LIVE attempts (:meth:`Lifecycle.next_page`): ``rows`` have ids in ``(after, upto]``
+    (``upto`` None: to the end of the table); ``wrapped``: this page ended a sweep (the next one starts over)."""
+
+    rows: list[Attempt]
+    after: int
+    upto: int | None
+    wrapped: bool
+
+    def covers(self, row_id: int | None) -> bool:
+        """True when a row with this id, were it LIVE, would be in this page."""
+        return row_id is not None and row_id > self.after and (self.upto is None or row_id <= self.upto)
 
 
 class Lifecycle:
@@ -135,6 +155,14 @@ class Lifecycle:
         # attempts a reaper killed because they cannot start: ref -> (what follows once gone, why). In memory: a
         # restarted scheduler re-dispatches such an attempt, and the new one is judged again (issue 10 item 1)
         self._start_ends: dict[AttemptRef, tuple[reapers.After, str]] = {}
+        self._kill_ids: dict[AttemptRef, int | None] = {}  # the ledger id of each ``_killing`` entry's row
+        # keyset cursors (issue 10 item 1): the last ledger id of the LIVE page read last (0: a new sweep starts),
+        # and the last task instance id of the orphan-run reaper's page of Airflow's RUNNING rows (None: start)
+        self._live_after = 0
+        self._orphan_after: str | None = None
+        # which task instances this executor queued (the orphan-run reaper's candidates); the executor sets it
+        # at start() from its name. Until then nothing is taken for this executor's
+        self.ownership = orphan.Ownership(frozenset(), default=False)
 
     # --- output -----------------------------------------------------------------------------------------
     def take(self) -> list[SchedulerAction]:
@@ -220,13 +248,20 @@ class Lifecycle:
 
     # --- one sync() -----------------------------------------------------------------------------------
     def cycle(self) -> list[SchedulerAction]:
-        """One ``sync()``: apply the runtime's events, reconcile, reap behind the settling gate, collect."""
+        """One ``sync()``: apply the runtime's events, reconcile (every row that needs action, one page of LIVE
+        ones), reap that page and one page of Airflow's RUNNING task instances behind the settling gate,
+        collect. The gate counts a sweep when the LIVE cursor wraps: every LIVE row was looked at once."""
         self.apply(self.runtime.poll())
         self._release_later()
-        self.reconcile()
-        self.gate.swept()
+        page, presence = self.reconcile()
+        if page.wrapped:
+            self.gate.swept()
         if self.gate.is_open(self.monotonic()):
-            self.reap()
+            self.reap(page, presence)
+            try:
+                self.reap_orphans()
+            except Exception:  # noqa: BLE001 - a failed read of Airflow's rows waits for the next cycle
+                log.exception("leoflow orphan-run reaper failed; trying again next cycle")
         try:
             removed = self.runtime.collect(self._is_closed)
         except Exception:  # noqa: BLE001 - GC must never break the scheduler loop
@@ -305,10 +340,33 @@ class Lifecycle:
             self.runtime.slot_freed(held_for)
 
     # --- reconcile --------------------------------------------------------------------------------------
-    def reconcile(self) -> None:
-        """Turn presence into attempt states and settle dead attempts within the pass's budget."""
-        attempts = self.ledger.open_attempts(runtime=self.runtime.kind)
-        live = [a for a in attempts if a.state in LIVE_STATES]
+    def next_page(self) -> LivePage:
+        """Read the next keyset page of this runtime's LIVE attempts (``[leoflow] reap_page_size`` rows at most,
+        ascending ledger id after the cursor) and move the cursor on; after the last page it wraps to the start.
+        One read of ``reap_page_size + 1`` rows per LIVE state: the extra row tells whether the page is the last."""
+        size = self.settings.reap_page_size
+        after = self._live_after
+        rows = self.ledger.open_page(states=LIVE_STATES, after_id=after, limit=size + 1, runtime=self.runtime.kind)
+        if len(rows) > size:
+            rows = rows[:size]
+            self._live_after = rows[-1].id or 0
+            return LivePage(rows, after, rows[-1].id, wrapped=False)
+        self._live_after = 0
+        return LivePage(rows, after, None, wrapped=True)
+
+    def reconcile(self) -> tuple[LivePage, dict[AttemptRef, Presence]]:
+        """Turn presence into attempt states and settle dead attempts within the pass's budget.
+
+        Reads every row that needs action now (:data:`ACT_STATES`: CLAIMED, EXITED, SETTLING) and one keyset
+        page of LIVE rows (:meth:`next_page`), so its cost does not grow with the number of running attempts:
+        only the page is observed, and a LIVE row found GONE is moved to EXITED and settled at once. Returns the
+        page and its presence (the reapers act on that same page)."""
+        acting = self.ledger.in_states(ACT_STATES, runtime=self.runtime.kind)
+        page = self.next_page()
+        live = page.rows
+        by_ref = {a.ref: a for a in acting}
+        by_ref.update((a.ref, a) for a in live)  # read last: a row in both moved on in between
+        attempts = sorted(by_ref.values(), key=lambda a: a.id or 0)
         presence = dict(self.runtime.observe(live)) if live else {}
         for ref in self._silent_foreign(live, presence):
             presence[ref] = Presence.GONE  # settled from DB-only evidence below
@@ -323,6 +381,7 @@ class Lifecycle:
                     attempt = self.ledger.get(attempt.ref) or attempt
             if attempt.state in SETTLE_STATES and attempt.ref not in self._settling and budget.take():
                 self._settle(attempt, budget)
+        return page, presence
 
     def _silent_foreign(self, live: Sequence[Attempt], presence: dict[AttemptRef, Presence]) -> list[AttemptRef]:
         """Another host's live attempts that may be settled here (``hosts.decide_foreign``: TI heartbeat silent
@@ -620,12 +679,15 @@ class Lifecycle:
         self._waiting_for_api.discard(attempt.ref)
         self._replay_stalled_at.pop(attempt.ref, None)
         self._killing.pop(attempt.ref, None)
+        self._kill_ids.pop(attempt.ref, None)
         self._start_ends.pop(attempt.ref, None)
         return changed
 
     # --- reap -------------------------------------------------------------------------------------------
-    def reap(self) -> None:
-        """Run the lost-agent reapers (pure decisions) on the LIVE dispatched attempts and kill what they name.
+    def reap(self, page: LivePage, presence: Mapping[AttemptRef, Presence]) -> None:
+        """Run the lost-agent reapers (pure decisions) on the dispatched attempts of this cycle's LIVE ``page``
+        (its ``presence`` as :meth:`reconcile` observed it; rows found GONE were moved to EXITED there) and kill
+        what they name. Every LIVE row comes round once per sweep, so none hides behind the others.
 
         Each attempt is killed once (logged, a ``TaskEvent``, one signal): the agent-lost reaper with
         ``reap_kill_grace`` (its task's ``on_kill`` runs), the dispatch-lost reapers at once (no body started).
@@ -636,12 +698,13 @@ class Lifecycle:
         The kill is never waited for here; it ends as ``Exited`` / GONE and the attempt is settled from its
         evidence. An attempt still named :data:`KILL_ESCALATION_SLACK` seconds past its grace is killed once
         more, at once (the runtime lost the first kill)."""
-        live = [a for a in self.ledger.open_attempts(runtime=self.runtime.kind) if a.state == _S.DISPATCHED]
+        live = [a for a in page.rows if a.state == _S.DISPATCHED and presence.get(a.ref) != Presence.GONE]
         still = {a.ref for a in live}
-        self._killing = {ref: due for ref, due in self._killing.items() if ref in still}  # left DISPATCHED: over
+        for ref in [r for r in self._killing if r not in still and page.covers(self._kill_ids.get(r))]:
+            self._killing.pop(ref)  # its row left DISPATCHED: the kill is over
+            self._kill_ids.pop(ref, None)
         if not live:
             return
-        presence = self.runtime.observe(live)
         tis = self.airflow.ti_liveness([a.ref.ti_id for a in live])
         progress = self.runtime.start_progress([a for a in live if presence.get(a.ref) == Presence.LIVE
                                                 and tis.get(a.ref.ti_id, (None, None))[0] == "queued"])
@@ -667,12 +730,48 @@ class Lifecycle:
                 continue  # signalled already: its end comes through the runtime's events and presence
             grace = self.reap_kill_grace if action.reaper == "agent-lost" else 0.0
             self._killing[action.ref] = now + grace + KILL_ESCALATION_SLACK
+            self._kill_ids[action.ref] = attempt.id
             if action.after is not reapers.After.SETTLE:
                 self._start_ends[action.ref] = (action.after, action.why)
             log.warning("leoflow %s reaper: killing attempt %s (SIGTERM, then SIGKILL after %.0f s): %s",
                         action.reaper, action.ref, grace, action.why)
             self._out.append(TaskEvent(self.key_of(attempt), f"leoflow {action.reaper}", action.why))
             self.runtime.kill(attempt, grace=grace)
+
+    def reap_orphans(self) -> list[tuple[str, Any]]:
+        """The orphan-run reaper (:mod:`leoflow_airflow.reap.orphan`) on one keyset page of Airflow's RUNNING
+        task instances (``[leoflow] reap_page_size`` at most, after its own cursor, wrapping after the last
+        page): each one of this executor's with no open attempt in the ledger and silent past ``[leoflow]
+        orphan_run_threshold`` is re-driven through the infra path (``AirflowPort.infra_redrive``: a new try on
+        the infra budget, no user retry spent, a Log row ``leoflow orphan-run: <why>``). The dag run is never
+        touched.
+
+        Each act re-checks: the ledger once more (an attempt claimed since the page was read wins), then the
+        re-drive's own guarded transaction (the row locked ``FOR UPDATE`` only while it is still that ``ti_id``
+        in RUNNING). Returns ``[(ti_id, RedriveResult)]`` of the re-drives tried: ``REDRIVEN`` changed the row;
+        ``MOVED_ON`` and ``BUDGET_SPENT`` changed nothing (with the budget spent Airflow's own heartbeat purge
+        fails the task, through the user's retries)."""
+        size = self.settings.reap_page_size
+        rows = self.airflow.running_tis(self._orphan_after, size + 1)
+        if len(rows) > size:
+            rows = rows[:size]
+            self._orphan_after = rows[-1].ti_id
+        else:
+            self._orphan_after = None
+        if not rows:
+            return []
+        opened = self.ledger.open_ti_ids([r.ti_id for r in rows])
+        views = [orphan.OrphanView(r, r.ti_id in opened) for r in rows]
+        settings = orphan.OrphanSettings(self.settings.orphan_run_threshold, self.ownership)
+        results: list[tuple[str, Any]] = []
+        for action in orphan.decide(views, self.utcnow(), settings):
+            current = self.ledger.current(action.ti_id)
+            if current is not None and current.state != _S.CLOSED:
+                continue  # claimed since the page was read: watched again
+            result = self.airflow.infra_redrive(action.ti_id, f"leoflow {action.reaper}: {action.why}")
+            log.warning("leoflow %s reaper: %s; re-drive: %s", action.reaper, action.why, result)
+            results.append((action.ti_id, result))
+        return results
 
     # --- adoption, revoke, shutdown ---------------------------------------------------------------------
     def adopt(self, tis: Sequence[Any], now: Any) -> tuple[list[Any], list[Any]]:
@@ -690,6 +789,7 @@ class Lifecycle:
         infra budget.
         """
         self.gate.reset(self.monotonic())  # no reaping from a half-built picture
+        self._live_after = 0  # the sweep the gate waits for starts now, at the first LIVE row
         not_adopted: list[Any] = []
         lost: list[Any] = []
         for ti in tis:
@@ -725,9 +825,7 @@ class Lifecycle:
         """Kill exactly that ti_id's attempts at once and forget them; never an Airflow state change. Airflow
         revokes a TI it holds QUEUED (stuck in queued) before it queues it again: that attempt must not run at
         all, so the kill has no grace."""
-        for attempt in self.ledger.open_attempts(runtime=self.runtime.kind):
-            if attempt.ref.ti_id != ti_id:
-                continue
+        for attempt in self.ledger.open_attempts(runtime=self.runtime.kind, ti_id=ti_id):
             gone = self.runtime.kill(attempt, grace=0.0) == Presence.GONE
             lid = launch_id(attempt.ref)
             launch = self.table.get(lid)

@@ -55,6 +55,7 @@ class FakeRuntime:
         self.adopted: list[AttemptRef] = []
         self.forgotten: list[AttemptRef] = []
         self.freed: list[float] = []
+        self.observed: list[list[AttemptRef]] = []  # the attempts of each ``observe`` call, in order
         self.stopped = False
 
     def start(self) -> None:
@@ -94,6 +95,7 @@ class FakeRuntime:
 
     def observe(self, attempts: Sequence[Any]) -> dict[AttemptRef, Presence]:
         """From ``presence``; unset: LIVE with a handle (a pid, or ``located``), GONE without (Lite's answer)."""
+        self.observed.append([a.ref for a in attempts])
         return {a.ref: self.presence.get(a.ref, Presence.LIVE if a.pid is not None or a.ref in self.located
                                          else Presence.GONE) for a in attempts}
 
@@ -166,6 +168,9 @@ class FakeAirflow:
     held_off: list[str] = field(default_factory=list)
     retry_requests: list[str] = field(default_factory=list)
     alive_jobs: set[int] = field(default_factory=set)
+    heartbeats: dict[str, Any] = field(default_factory=dict)  # ti_id -> ``last_heartbeat_at`` (unset: None)
+    running: list[Any] = field(default_factory=list)  # ``reap.orphan.RunningTI`` rows ``running_tis`` pages
+    running_reads: list[tuple[str | None, int]] = field(default_factory=list)  # (after, limit) of each page read
 
     def put(self, ti_id: str, state: str | None, *, try_number: int = 1, logical: tuple = ("dag", "run", "task", -1),
             queued_by_job_id: int | None = None) -> None:
@@ -188,8 +193,14 @@ class FakeAirflow:
     def jobs_alive(self, job_ids: set[int]) -> set[int]:
         return set(job_ids) & self.alive_jobs
 
+    def running_tis(self, after: str | None, limit: int) -> list[Any]:
+        """A keyset page of ``running`` (RUNNING rows only), ascending ``ti_id``, as Airflow's query pages it."""
+        self.running_reads.append((after, limit))
+        rows = sorted((r for r in self.running if r.state == "running"), key=lambda r: r.ti_id)
+        return [r for r in rows if after is None or r.ti_id > after][:limit]
+
     def ti_liveness(self, ti_ids: list[str]) -> dict[str, tuple[str | None, Any]]:
-        return {i: (self.rows[i].state, None) for i in ti_ids if i in self.rows}
+        return {i: (self.rows[i].state, self.heartbeats.get(i)) for i in ti_ids if i in self.rows}
 
     def replay(self, record: OutcomeRecord) -> SettleResult:
         self.replays.append(record)

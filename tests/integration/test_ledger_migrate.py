@@ -224,3 +224,42 @@ def test_attempt_exchange_migration_up_and_down_on_sqlite(tmp_path):
         upgraded=("SELECT ti_id, state, pod_name, exchanged_at, exchange_credential_id FROM leoflow_attempt",
                   [("t1", "dispatched", "p", None, None)]),
         downgraded=("SELECT ti_id, state, pod_name FROM leoflow_attempt", [("t1", "dispatched", "p")]))
+
+
+@pytest.mark.airflow
+def test_attempt_state_id_index_migration_up_and_down_on_sqlite(tmp_path):
+    """Revision 0005 (issue 10 item 1): a ledger at revision 0004 (an index on ``state`` alone) holding a
+    dispatched attempt is upgraded by a plain ``airflow db migrate`` to the models' schema: the ``(state, id)``
+    index the keyset pages read replaces it, and the row is kept; downgrading puts the ``state`` index back."""
+    db_url = f"sqlite:///{tmp_path / 'airflow.db'}"
+    env = airflow_env(tmp_path, db_url)
+    run([AIRFLOW, "db", "migrate"], env)
+    run([sys.executable, "-c", DOWNGRADE_SCRIPT, "6d1f0a8e2c93"], env)
+    engine = sa.create_engine(db_url, poolclass=sa.NullPool)
+
+    def indexes() -> dict[str, list[str]]:
+        with engine.connect() as conn:
+            return {ix["name"]: ix["column_names"] for ix in sa.inspect(conn).get_indexes("leoflow_attempt")
+                    if "state" in ix["column_names"]}
+
+    def rows() -> list[tuple]:
+        with engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(sa.text("SELECT ti_id, state FROM leoflow_attempt")).all()]
+
+    try:
+        assert indexes() == {"ix_leoflow_attempt_state": ["state"]}
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO leoflow_attempt (ti_id, try_number, attempt_epoch, dag_id, task_id, run_id, map_index, "
+                "state, runtime, workload_json, created_at, updated_at) VALUES ('t1', 1, 1, 'd', 't', 'r', -1, "
+                "'dispatched', 'lite', '{}', '2026-12-01 00:00:00', '2026-12-01 00:00:00')"))
+        out = run([AIRFLOW, "db", "migrate"], env)
+        assert "9a4c7e2b5d18" in out or "Running upgrade" in out, out[-2000:]
+        assert schema_diff(db_url) == []
+        assert indexes() == {"ix_leoflow_attempt_state_id": ["state", "id"]}
+        assert rows() == [("t1", "dispatched")]
+        run([sys.executable, "-c", DOWNGRADE_SCRIPT, "6d1f0a8e2c93"], env)
+        assert indexes() == {"ix_leoflow_attempt_state": ["state"]}
+        assert rows() == [("t1", "dispatched")]
+    finally:
+        engine.dispose()

@@ -176,3 +176,42 @@ def test_forked_child_gets_its_own_connection(db_url):
     with store.engine.connect() as conn:  # the parent's pooled connection still works
         assert conn.execute(backend_pid).scalar_one() == parent_backend
     engine.dispose()
+
+
+def test_keyset_pages_walk_live_rows_once_on_the_state_id_index(db_url):
+    """Issue 10 item 1: ``open_page`` pages a ledger of 600 LIVE attempts among 20,400 CLOSED ones by id, each
+    LIVE row once; PostgreSQL answers a page by a range scan of the ``(state, id)`` index, without sorting
+    the state's rows, for a page small beside them (its cost does not grow with the running attempts or the
+    history)."""
+    engine = sa.create_engine(db_url, poolclass=sa.NullPool)
+    store = LedgerStore(engine)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM leoflow_attempt"))
+            conn.execute(sa.text(
+                "INSERT INTO leoflow_attempt (ti_id, try_number, attempt_epoch, dag_id, task_id, run_id, map_index, "
+                "state, runtime, workload_json, created_at, updated_at) "
+                "SELECT 'page-' || g, 1, 1, 'page', 't', 'r', -1, "
+                "CASE WHEN g % 70 = 0 THEN 'dispatched' WHEN g % 70 = 1 THEN 'reported' ELSE 'closed' END, "
+                "'lite', '{}', now(), now() FROM generate_series(1, 21000) AS g"))
+            conn.execute(sa.text("ANALYZE leoflow_attempt"))
+        live_ids = [r[0] for r in engine.connect().execute(sa.text(
+            "SELECT id FROM leoflow_attempt WHERE state IN ('dispatched', 'reported') ORDER BY id"))]
+        assert len(live_ids) == 600
+        seen, after = [], 0
+        while True:
+            page = store.open_page(states=[S.DISPATCHED, S.REPORTED], after_id=after, limit=250, runtime="lite")
+            seen += [a.id for a in page]
+            if len(page) < 250:
+                break
+            after = page[-1].id
+        assert seen == live_ids
+        with engine.connect() as conn:
+            plan = "\n".join(r[0] for r in conn.execute(sa.text(
+                "EXPLAIN SELECT * FROM leoflow_attempt WHERE state = 'dispatched' AND id > :after "
+                "AND runtime = 'lite' ORDER BY id LIMIT 21"), {"after": live_ids[0]}))
+        assert "Index Scan using ix_leoflow_attempt_state_id" in plan and "Sort" not in plan, plan
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM leoflow_attempt WHERE dag_id = 'page'"))
+        engine.dispose()

@@ -6,7 +6,9 @@ dag-processor, api-server; SQLite), with leoflow's test-only fault injection:
 * a user marking a running task success is not re-driven; a user clearing a running task re-runs at once;
 * the api-server down until the supervisor gives up on heartbeats counts as infra, not as a user retry;
 * fencing: Airflow's stuck-in-queued requeue keeps the ``ti_id``; epoch 1's record cannot settle epoch 2,
-  and epoch 2 starts only after epoch 1 is dead.
+  and epoch 2 starts only after epoch 1 is dead;
+* the orphan-run reaper (issue 10 item 1): a RUNNING task whose ledger row was lost is re-run on the infra
+  budget once it is silent past ``[leoflow] orphan_run_threshold``, not failed by Airflow's purge.
 
 DAGs: ``tests/fault_dags/leoflow_more.py``. Helpers: ``fault_helpers.py``.
 """
@@ -18,6 +20,7 @@ import signal
 import time
 from datetime import datetime, timezone
 
+import psutil
 import pytest
 
 from fault_helpers import FaultStack, attempt_of, callbacks, executions, overlaps, pid_alive, wait_until
@@ -49,9 +52,11 @@ def _first_start(stack: FaultStack, dag_id: str, task_id: str, run_id: str, time
 
 @pytest.fixture(scope="class")
 def stack(tmp_path_factory: pytest.TempPathFactory):
-    """One stack per class with ``[leoflow] infra_retry_budget = 1`` and fast heartbeat loss; every process is
-    stopped at the end, even on failure."""
-    extra = {"AIRFLOW__LEOFLOW__INFRA_RETRY_BUDGET": "1", **FAST_HEARTBEAT_LOSS}
+    """One stack per class with ``[leoflow] infra_retry_budget = 1``, fast heartbeat loss and a 20 s
+    ``orphan_run_threshold`` (it acts only on a RUNNING task with no open attempt: no other scenario makes one);
+    every process is stopped at the end, even on failure."""
+    extra = {"AIRFLOW__LEOFLOW__INFRA_RETRY_BUDGET": "1", "AIRFLOW__LEOFLOW__ORPHAN_RUN_THRESHOLD": "20",
+             **FAST_HEARTBEAT_LOSS}
     with FaultStack(tmp_path_factory.mktemp("faults-more"), extra_env=extra) as s:
         s.up(["lf_budget", "lf_bash", "lf_user", "lf_hb"])
         yield s
@@ -146,6 +151,45 @@ class TestOneStack:
             problems.append(f"clear: ledger resolutions {resolutions}")
         print(f"budget/bash/mark/clear scenarios took {time.monotonic() - t0:.0f}s")
         assert not problems, "\n".join(problems)
+
+    def test_a_running_task_whose_ledger_row_was_lost_is_rerun_on_the_infra_budget(self, stack: FaultStack) -> None:
+        """The orphan-run reaper. A running task's ledger row is closed behind leoflow's back (a lost row), then
+        its agent and body are killed: nothing of leoflow watches the TI, which Airflow still shows RUNNING.
+        Once silent past ``orphan_run_threshold`` (20 s) it is re-run as try 2 on the infra budget (``max_tries``
+        0 -> 1, one re-drive Log row naming ``leoflow orphan-run``, no failure callback: the user's retries are
+        untouched), long before Airflow's 300 s heartbeat purge would have failed it; the body ran once more."""
+        run = stack.trigger_with("lf_user", prefix="orphan")
+        first = _first_start(stack, "lf_user", "long", run)
+        attempt = attempt_of(stack, "lf_user", run, "long", first)
+        stack.db("UPDATE leoflow_attempt SET state = 'closed', resolution = 'moved_on', detail = 'lost by the test', "
+                 "closed_at = updated_at WHERE ti_id = ? AND attempt_epoch = ?", attempt["ti_id"],
+                 attempt["attempt_epoch"])
+        agent = psutil.Process(attempt["pid"])
+        for proc in [*agent.children(recursive=True), agent]:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        t_kill = time.time()
+        wait_until(lambda: not pid_alive(first.pid), 30, "the first body to die")
+        assert stack.ti_row("lf_user", run, "long")["state"] == "running"
+        assert _wait_run(stack, "lf_user", run, 240) == "success"
+
+        ti = stack.ti_row("lf_user", run, "long")
+        assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 2, 1), ti
+        execs = executions(stack, "lf_user", "long", run)
+        assert [e.try_number for e in execs] == [1, 2] and not execs[0].ended and execs[1].ended, execs
+        assert not overlaps(execs)
+        assert 20 <= execs[1].start - t_kill < 150, f"re-run {execs[1].start - t_kill:.0f}s after the kill"
+        extras = [x for (x,) in stack.db("select extra from log where dag_id = ? and run_id = ? and task_id = ? "
+                                         "and event = ?", "lf_user", run, "long", INFRA)]
+        assert len(extras) == 1 and "leoflow orphan-run: " in extras[0] and "no open leoflow attempt" in extras[0], \
+            extras
+        time.sleep(3)
+        cb = callbacks(stack, "lf_user")
+        assert cb[("long", "1", "failure")] == 0 and cb[("long", "2", "failure")] == 0, dict(cb)
+        rows = stack.attempts("lf_user", run, "long")
+        assert [(a["try_number"], a["resolution"]) for a in rows] == [(1, "moved_on"), (2, "reported")], rows
 
     def test_api_server_blip_the_supervisor_survives_is_not_a_loss(self, stack: FaultStack) -> None:
         """The api-server freezes (SIGSTOP) for 16 s: long enough for several heartbeat *requests* to time out

@@ -190,3 +190,47 @@ def test_budget_decision_table():
                                clear_number=3).allowed
     assert not budget_decision(spent=None, seen_max_tries=None, max_tries=0, limit=0, seen_clear_number=None,
                                clear_number=0).allowed
+
+
+# --- load_running_tis: the orphan-run reaper's keyset page of Airflow's RUNNING rows ------------------------------
+
+def test_running_tis_pages_airflows_running_rows_by_id(engine):
+    """Only RUNNING task instances, each with its dag run's state and start, ascending id, strictly after the
+    cursor, at most ``limit`` per page; paging on with the last ``ti_id`` visits each exactly once. Timestamps
+    come back tz-aware UTC (what the pure decision compares with)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+
+    from leoflow_airflow.airflow_db import load_running_tis
+
+    with Session(engine) as session:
+        session.execute(sa.delete(TaskInstance.__table__))
+        session.execute(sa.insert(DagRun.__table__).values(
+            dag_id="d", run_id="r-page", run_type="manual", run_after=T0, state="running", start_date=T0))
+        running = [_add_ti(session, "r-page", task_id=f"t{i}", heartbeat=T0 + timedelta(seconds=i)) for i in range(5)]
+        _add_ti(session, "r-page", state="success", task_id="done")
+        _add_ti(session, "r-page", state="queued", task_id="waiting")
+        session.execute(sa.update(TaskInstance.__table__).where(TaskInstance.task_id == "t0").values(
+            executor="CeleryExecutor", queued_dttm=T0, start_date=T0))
+        session.commit()
+
+        seen, after = [], None
+        while True:
+            page = load_running_tis(after, 2, session=session)
+            assert len(page) <= 2
+            seen += page
+            if len(page) < 2:
+                break
+            after = page[-1].ti_id
+        assert sorted(running) == [r.ti_id for r in seen]  # each once, in id order
+        by_id = {r.ti_id: r for r in seen}
+        first = by_id[running[0]]
+        assert (first.state, first.run_state, first.executor, first.task_id) == (
+            "running", "running", "CeleryExecutor", "t0")
+        assert first.run_start_date == T0 and first.start_date == T0 and first.queued_dttm == T0
+        assert by_id[running[3]].last_heartbeat_at == T0 + timedelta(seconds=3)
+        assert by_id[running[3]].executor is None
+        assert by_id[running[3]].last_heartbeat_at.tzinfo is not None
+        assert load_running_tis(sorted(running)[-1], 5, session=session) == []
+        with pytest.raises(ValueError):
+            load_running_tis(None, 0, session=session)

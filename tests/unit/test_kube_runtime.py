@@ -230,3 +230,35 @@ def test_a_callback_runs_as_a_local_child_fed_on_stdin(runtime):
     assert proc.wait(120) != 0
     [done] = events_until(rt, 1)
     assert done.launch_id == "cb-1" and done.ok is False
+
+
+def test_start_progress_keeps_a_pods_first_seen_time_while_other_pages_are_asked(runtime, monkeypatch):
+    """The lifecycle asks ``start_progress`` for one keyset page of attempts per sync() (issue 10 item 1): a pod
+    pulling its image is asked again only a sweep later, and must keep the time it was first seen pulling (the
+    60 s image-pull grace counts from it), not start over because other pages were asked in between. Its entry
+    goes once its attempt is forgotten."""
+    from leoflow_airflow.runtime.kubernetes import decide
+
+    make, _ = runtime
+    rt = make()
+    a, b = (SimpleNamespace(ref=AttemptRef(str(uuid.uuid4()), 1, 1)) for _ in range(2))
+    uid = {a.ref: "uid-a", b.ref: "uid-b"}
+    monkeypatch.setattr(rt, "_where", lambda attempt: ("pod", uid[attempt.ref], None))
+    monkeypatch.setattr(rt, "_presence", lambda name, u, ref: (Presence.LIVE, SimpleNamespace(uid=u)))
+    monkeypatch.setattr(decide, "start_key", lambda view: "pulling")
+    firsts: list[tuple[str, object]] = []
+
+    def progress(view, *, first_seen, unschedulable_timeout):
+        firsts.append((view.uid, first_seen))
+        return first_seen
+
+    monkeypatch.setattr(decide, "start_progress", progress)
+    rt.start_progress([a])
+    rt.start_progress([b])  # the next page
+    rt.start_progress([a])  # a sweep later
+    assert [u for u, _ in firsts] == ["uid-a", "uid-b", "uid-a"]
+    assert firsts[2][1] == firsts[0][1]
+    rt._launches[launch_id(a.ref)] = SimpleNamespace(creating=False, name="pod", uid="uid-a")
+    rt.forget(a.ref)
+    rt.start_progress([a])
+    assert firsts[3][1] > firsts[0][1]  # forgotten: first seen anew

@@ -153,3 +153,33 @@ def test_the_termination_valve_must_open_before_the_purge(valve, threshold, warn
     values = replace(DEFAULTS, pod_termination_valve=valve, agent_lost_threshold=threshold)
     rungs = [w.rung for w in ladder.evaluate(values).warnings]
     assert ("pod_termination_valve" in rungs) is warned, rungs
+
+
+@pytest.mark.parametrize("threshold, refused, warned", [
+    (240, False, False),   # the default: inside the window
+    (279, False, False),
+    (280, False, True),    # at the window's upper bound: a late sweep may meet the purge
+    (299, False, True),
+    (300, True, False),    # not below the purge: refused
+    (600, True, False),
+])
+def test_orphan_run_threshold_must_stay_below_the_heartbeat_purge(threshold, refused, warned):
+    """``[leoflow] orphan_run_threshold`` at or above ``[scheduler] task_instance_heartbeat_timeout`` refuses to
+    start (Airflow's purge would always fail an orphan first, spending a user retry); inside the last
+    ``2 x maintenance_interval + settle_timeout`` seconds before it, a warning naming the keys."""
+    report = ladder.evaluate(replace(DEFAULTS, orphan_run_threshold=threshold))
+    assert [r.rung for r in report.violations] == (["orphan_run_threshold"] if refused else [])
+    assert [r.rung for r in report.warnings] == (["orphan_run_threshold"] if warned else [])
+    for rung in report.violations + report.warnings:
+        assert f"[leoflow] orphan_run_threshold = {threshold:g}" in rung.message
+        assert rung.values["scheduler.task_instance_heartbeat_timeout"] == 300
+    if refused:
+        with pytest.raises(LadderViolation, match="orphan_run_threshold"):
+            ladder.enforce(report, lambda rung: None)
+
+
+def test_read_values_checks_the_orphan_run_threshold():
+    """The executor's ladder reads ``[leoflow] orphan_run_threshold`` (default 240 s, inside the window)."""
+    values = ladder.read_values(settings.load(get=lambda s, k, f: f), getfloat=lambda s, k, f: f)
+    assert values.orphan_run_threshold == 240
+    assert ladder.evaluate(values).violations == ()

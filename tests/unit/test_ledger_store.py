@@ -215,6 +215,81 @@ def test_open_attempts_lists_unclosed_by_id_and_filters_runtime(store):
     assert [a.ref for a in store.open_attempts(runtime="kubernetes")] == [k8s.ref]
 
 
+def _live(store: LedgerStore, state: AttemptState = S.DISPATCHED, **kw):
+    """A claimed attempt moved to ``state`` (DISPATCHED, REPORTED, EXITED …); its current row."""
+    a = claim(store, **kw)
+    path = {S.DISPATCHED: [S.DISPATCHED], S.REPORTED: [S.DISPATCHED, S.REPORTED],
+            S.EXITED: [S.DISPATCHED, S.EXITED], S.CLOSED: [S.CLOSED], S.CLAIMED: []}[state]
+    frm = S.CLAIMED
+    for to in path:
+        extra = {"resolution": "launch_failed"} if to is S.CLOSED else {}
+        assert store.transition(a.ref, expected=[frm], to=to, **extra)
+        frm = to
+    return store.get(a.ref)
+
+
+def test_open_page_walks_live_rows_by_id_after_a_cursor(store):
+    """Keyset pages (issue 10 item 1): LIVE rows of the runtime, ascending id, strictly after the cursor, at most
+    ``limit``; rows of another state or runtime are never in a page, and paging on with the last id visits each
+    LIVE row exactly once."""
+    rows = [_live(store, S.DISPATCHED), _live(store, S.CLAIMED), _live(store, S.REPORTED),
+            _live(store, S.DISPATCHED, runtime="kubernetes"), _live(store, S.EXITED), _live(store, S.CLOSED),
+            _live(store, S.DISPATCHED), _live(store, S.REPORTED), _live(store, S.DISPATCHED)]
+    live = [a for a in rows if a.state in (S.DISPATCHED, S.REPORTED) and a.runtime == "lite"]
+    assert [a.id for a in rows] == sorted(a.id for a in rows)  # ids ascend in claim order
+    states = [S.DISPATCHED, S.REPORTED]
+
+    seen, after, pages = [], 0, 0
+    while True:
+        page = store.open_page(states=states, after_id=after, limit=2, runtime="lite")
+        assert len(page) <= 2 and [a.id for a in page] == sorted(a.id for a in page)
+        assert all(a.id > after for a in page)
+        seen += page
+        pages += 1
+        if len(page) < 2:
+            break
+        after = page[-1].id
+    assert [a.ref for a in seen] == [a.ref for a in live]  # each once, in ledger order
+    assert pages == 3  # 5 LIVE lite rows: 2 + 2 + 1
+
+    assert [a.ref for a in store.open_page(states=states, after_id=0, limit=10)] == \
+        [a.ref for a in rows if a.state in (S.DISPATCHED, S.REPORTED)]  # no runtime: every runtime's
+    assert store.open_page(states=states, after_id=rows[-1].id, limit=5, runtime="lite") == []
+    for bad in ({"limit": 0, "after_id": 0}, {"limit": 1, "after_id": -1}):
+        with pytest.raises(ValueError):
+            store.open_page(states=states, **bad)
+
+
+def test_in_states_reads_only_the_rows_that_need_action(store):
+    """``in_states``: every row in the given states (CLAIMED, EXITED, SETTLING for the lifecycle), ledger order,
+    runtime filtered; LIVE and CLOSED rows are not read."""
+    claimed = _live(store, S.CLAIMED)
+    _live(store, S.DISPATCHED)
+    exited = _live(store, S.EXITED)
+    _live(store, S.CLOSED)
+    _live(store, S.EXITED, runtime="kubernetes")
+    settling = _live(store, S.EXITED)
+    assert store.transition(settling.ref, expected=[S.EXITED], to=S.SETTLING)
+    got = store.in_states([S.CLAIMED, S.EXITED, S.SETTLING], runtime="lite")
+    assert [(a.ref, a.state) for a in got] == [(claimed.ref, S.CLAIMED), (exited.ref, S.EXITED),
+                                               (settling.ref, S.SETTLING)]
+    with pytest.raises(ValueError):
+        store.in_states([])
+
+
+def test_open_ti_ids_names_the_task_instances_with_an_open_attempt(store):
+    """Any runtime, any open state; a ti_id whose every epoch is CLOSED has none."""
+    open_lite = _live(store, S.DISPATCHED)
+    open_k8s = _live(store, S.CLAIMED, runtime="kubernetes")
+    closed = _live(store, S.CLOSED)
+    unknown = str(uuid.uuid4())
+    asked = [open_lite.ref.ti_id, open_k8s.ref.ti_id, closed.ref.ti_id, unknown]
+    assert store.open_ti_ids(asked) == {open_lite.ref.ti_id, open_k8s.ref.ti_id}
+    assert store.open_ti_ids([]) == set()
+    assert [a.ref for a in store.open_attempts(ti_id=open_lite.ref.ti_id)] == [open_lite.ref]
+    assert store.open_attempts(ti_id=closed.ref.ti_id) == []
+
+
 def test_closed_before_pages_oldest_first(store, clock):
     closed = []
     for _ in range(4):

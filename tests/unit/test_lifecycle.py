@@ -855,3 +855,172 @@ def test_purge_hold_off_ends_after_replay_holdoff_max_seconds(tmp_path):
     assert world.airflow.held_off == [ref.ti_id] * 2, "held off past replay_holdoff_max_seconds"
     assert world.row(ref).state == S.SETTLING
     world.engine.dispose()
+
+
+# --- issue 10 item 1: keyset-paged candidates; live rows never hide a lost one -------------------------------
+def _paged_world(tmp_path, n: int, **options: str):
+    """``n`` dispatched attempts (their TIs RUNNING with a fresh heartbeat) under ``reap_page_size = 2``, and a
+    fresh lifecycle over them (a restarted scheduler: its LIVE cursor at the start, its gate closed)."""
+    world = World(tmp_path, reap_page_size="2", **options)
+    refs = [world.dispatched()[1] for _ in range(n)]
+    for ref in refs:
+        world.airflow.set_state(ref.ti_id, "running")
+        world.airflow.heartbeats[ref.ti_id] = world.clock.utcnow()
+    world.life = world.new_lifecycle()
+    world.runtime.observed.clear()
+    return world, refs
+
+
+def test_a_gone_attempt_behind_live_ones_is_settled_within_one_sweep_of_pages(tmp_path):
+    """Page size 2, four LIVE attempts first and a GONE one (its pod confirmed absent: no ``Exited`` event)
+    last: each cycle observes at most 2 LIVE attempts, the GONE one is reached on the 3rd cycle =
+    ceil(5 / 2) and settled from its record there, and not before."""
+    world, refs = _paged_world(tmp_path, 5)
+    lost = refs[-1]
+    world.runtime.presence[lost] = Presence.GONE
+    world.record(lost, "success")
+    for _ in range(2):
+        world.life.cycle()
+        assert world.row(lost).state == S.DISPATCHED
+    world.life.cycle()
+    assert world.row(lost).state == S.CLOSED and world.row(lost).resolution == Resolution.REPLAYED
+    assert [len(refs_seen) for refs_seen in world.runtime.observed] == [2, 2, 1]
+    assert [r for seen in world.runtime.observed for r in seen] == refs  # each once, in ledger order
+    assert [world.row(r).state for r in refs[:-1]] == [S.DISPATCHED] * 4
+
+
+def test_a_silent_attempt_past_the_page_is_reaped_within_one_sweep(tmp_path):
+    """After a first full sweep opened the gate, the last of five attempts goes heartbeat-silent: the reaper,
+    which sees one page of two per cycle, kills it within ceil(5 / 2) = 3 cycles, and no other."""
+    world, refs = _paged_world(tmp_path, 5, agent_lost_threshold="60")
+    for _ in range(3):  # the first sweep: the gate opens as the cursor wraps
+        world.life.cycle()
+    assert world.life.gate.is_open(world.clock.monotonic()) and world.runtime.killed == []
+    world.clock.tick(120)
+    for ref in refs[:-1]:
+        world.airflow.heartbeats[ref.ti_id] = world.clock.utcnow()  # the others keep heartbeating
+    cycles = 0
+    while world.runtime.killed == [] and cycles < 3:
+        world.life.cycle()
+        cycles += 1
+    assert world.runtime.killed == [refs[-1]]
+
+
+def test_the_settling_gate_opens_only_after_every_live_row_was_looked_at(tmp_path):
+    """With 5 LIVE attempts and pages of 2 the gate (reap_grace 0) stays closed for the first two cycles and
+    opens at the end of the third, when the cursor wraps; an adoption restarts the sweep it waits for."""
+    world, refs = _paged_world(tmp_path, 5)
+    gate = world.life.gate
+    world.life.cycle()
+    world.life.cycle()
+    assert not gate.is_open(world.clock.monotonic())
+    world.life.cycle()
+    assert gate.is_open(world.clock.monotonic())
+    world.life.cycle()  # a page in the middle of the next sweep
+    world.life.adopt([], world.clock.utcnow())
+    for _ in range(2):
+        world.life.cycle()
+        assert not gate.is_open(world.clock.monotonic())
+    world.life.cycle()
+    assert gate.is_open(world.clock.monotonic())
+
+
+def test_rows_that_need_action_are_read_whole_every_cycle(tmp_path):
+    """CLAIMED and EXITED rows are not paged: an exited attempt behind a full page of LIVE ones is settled in
+    the very next cycle."""
+    world, refs = _paged_world(tmp_path, 4)
+    world.record(refs[-1], "success")
+    world.runtime.presence[refs[-1]] = Presence.GONE
+    assert world.ledger.transition(refs[-1], expected=[S.DISPATCHED], to=S.EXITED)  # the runtime said so
+    world.life.cycle()
+    assert world.row(refs[-1]).resolution == Resolution.REPLAYED
+    assert world.runtime.observed == [refs[:2]]
+
+
+# --- issue 10 item 1: the orphan-run reaper ------------------------------------------------------------------
+def _running_ti(ti_id: str, silent_since: datetime, **kw):
+    from leoflow_airflow.reap.orphan import RunningTI
+
+    values = dict(ti_id=ti_id, dag_id="dag", run_id="run", task_id="task", map_index=-1, try_number=1,
+                  state="running", executor=None, run_state="running", start_date=silent_since,
+                  last_heartbeat_at=silent_since, run_start_date=silent_since - timedelta(seconds=5))
+    values.update(kw)
+    return RunningTI(**values)
+
+
+def _ours(world) -> None:
+    from leoflow_airflow.reap.orphan import Ownership
+
+    world.life.ownership = Ownership(frozenset({"LeoflowExecutor"}), default=True)
+
+
+def test_orphan_run_is_redriven_through_the_infra_path_and_watched_ones_are_not(tmp_path):
+    """A RUNNING TI of this executor with no open attempt, silent past ``orphan_run_threshold``, is re-driven
+    on the infra budget with a reason naming the reaper; one with an open attempt, or silent for less, is left
+    alone. The re-drive happens once: after it the TI is no longer RUNNING."""
+    world = World(tmp_path, orphan_run_threshold="100")
+    _ours(world)
+    w, watched = world.dispatched()
+    now = world.clock.utcnow()
+    orphan_id, recent_id = str(uuid.uuid4()), str(uuid.uuid4())
+    world.airflow.running = [_running_ti(orphan_id, now - timedelta(seconds=150)),
+                             _running_ti(recent_id, now - timedelta(seconds=50)),
+                             _running_ti(watched.ti_id, now - timedelta(seconds=150))]
+    world.life.cycle()
+    assert world.airflow.redrives == [orphan_id]
+    reason = world.airflow.redrive_reasons[0]
+    assert reason.startswith("leoflow orphan-run: ") and "no open leoflow attempt" in reason and "150 s" in reason
+    world.airflow.running = [r for r in world.airflow.running if r.ti_id != orphan_id]  # reset by the re-drive
+    world.life.cycle()
+    assert world.airflow.redrives == [orphan_id]
+
+
+def test_orphan_run_reaper_pages_airflows_running_rows_with_its_own_cursor(tmp_path):
+    """Page size 2: each cycle reads one page of 2 (+1 to see the end) after the last id; the orphan last in id
+    order is reached on the 3rd cycle, then the cursor wraps to the start."""
+    world = World(tmp_path, orphan_run_threshold="100", reap_page_size="2")
+    _ours(world)
+    old = world.clock.utcnow() - timedelta(seconds=500)
+    watched = sorted(world.claim_only(world.queued()).ref.ti_id for _ in range(4))  # each has an open attempt
+    ids = watched + [watched[-1][:-1] + "z"]  # the orphan sorts last
+    world.airflow.running = [_running_ti(ti_id, old) for ti_id in ids]
+    for _ in range(2):
+        world.life.reap_orphans()
+    assert world.airflow.redrives == []
+    world.life.reap_orphans()
+    assert world.airflow.redrives == [ids[-1]]
+    assert world.airflow.running_reads == [(None, 3), (ids[1], 3), (ids[3], 3)]
+    world.life.reap_orphans()
+    assert world.airflow.running_reads[-1] == (None, 3)  # wrapped
+
+
+def test_orphan_run_reaper_waits_for_the_settling_gate(tmp_path):
+    """Behind the gate like the other reapers: with ``reap_grace`` not yet over nothing is re-driven."""
+    world = World(tmp_path, orphan_run_threshold="100", reap_grace="60")
+    _ours(world)
+    world.airflow.running = [_running_ti(str(uuid.uuid4()), world.clock.utcnow() - timedelta(seconds=500))]
+    world.life.cycle()
+    assert world.airflow.redrives == [] and world.airflow.running_reads == []
+    world.clock.tick(61)
+    world.life.cycle()
+    assert len(world.airflow.redrives) == 1
+
+
+def test_a_failed_read_of_airflows_running_rows_does_not_break_the_cycle(tmp_path):
+    """The orphan-run reaper's read fails (a DB hiccup): the cycle still settles and collects, and the next
+    cycle tries again."""
+    world = World(tmp_path, orphan_run_threshold="100")
+    _ours(world)
+    w, ref = world.dispatched()
+    world.record(ref, "success")
+    calls = []
+
+    def broken(after, limit):
+        calls.append(after)
+        raise RuntimeError("database is locked")
+
+    world.airflow.running_tis = broken
+    world.exit(ref)
+    assert world.row(ref).state == S.CLOSED and len(calls) == 1
+    world.life.cycle()
+    assert len(calls) == 2

@@ -102,6 +102,11 @@ def test_values_are_parsed_and_stripped():
         ("zygote_preload", "pandas, dags/etl.py", "'dags/etl.py' is not a dotted module name"),
         ("zygote_preload", "os; rm -rf /", "'os; rm -rf /' is not a dotted module name"),
         ("zygote_preload", "pkg..mod", "'pkg..mod' is not a dotted module name"),
+        ("reap_page_size", "0", "greater than 0"),
+        ("reap_page_size", "-5", "greater than 0"),
+        ("reap_page_size", "2.5", "not a valid integer"),
+        ("orphan_run_threshold", "0", "greater than 0"),
+        ("orphan_run_threshold", "soon", "not a valid float"),
     ],
 )
 def test_malformed_value_names_key_and_value(key, value, why):
@@ -161,6 +166,15 @@ def test_replay_holdoff_max_seconds():
     assert settings.load(getter(replay_holdoff_max_seconds="0")).replay_holdoff_max_seconds == 0.0
     with pytest.raises(ConfigError, match="replay_holdoff_max_seconds"):
         settings.load(getter(replay_holdoff_max_seconds="-1"))
+
+
+def test_reap_page_size_and_orphan_run_threshold():
+    """``reap_page_size``: LIVE attempts per sync(), default 500; ``orphan_run_threshold``: seconds, default 240
+    (below Airflow's 300 s heartbeat purge, above the 120 s agent_lost_threshold)."""
+    loaded = settings.load(getter())
+    assert (loaded.reap_page_size, loaded.orphan_run_threshold) == (500, 240.0)
+    loaded = settings.load(getter(reap_page_size="1", orphan_run_threshold="90.5"))
+    assert (loaded.reap_page_size, loaded.orphan_run_threshold) == (1, 90.5)
 
 
 def test_malformed_agent_env_deny_through_airflow_config(monkeypatch):

@@ -720,13 +720,17 @@ class KubernetesRuntime:
         """How far each attempt's pod got toward running its agent (:func:`.decide.start_progress` of the view
         its presence is decided from, with ``[leoflow] pod_unschedulable_timeout``); an attempt with no view of
         its pod, or a terminal one, is left out. Remembers when each pod was first seen at its start step (the
-        waiting reasons carry no time): only for the pods of this call."""
+        waiting reasons carry no time): a pod's entry is renewed when it is asked again and kept meanwhile (the
+        lifecycle asks one keyset page per ``sync()``), dropped once its attempt is forgotten."""
         now = datetime.now(timezone.utc)
         out: dict[AttemptRef, StartProgress] = {}
         seen: dict[str, tuple[str, datetime]] = {}
+        asked: set[str] = set()
         for attempt in attempts:
             name, uid, _ = self._where(attempt)
             presence, view = self._presence(name, uid, attempt.ref)
+            if view is not None:
+                asked.add(view.uid)
             if presence is not Presence.LIVE or view is None:
                 continue
             key = decide.start_key(view)
@@ -735,7 +739,9 @@ class KubernetesRuntime:
             seen[view.uid] = (key, first)
             out[attempt.ref] = decide.start_progress(
                 view, first_seen=first, unschedulable_timeout=self.kube.pod_unschedulable_timeout)
-        self._start_seen = seen
+        # this call's pods replace their entries; the others' are kept (the lifecycle asks one keyset page of
+        # attempts per sync(), so a pod is asked again only a sweep later) until their attempt is forgotten
+        self._start_seen = {k: v for k, v in self._start_seen.items() if k not in asked} | seen
         return out
 
     def locate(self, attempt: Attempt) -> RuntimeFacts | None:
@@ -820,6 +826,7 @@ class KubernetesRuntime:
                 self._release_soon[(launch.name, launch.uid)] = (ref, self._monotonic() + RELEASE_SOON_SECONDS)
                 self._stop_due.pop(launch.uid, None)
                 self._unconfirmed.pop(launch.uid, None)
+                self._start_seen.pop(launch.uid, None)
 
     def adopt(self, attempt: Attempt) -> None:
         """Watch a predecessor's pod: its end is reported as ``Exited`` like our own."""
