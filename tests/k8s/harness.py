@@ -837,6 +837,15 @@ class NodeHarness:
             if e.status != 404:
                 raise
 
+    def become_unreachable(self, timeout: float = 30.0) -> None:
+        """Play a node that stops answering but is not removed (a network partition, a hung or powered-off machine
+        nobody deleted): like :meth:`lose_node`, every pod process is SIGKILLed and **no status is written**, but
+        the Node object stays. Its pods stay Running in the API server; a pod deleted now keeps its
+        ``deletionTimestamp`` and never turns terminal (no kubelet confirms it), until its Node is deleted and
+        PodGC removes it. Stopped for good, as :meth:`lose_node`."""
+        self.lost = True
+        self.stop(grace=0.0, timeout=timeout)
+
     def start(self) -> "NodeHarness":
         """Start the kubelet endpoint, create (or adopt) the Node with its address and kubelet port, mark it
         Ready, and start watching for pods. Returns self."""

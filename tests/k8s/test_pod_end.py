@@ -31,18 +31,18 @@ from leoflow_airflow.lifecycle.actions import Fail, TaskEvent
 from leoflow_airflow.lifecycle.core import Lifecycle
 from leoflow_airflow.runtime.kubernetes.runtime import KubernetesRuntime
 
-from .conftest import HARNESS_NODE, wait_for
+from .conftest import wait_for
 
 pytestmark = pytest.mark.k8s
 
 RECORD_ANNOTATION = "leoflow.test/record"
-TEMPLATE = f"""\
+TEMPLATE = """\
 apiVersion: v1
 kind: Pod
 metadata:
-  labels: {{leoflow.test/harness: {HARNESS_NODE}}}
+  labels: {{leoflow.test/harness: {node}}}
 spec:
-  nodeName: {HARNESS_NODE}
+  nodeName: {node}
   terminationGracePeriodSeconds: 5
   containers:
   - name: base
@@ -50,22 +50,23 @@ spec:
     command: ["/bin/sh", "-c", 'printf %s "$TEST_RECORD" > /dev/termination-log; exec sleep 3600', "sh"]
     env:
     - name: TEST_RECORD
-      valueFrom: {{fieldRef: {{fieldPath: "metadata.annotations['{RECORD_ANNOTATION}']"}}}}
+      valueFrom: {{fieldRef: {{fieldPath: "metadata.annotations['{annotation}']"}}}}
 """
-"""The operator's pod template: on the harness node, the agent container a shell that writes the annotation's
+"""The operator's pod template (``{node}``: the harness's Node): on the harness node, the agent container a shell that writes the annotation's
 record (if any) as its termination message, then sleeps until it is killed."""
 
 
 class Scene:
     """One lifecycle over a real ``KubernetesRuntime`` in ``namespace``, the ledger on SQLite, Airflow faked."""
 
-    def __init__(self, k8s_env, harness, namespace: str, tmp_path) -> None:
+    def __init__(self, k8s_env, harness, namespace: str, tmp_path, **options: str) -> None:
         template = tmp_path / "pod.yaml"
-        template.write_text(TEMPLATE)
+        template.write_text(TEMPLATE.format(node=harness.node_name, annotation=RECORD_ANNOTATION))
         conf = {"runtime": "kubernetes", "image": "registry.example/leoflow:test",
                 "exchange_url": "http://127.0.0.1:9/leoflow", "namespace": namespace, "in_cluster": "False",
                 "kube_config": str(k8s_env.kubeconfig), "pod_template_file": str(template),
-                "runtime_dir": str(tmp_path / "rt"), "reap_grace": "3600"}  # no reaper: the pod's end decides
+                "runtime_dir": str(tmp_path / "rt"), "reap_grace": "3600",  # no reaper: the pod's end decides
+                **options}
         self.settings = leoflow_settings.load(lambda section, key, fallback: conf.get(key, fallback))
         self.harness, self.namespace = harness, namespace
         self.engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
@@ -205,3 +206,43 @@ def test_a_pod_past_its_deadline_is_a_task_failure_never_an_infra_loss(scene, co
     assert fail.reason.startswith(f"DeadlineExceeded: Pod was active on the node longer than the specified deadline "
                                   f"(pod {pod}")
     assert [e.extra for e in scene.actions if isinstance(e, TaskEvent)] == [fail.reason]
+
+
+VALVE = 4.0
+"""``[leoflow] pod_termination_valve`` of the unreachable-node test, seconds."""
+DELETE_GRACE = 3
+"""The grace of the test's delete (as the agent-lost reaper's kill or the taint manager would send one)."""
+
+
+def test_a_deleted_pod_on_an_unreachable_node_is_redriven_once_the_valve_opens(k8s_env, api, core, namespace, tmp_path):
+    """Issue 10 item 3. A pod runs on a Node of its own; the node becomes unreachable (its harness stops: nothing
+    runs, nothing reports, the Node object stays). The pod is deleted with grace 3 s: leoflow's finalizer and the
+    missing kubelet keep it, ``deletionTimestamp`` set and phase still Running, for ever. leoflow waits for its
+    terminated status (and record) for the grace plus ``[leoflow] pod_termination_valve`` (4 s), never less, then
+    settles it as an infra loss naming the pod, its node and the valve: the TI is re-driven on the infra budget,
+    never failed; the pod, untouched by anyone else, is still there, Running and deleting."""
+    import time
+
+    from .harness import NodeHarness
+
+    node = NodeHarness(api, f"unreachable-{uuid.uuid4().hex[:6]}", tmp_path / "harness").start()
+    scene = Scene(k8s_env, node, namespace, tmp_path, pod_termination_valve=str(VALVE))
+    try:
+        _, ref, pod = scene.running()
+        node.become_unreachable()
+        deleted_at = time.monotonic()
+        core.delete_namespaced_pod(pod, namespace, body=client.V1DeleteOptions(grace_period_seconds=DELETE_GRACE))
+        row = scene.settled(ref)
+        waited = time.monotonic() - deleted_at
+        kept = core.read_namespaced_pod(pod, namespace)
+    finally:
+        scene.close()
+        node.stop()
+        core.delete_node(node.node_name)  # PodGC removes its pod, as for a lost machine
+    assert waited >= DELETE_GRACE + VALVE, waited  # it waited for the terminated status first
+    assert row.resolution == Resolution.INFRA_REDRIVE
+    [reason] = scene.airflow.redrive_reasons
+    assert reason.startswith(f"pod {pod} on node {node.node_name} was deleted and reported no end "), reason
+    assert f"its record could not be read ([leoflow] pod_termination_valve {VALVE:g} s)" in reason, reason
+    assert not [a for a in scene.actions if isinstance(a, (Fail, TaskEvent))]
+    assert kept.metadata.deletion_timestamp is not None and kept.status.phase == "Running"
