@@ -349,6 +349,66 @@ def test_a_lost_node_s_task_is_rerun_as_a_new_try_on_the_infra_budget(kube_stack
     assert _callbacks(stack, NODE_DAG) == [f"{NODE_DAG} {KTASK} 2 success"]
 
 
+VALVE = 60
+"""``[leoflow] pod_termination_valve`` (its default)."""
+UNREACHABLE_GRACE = 5
+"""The grace of the unreachable pod's delete (as the agent-lost reaper's kill or a taint manager would send one)."""
+
+
+def test_a_pod_on_an_unreachable_node_is_rerun_once_the_valve_opens(kube_stack) -> None:
+    """``lf_knode.work`` (retries 0) runs on ``harness-node-lost``; while its body runs the node becomes unreachable
+    (its harness stops: the body is killed, nothing reports, the Node object stays, as for a partitioned or hung
+    machine nobody deleted). The pod is deleted with grace 5 s: no kubelet confirms it, so it stays deleting and
+    Running, and leoflow's finalizer keeps it. leoflow waits for its terminated status (the record) the grace plus
+    ``[leoflow] pod_termination_valve`` (60 s), never less, then re-runs the TI as try 2 on the infra budget:
+    ``max_tries`` 0 → 1, one ``leoflow infra re-drive`` Log row naming the pod, its node and the valve, no retry or
+    failure callback. The node comes back (a new harness) and try 2 succeeds; try 1's body never ended."""
+    from kubernetes import client
+
+    from tests.k8s.harness import NodeHarness
+
+    stack, kube = kube_stack
+    node = NodeHarness(kube.api, LOST_NODE, kube.workdir / "harness-unreachable")
+    back = None
+    callbacks = _callbacks(stack, NODE_DAG)
+    try:
+        node.start()
+        run = stack.trigger_with(NODE_DAG)
+        pod = _running_try(stack, kube, NODE_DAG, run, 1)
+        node.become_unreachable()
+        deleted_at = time.monotonic()
+        client.CoreV1Api(kube.api).delete_namespaced_pod(pod, kube.namespace, body=client.V1DeleteOptions(
+            grace_period_seconds=UNREACHABLE_GRACE))
+        wait_until(lambda: stack.ti_row(NODE_DAG, run, KTASK)["try_number"] == 2, VALVE + 180,
+                   "the TI re-run as try 2 once the valve opened")
+        waited = time.monotonic() - deleted_at
+        kept = _live_pods(kube)
+        back = NodeHarness(kube.api, LOST_NODE, kube.workdir / "harness-back").start()
+        _running_try(stack, kube, NODE_DAG, run, 2)
+        _release(stack, run, 2)
+        assert stack.wait_for_run(NODE_DAG, run, timeout=240) == "success"
+    finally:
+        node.stop()
+        if back is not None:
+            back.stop()
+        _delete_node(kube)  # PodGC removes try 1's pod, as for a lost machine
+
+    print(f"unreachable node: re-run {waited:.0f}s after the delete")
+    assert waited >= UNREACHABLE_GRACE + VALVE, waited  # it waited for the terminated status first
+    [old] = [p for p in kept if p["metadata"]["name"] == pod]  # still there, deleting and Running, when re-run
+    assert old["metadata"].get("deletionTimestamp") and old["status"]["phase"] == "Running", old["status"]
+    ti = stack.ti_row(NODE_DAG, run, KTASK)
+    assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 2, 1), ti
+    rows = _log_rows(stack, NODE_DAG, run)
+    infra = [extra for event, extra in rows if event == INFRA]
+    assert len(infra) == 1 and f"pod {pod} on node {LOST_NODE} was deleted and reported no end" in infra[0], rows
+    assert f"[leoflow] pod_termination_valve {VALVE} s" in infra[0] and "max_tries 0 -> 1" in infra[0], rows
+    assert FAILED not in [e for e, _ in rows], rows
+    assert _closed_rows(stack, run, NODE_DAG) == [(1, 1, "closed", "infra_redrive"), (2, 1, "closed", "reported")]
+    _check_bodies(stack, NODE_DAG, run, lost_tries={1}, ended_tries={2})
+    assert _callbacks(stack, NODE_DAG) == callbacks + [f"{NODE_DAG} {KTASK} 2 success"]
+
+
 def test_an_oom_kill_is_redriven_once_and_the_log_names_it(kube_stack) -> None:
     """The harness OOM-kills the agent container of ``lf_khold.work`` while its body runs (``OOMKilled``, exit 137;
     the whole container's processes die). Re-driven once on the infra budget: try 2, ``max_tries`` 0 → 1, the Log
