@@ -4,11 +4,13 @@ grouping that lets ``make test`` run modules on two pytest-xdist workers.
 Every stack the factory hands out is stopped at the end of the session, even when a test failed or was
 interrupted, and the session fails loudly if any of its processes could not be stopped.
 
-Parallel runs (``scripts/run-tests all``: ``-n 2 --dist loadgroup``): every test gets an ``xdist_group`` mark, so a
-module always runs whole on one worker (its module-scoped Airflow stack or control plane is started once), and
-the Kubernetes tier (``tests/k8s``) is one group (its session-scoped control plane is started once). Nothing else
-is shared between workers: stacks, control planes, node harnesses and PostgreSQL databases each pick their own
-ports, directories and names.
+Parallel runs (``scripts/run-tests all``: ``-n 2 --dist loadfile``): a module always runs whole on one worker, so
+its module-scoped Airflow stack or control plane is started once; the Kubernetes tier's session-scoped control
+plane (``tests/k8s/conftest.py``) is started once per worker that runs a module of it. The longest modules are
+handed out first (:func:`_weight`). Nothing else is shared between workers: stacks, control planes, node harnesses
+and PostgreSQL databases each pick their own ports, directories and names. (``--dist loadgroup`` with
+``xdist_group`` marks would keep the tier on one worker, but pytest-xdist 3.8 cannot read the marks under pytest 9:
+it writes the group into ``item._nodeid``, which pytest 9 no longer reads.)
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ K8S_TIER = REPO_ROOT / "tests" / "k8s"
 
 
 def _weight(item: pytest.Item) -> int:
-    """Where ``item``'s group goes in the run order: the longest groups first (the Kubernetes tier, then the
-    Kubernetes end-to-end modules), the unit tests last, so the two workers finish close together."""
+    """Where ``item``'s module goes in the run order: the longest first (the Kubernetes tier, then the Kubernetes
+    end-to-end modules), the unit tests last, so the two workers finish close together."""
     path = Path(str(item.path)).resolve()
     if K8S_TIER in path.parents:
         return 0
@@ -43,13 +45,9 @@ def _weight(item: pytest.Item) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order the groups (:func:`_weight`; stable within one) and mark every test with its ``xdist_group``:
-    ``k8s-tier`` for ``tests/k8s``, else its module's path (module docstring). Without xdist the mark is inert."""
+    """Order the modules by :func:`_weight` (stable within one weight, so file order is kept); pytest-xdist's
+    ``--dist loadfile`` hands them to the workers in this order (module docstring)."""
     items.sort(key=_weight)
-    for item in items:
-        path = Path(str(item.path)).resolve()
-        group = "k8s-tier" if K8S_TIER in path.parents else str(path.relative_to(REPO_ROOT))
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
