@@ -209,9 +209,28 @@ def ledger_engine(work: Path, pg_url: str | None) -> tuple[Any, Any]:
     return engine, drop
 
 
+def profile_rows(prof: cProfile.Profile) -> list[dict[str, Any]]:
+    """The first 40 functions of ``prof`` by cumulative time: ``function`` (file:line(name)), ``cumulative_s``,
+    ``own_s``, ``calls``; this module's own functions (the bench's counters) left out."""
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = [{"function": f"{Path(file).name}:{line}({func})" if line else func, "cumulative_s": ct, "own_s": tt,
+             "calls": nc} for (file, line, func), (_cc, nc, tt, ct, _callers) in stats.items()
+            if Path(file).name != Path(__file__).name]
+    rows.sort(key=lambda r: r["cumulative_s"], reverse=True)
+    return rows[:40]
+
+
+def print_profile(title: str, rows: list[dict[str, Any]]) -> None:
+    """Print the first :data:`PROFILE_TOP` of ``rows`` (:func:`profile_rows`) under ``title``."""
+    print(f"{title} (calling thread; top {PROFILE_TOP} by cumulative time; cProfile overhead included):")
+    for p in rows[:PROFILE_TOP]:
+        print(f"  {p['cumulative_s']:8.3f} s cum  {p['own_s']:8.3f} s own  {p['calls']:>8} calls  {p['function']}")
+
+
 LIVENESS_PROBE = """
-import json, statistics, sys, time
+import cProfile, json, statistics, sys, time
 import sqlalchemy as sa
+from bench.kube_reap import profile_rows
 from airflow import settings
 from leoflow_airflow.airflow_db import load_ti_liveness
 steps, repeats = [int(x) for x in sys.argv[1].split(",")], int(sys.argv[2])
@@ -228,6 +247,11 @@ for n in steps:
         wall.append(time.monotonic() - w0)
         assert len(got) == n, (len(got), n)
     out[n] = {"cpu_s": statistics.median(cpu), "wall_s": statistics.median(wall), "cpu_all": cpu, "wall_all": wall}
+prof = cProfile.Profile()
+prof.enable()
+load_ti_liveness(ids[:steps[-1]])
+prof.disable()
+out[steps[-1]]["profile"] = profile_rows(prof)
 print(json.dumps(out))
 """
 """The child measuring ``load_ti_liveness`` (argv: steps, repeats) on the Airflow DB its environment names."""
@@ -401,12 +425,7 @@ class ReapBench(Bench):
             prof.enable()
             self.life.cycle()
             prof.disable()
-        stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
-        rows = [{"function": f"{Path(file).name}:{line}({func})" if line else func, "cumulative_s": ct,
-                 "own_s": tt, "calls": nc} for (file, line, func), (_cc, nc, tt, ct, _callers) in stats.items()
-                if Path(file).name != Path(__file__).name]  # the bench's own counters are not leoflow's cost
-        rows.sort(key=lambda r: r["cumulative_s"], reverse=True)
-        return rows[:40]
+        return profile_rows(prof)
 
     def open_states(self) -> dict[str, int]:
         """Open ledger rows by state (should be all DISPATCHED)."""
@@ -482,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
             for n, got in liveness.items():
                 print(f"load_ti_liveness of {n} ids on PostgreSQL: CPU {1000 * got['cpu_s']:.1f} ms (thread), wall "
                       f"{1000 * got['wall_s']:.1f} ms; {_uptime()}", flush=True)
+            print_profile(f"profile of load_ti_liveness of {steps[-1]} ids", liveness[steps[-1]]["profile"])
             if args.liveness_only:
                 out = write_results("kube_reap_liveness", {"liveness": liveness, "load_after": _uptime()})
                 print(f"results: {out}")
@@ -537,10 +557,10 @@ def _run(bench: ReapBench, steps: list[int], cycles: int, ledger: str, extra: di
               f"{row['ledger_statements']} statements, {row['ledger_rows']} rows read; {_uptime()}", flush=True)
     print()
     print(render(rows))
-    print(f"\nprofile of one cycle at {rows[-1]['running']} pods (calling thread; top {PROFILE_TOP} by cumulative "
-          f"time; cProfile overhead included):")
-    for p in rows[-1]["profile"][:PROFILE_TOP]:
-        print(f"  {p['cumulative_s']:8.3f} s cum  {p['own_s']:8.3f} s own  {p['calls']:>8} calls  {p['function']}")
+    print()
+    print_profile(f"profile of one cycle at {rows[-1]['running']} pods", rows[-1]["profile"])
+    if rows[-1].get("liveness"):
+        print_profile(f"profile of load_ti_liveness of {rows[-1]['running']} ids", rows[-1]["liveness"]["profile"])
     print()
     lines = verdicts(rows)
     for line in lines:
