@@ -277,9 +277,9 @@ def airflow_liveness(pg_url: str, steps: list[int], repeats: int, work: Path) ->
 
     server = Postgres.existing(pg_url)
     database = f"leoflow_kube_reap_af_{uuid.uuid4().hex[:8]}"
-    migrate_template(server, database, work, lambda msg: print(f"kube_reap: {msg}", flush=True))
     url = server.url_for(database)
     try:
+        migrate_template(server, database, work, lambda msg: print(f"kube_reap: {msg}", flush=True))
         engine = sa.create_engine(url)
         now = datetime.now(timezone.utc)
         try:
