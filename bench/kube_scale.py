@@ -38,6 +38,8 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -86,6 +88,33 @@ class RequestCounter:
         api_client.rest_client.request = request
 
 
+def bench_settings(kubeconfig: Path, namespace: str, workdir: Path, **extra: str) -> Any:
+    """The parsed ``[leoflow]`` settings of a benchmark's Kubernetes runtime: namespace ``namespace`` of the
+    control plane of ``kubeconfig``, the pod template :data:`TEMPLATE` (written into ``workdir``), an exchange
+    URL nothing answers (kwok runs no container); ``extra`` adds or replaces ``[leoflow]`` options (strings)."""
+    from leoflow_airflow import settings as leoflow_settings
+
+    template = workdir / "pod.yaml"
+    template.write_text(TEMPLATE)
+    conf = {"runtime": "kubernetes", "image": "registry.example/leoflow:bench",
+            "exchange_url": "http://127.0.0.1:9/leoflow", "namespace": namespace, "in_cluster": "False",
+            "kube_config": str(kubeconfig), "pod_template_file": str(template), **extra}
+    return leoflow_settings.load(lambda section, key, fallback: conf.get(key, fallback))
+
+
+def counted_runtime(settings: Any) -> tuple[Any, RequestCounter]:
+    """A ``KubernetesRuntime`` on ``settings`` (no ``pod_mutation_hook``) whose ``ApiClient`` is wrapped by a
+    :class:`RequestCounter`; ``(runtime, counter)``. The client is made here, at once, so the counter exists
+    before the runtime starts (the runtime's factory hands this one client out)."""
+    from kubernetes import config
+
+    from leoflow_airflow.runtime.kubernetes.runtime import KubernetesRuntime
+
+    api = config.new_client_from_config(config_file=settings.kubernetes.kube_config)
+    counter = RequestCounter(api)
+    return KubernetesRuntime(settings, api_client_factory=lambda: api, mutation_hook=False), counter
+
+
 def _attempt(ref: Any, facts: dict[str, str]) -> Any:
     """The ledger row the lifecycle would hold for a dispatched attempt ``ref`` (pod facts from ``Started``)."""
     from leoflow_airflow.ledger.states import AttemptState
@@ -109,28 +138,12 @@ def _wait(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> 
 
 
 class Bench:
-    """One runtime in one namespace; :meth:`grow_to` launches attempts, :meth:`measure` times passes."""
+    """One runtime in one namespace; :meth:`grow_to` launches attempts, :meth:`one_pass` times a pass.
+    ``extra``: ``[leoflow]`` options added to :func:`bench_settings`'s."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, workdir: Path) -> None:
-        from kubernetes import config
-
-        from leoflow_airflow import settings as leoflow_settings
-        from leoflow_airflow.runtime.kubernetes.runtime import KubernetesRuntime
-
-        template = workdir / "pod.yaml"
-        template.write_text(TEMPLATE)
-        conf = {"runtime": "kubernetes", "image": "registry.example/leoflow:bench",
-                "exchange_url": "http://127.0.0.1:9/leoflow", "namespace": namespace, "in_cluster": "False",
-                "kube_config": str(kubeconfig), "pod_template_file": str(template)}
-        s = leoflow_settings.load(lambda section, key, fallback: conf.get(key, fallback))
-        self.counter: RequestCounter | None = None
-
-        def factory() -> Any:
-            api = config.new_client_from_config(config_file=str(kubeconfig))
-            self.counter = RequestCounter(api)
-            return api
-
-        self.rt = KubernetesRuntime(s, api_client_factory=factory, mutation_hook=False)
+    def __init__(self, kubeconfig: Path, namespace: str, workdir: Path, **extra: str) -> None:
+        self.settings = bench_settings(kubeconfig, namespace, workdir, **extra)
+        self.rt, self.counter = counted_runtime(self.settings)
         self.attempts: list[Any] = []
         self.pending: dict[str, Any] = {}  # launch id -> ref
 
@@ -215,16 +228,22 @@ class Bench:
         self.rt.stop(timeout=5)
 
 
+def table(columns: list[tuple[str, int, Any]], rows: list[dict[str, Any]]) -> str:
+    """A printed table: ``columns`` of ``(header, width, cell(row) -> str)``, right-aligned, one line per row."""
+    head = " ".join(f"{name:>{width}}" for name, width, _ in columns)
+    lines = [head, "-" * len(head)]
+    lines += [" ".join(f"{cell(r):>{width}}" for _, width, cell in columns) for r in rows]
+    return "\n".join(lines)
+
+
 def render(rows: list[dict[str, Any]]) -> str:
     """The printed table, one row per step."""
-    head = (f"{'in flight':>9} {'running':>7} {'creates/s':>9} {'pass CPU ms':>11} {'pass wall ms':>12} "
-            f"{'req/pass':>8} {'idle req/s':>10}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['in_flight']:>9} {r['running']:>7} {r['grow']['creates_per_s']:>9.1f} "
-                     f"{r['pass_cpu_ms_median']:>11.2f} {r['pass_wall_ms_median']:>12.2f} "
-                     f"{r['requests_per_pass_max']:>8} {r['idle_requests'] / IDLE_SECONDS:>10.2f}")
-    return "\n".join(lines)
+    return table([("in flight", 9, lambda r: str(r["in_flight"])), ("running", 7, lambda r: str(r["running"])),
+                  ("creates/s", 9, lambda r: f"{r['grow']['creates_per_s']:.1f}"),
+                  ("pass CPU ms", 11, lambda r: f"{r['pass_cpu_ms_median']:.2f}"),
+                  ("pass wall ms", 12, lambda r: f"{r['pass_wall_ms_median']:.2f}"),
+                  ("req/pass", 8, lambda r: str(r["requests_per_pass_max"])),
+                  ("idle req/s", 10, lambda r: f"{r['idle_requests'] / IDLE_SECONDS:.2f}")], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,72 +254,100 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     steps = [int(x) for x in args.steps.split(",")]
 
+    install_interrupts()
+    try:
+        with control_plane(args.k8s_dir) as (env, namespace, work):
+            bench = Bench(env.kubeconfig, namespace, work)
+            try:
+                return _run(bench, steps)
+            finally:
+                bench.stop()
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports and exits
+        print(f"kube_scale: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(bench: Bench, steps: list[int]) -> int:
+    bench.start()
+    rows = []
+    load_before = _uptime()
+    for n in steps:
+        grow = bench.grow_to(n)
+        _wait(lambda: bench.running() >= n, 120, f"{n} pods Running in the cache", interval=0.1)
+        passes = [bench.one_pass() for _ in range(PASSES)]
+        idle = bench.idle_requests()
+        row = {"in_flight": n, "running": bench.running(), "grow": grow, "passes": passes,
+               "pass_cpu_ms_median": 1000 * statistics.median(p["cpu_s"] for p in passes),
+               "pass_wall_ms_median": 1000 * statistics.median(p["wall_s"] for p in passes),
+               "requests_per_pass_max": max(p["requests"] for p in passes), "idle_requests": idle}
+        rows.append(row)
+        print(f"{n} in flight: {grow['launched']} creates ({grow['requests']} requests) in "
+              f"{grow['seconds']:.1f} s; pass CPU "
+              f"{row['pass_cpu_ms_median']:.2f} ms; requests/pass {[p['requests'] for p in passes]}; "
+              f"load {_uptime()}", flush=True)
+    print()
+    print(render(rows))
+    print(f"\nload average: before {load_before}; after {_uptime()}")
+    out = write_results("kube_scale", {"rows": rows, "load_before": load_before, "load_after": _uptime(),
+                                       "settle_s": SETTLE_SECONDS, "idle_s": IDLE_SECONDS,
+                                       "counted": "requests of the runtime's ApiClient (rest_client.request)"})
+    print(f"results: {out}")
+    return 0
+
+
+def install_interrupts() -> None:
+    """Make SIGINT and SIGTERM raise ``KeyboardInterrupt``: a background job starts with SIGINT ignored, and
+    SIGTERM would skip the clean-up (the control plane and its namespace)."""
     def interrupted(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    # A background job starts with SIGINT ignored, and SIGTERM would skip the clean-up: both interrupt.
     signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
 
+
+def write_results(prefix: str, figures: dict[str, Any]) -> Path:
+    """Write ``figures`` plus the git state measured to ``bench/results/<prefix>-<UTC stamp>.json``; its path."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = RESULTS_DIR / f"{prefix}-{stamp}.json"
+    out.write_text(json.dumps({**figures, "git": _git_state()}, indent=2, default=str))
+    return out
+
+
+@contextmanager
+def control_plane(k8s_dir: Path | None, nodes: int | None = None) -> Iterator[tuple[Any, str, Path]]:
+    """A k8senv control plane and a fresh namespace in it: ``(env, namespace, workdir)``.
+
+    :param k8s_dir: reuse this running ``scripts/k8senv start --dir`` control plane; None starts one (building
+        the binaries first if needed) and stops it on exit.
+    :param nodes: kwok Nodes of a started control plane (None: k8senv's default); a reused one keeps its own.
+    On exit the namespace is deleted (on a reused control plane, leoflow's finalizers are stripped first so its
+    pods do not stay Terminating) and ``workdir`` removed. Raises what k8senv or the apiserver raise.
+    """
     from kubernetes import client, config
 
     from devtools import k8senv
 
-    work = Path(tempfile.mkdtemp(prefix="leoflow-kube-scale-"))
+    work = Path(tempfile.mkdtemp(prefix="leoflow-kube-bench-"))
     started: Path | None = None
-    bench: Bench | None = None
     core = None
     namespace = f"leoflow-bench-{uuid.uuid4().hex[:6]}"
     try:
-        if args.k8s_dir is not None:
-            env = k8senv.K8sEnv.load(args.k8s_dir, 0.0)
+        if k8s_dir is not None:
+            env = k8senv.K8sEnv.load(k8s_dir, 0.0)
         else:
             if k8senv.bindir() is None:
                 print("building the k8s binaries (once, about 6.5 min on 2 cores)", flush=True)
                 k8senv.build()
             started = work / "k8senv"
-            env = k8senv.start(started)
+            env = k8senv.start(started, nodes=nodes)
         core = client.CoreV1Api(config.new_client_from_config(config_file=str(env.kubeconfig)))
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
         _wait(lambda: any(sa.metadata.name == "default"
                           for sa in core.list_namespaced_service_account(namespace).items), 60,
               "the namespace's default ServiceAccount", interval=0.2)
-        bench = Bench(env.kubeconfig, namespace, work)
-        bench.start()
-        rows = []
-        load_before = _uptime()
-        for n in steps:
-            grow = bench.grow_to(n)
-            _wait(lambda: bench.running() >= n, 120, f"{n} pods Running in the cache", interval=0.1)
-            passes = [bench.one_pass() for _ in range(PASSES)]
-            idle = bench.idle_requests()
-            row = {"in_flight": n, "running": bench.running(), "grow": grow, "passes": passes,
-                   "pass_cpu_ms_median": 1000 * statistics.median(p["cpu_s"] for p in passes),
-                   "pass_wall_ms_median": 1000 * statistics.median(p["wall_s"] for p in passes),
-                   "requests_per_pass_max": max(p["requests"] for p in passes), "idle_requests": idle}
-            rows.append(row)
-            print(f"{n} in flight: {grow['launched']} creates ({grow['requests']} requests) in "
-                  f"{grow['seconds']:.1f} s; pass CPU "
-                  f"{row['pass_cpu_ms_median']:.2f} ms; requests/pass {[p['requests'] for p in passes]}; "
-                  f"load {_uptime()}", flush=True)
-        print()
-        print(render(rows))
-        print(f"\nload average: before {load_before}; after {_uptime()}")
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        out = RESULTS_DIR / f"kube_scale-{stamp}.json"
-        out.write_text(json.dumps({"rows": rows, "load_before": load_before, "load_after": _uptime(),
-                                   "git": _git_state(), "settle_s": SETTLE_SECONDS, "idle_s": IDLE_SECONDS,
-                                   "counted": "requests of the runtime's ApiClient (rest_client.request)"},
-                                  indent=2, default=str))
-        print(f"results: {out}")
-        return 0
-    except Exception as exc:  # noqa: BLE001 - a benchmark reports and exits
-        print(f"kube_scale: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        yield env, namespace, work
     finally:
-        if bench is not None:
-            bench.stop()
         if core is not None:
             try:
                 core.delete_namespace(namespace)
@@ -310,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                 from devtools.kube import release_finalizers
 
                 for problem in release_finalizers(core, namespace):
-                    print(f"kube_scale: {problem}", file=sys.stderr)
+                    print(f"kube bench: {problem}", file=sys.stderr)
         if started is not None:
             k8senv.stop(started)
         shutil.rmtree(work, ignore_errors=True)

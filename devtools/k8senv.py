@@ -74,14 +74,16 @@ def build(max_minutes: float = BUILD_MAX_MINUTES) -> Path:
     return Path(r.stdout.strip().splitlines()[-1])
 
 
-def start(d: Path, *, timeout: float = 400.0) -> K8sEnv:
-    """Start a control plane with its state in directory ``d`` (``scripts/k8senv start --dir d``, about 4 s).
+def start(d: Path, *, timeout: float = 400.0, nodes: int | None = None) -> K8sEnv:
+    """Start a control plane with its state in directory ``d`` (``scripts/k8senv start --dir d``, about 4 s),
+    with ``nodes`` kwok Nodes (``--nodes``; None: k8senv's default, 3; each has room for 2,000 pods).
 
     Raises :class:`K8sEnvError` with k8senv's stderr when it does not come up; whatever it started is then
     stopped again.
     """
     t0 = time.monotonic()
-    r = run_k8senv("start", "--dir", str(d), timeout=timeout)
+    r = run_k8senv("start", "--dir", str(d), *(["--nodes", str(nodes)] if nodes is not None else []),
+                   timeout=timeout)
     if r.returncode != 0:
         stop(d)
         raise K8sEnvError(f"scripts/k8senv start failed:\n{r.stderr.strip()}")
