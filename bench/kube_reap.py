@@ -43,7 +43,10 @@ Per step (attempts Running), once every create answered and the cache holds ever
 - a cProfile (on the thread's CPU clock) of one more cycle per step (not timed); the top functions by cumulative
   time are printed for the largest step and kept for every step in the JSON.
 
-The bar (issue 10): a 10,000-pod cycle under 0.5 s of CPU, and requests per cycle independent of the number of
+- ``sweep CPU``: the thread CPU of one **sweep**, the ceil(running / ``[leoflow] reap_page_size``) consecutive
+  cycles in which every running attempt is looked at once (keyset paging, issue 10 item 1; one cycle up to 500).
+
+The bar (issue 10): a 10,000-pod sweep under 0.5 s of CPU, and requests per cycle independent of the number of
 running attempts; printed as PASS/FAIL lines (judged at the largest step measured, which is named). Results are
 printed, with the load average next to every figure (the machine is shared), and written to
 ``bench/results/kube_reap-<UTC stamp>.json`` (git-ignored).
@@ -394,7 +397,7 @@ class ReapBench(Bench):
         return {"launched": launched, "seconds": took, "creates_per_s": launched / took if took else 0.0,
                 "requests": self.counter.count - requests0}
 
-    def one_cycle(self) -> dict[str, Any]:
+    def one_cycle(self, *, check_gate: bool = True) -> dict[str, Any]:
         """One ``cycle()`` inside ``ledger.pinned()`` (as ``sync()``), the runtime's collect sweep forced: CPU
         seconds of this thread and of the process, wall seconds, requests, ledger statements and rows read.
         Raises ``RuntimeError`` if the cycle produced actions or the reapers did not run."""
@@ -409,7 +412,7 @@ class ReapBench(Bench):
         time.sleep(SETTLE_SECONDS)
         if actions:
             raise RuntimeError(f"the steady state produced actions: {actions[:3]}")
-        if not self.life.gate.is_open(self.life.monotonic()):
+        if check_gate and not self.life.gate.is_open(self.life.monotonic()):
             raise RuntimeError("the settling gate is shut: the reapers did not run")
         verbs = {k: v - verbs_before.get(k, 0) for k, v in self.counter.by_verb.items()
                  if v != verbs_before.get(k, 0)}
@@ -439,6 +442,7 @@ def render(rows: list[dict[str, Any]]) -> str:
     """The printed table, one row per step (medians of the measured cycles; requests, statements and rows: the
     most of any cycle)."""
     return table([("running", 7, lambda r: str(r["running"])), ("cycle CPU ms", 12, lambda r: f"{r['cpu_ms']:.1f}"),
+                  ("sweep CPU ms", 12, lambda r: f"{r['sweep_cpu_ms']:.1f} ({r['sweep_cycles']})"),
                   ("proc CPU ms", 11, lambda r: f"{r['process_cpu_ms']:.1f}"),
                   ("wall ms", 9, lambda r: f"{r['wall_ms']:.1f}"),
                   ("req/cycle", 9, lambda r: str(r["requests_per_cycle_max"])),
@@ -456,14 +460,14 @@ def _liveness_ms(row: dict[str, Any]) -> str:
 def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     """The bar as PASS/FAIL lines, judged at the largest step (named; the CPU bar is defined at 10,000)."""
     top, low = rows[-1], rows[0]
-    cpu_ok = top["cpu_ms"] / 1000 < CPU_BAR_SECONDS
+    cpu_ok = top["sweep_cpu_ms"] / 1000 < CPU_BAR_SECONDS
     where = f"at {top['running']} pods" + ("" if top["running"] >= BAR_PODS else f" (the bar is set at {BAR_PODS})")
     flat = top["requests_per_cycle_max"] <= low["requests_per_cycle_max"]
     extra = "" if not top.get("liveness") else \
         f" (+ {top['liveness']['cpu_s']:.3f} s of load_ti_liveness on PostgreSQL, measured apart)"
     return [
-        f"{'PASS' if cpu_ok else 'FAIL'}: cycle CPU {top['cpu_ms'] / 1000:.3f} s {where}{extra}; "
-        f"bar < {CPU_BAR_SECONDS} s",
+        f"{'PASS' if cpu_ok else 'FAIL'}: sweep CPU {top['sweep_cpu_ms'] / 1000:.3f} s over {top['sweep_cycles']} "
+        f"cycles (one cycle {top['cpu_ms'] / 1000:.3f} s) {where}{extra}; bar < {CPU_BAR_SECONDS} s",
         f"{'PASS' if flat else 'FAIL'}: requests per cycle {[r['requests_per_cycle_max'] for r in rows]} at "
         f"{[r['running'] for r in rows]} pods; bar: not growing with the running attempts",
     ]
@@ -537,8 +541,10 @@ def _run(bench: ReapBench, steps: list[int], cycles: int, ledger: str, extra: di
         print(f"{n} dispatched: {grow['launched']} creates ({grow['requests']} requests) in {grow['seconds']:.1f} s "
               f"({grow['creates_per_s']:.1f}/s); {_uptime()}", flush=True)
         _wait(lambda: bench.running() >= n, max(120.0, n / 20), f"{n} pods Running in the cache", interval=0.5)
-        bench.one_cycle()  # the first cycle after the growth applies its leftovers: not measured
-        measured = [bench.one_cycle() for _ in range(cycles)]
+        sweep = math.ceil(n / bench.settings.reap_page_size)
+        for _ in range(sweep):  # a full sweep after the growth: applies its leftovers, opens the settling gate
+            bench.one_cycle(check_gate=False)
+        measured = [bench.one_cycle() for _ in range(max(cycles, sweep))]
         profile = bench.profile_cycle()
         states = bench.open_states()
         if states != {"dispatched": n}:
@@ -547,6 +553,7 @@ def _run(bench: ReapBench, steps: list[int], cycles: int, ledger: str, extra: di
                "cpu_ms": 1000 * statistics.median(c["cpu_s"] for c in measured),
                "process_cpu_ms": 1000 * statistics.median(c["process_cpu_s"] for c in measured),
                "wall_ms": 1000 * statistics.median(c["wall_s"] for c in measured),
+               "sweep_cycles": sweep, "sweep_cpu_ms": 1000 * sum(c["cpu_s"] for c in measured[:sweep]),
                "requests_per_cycle_max": max(c["requests"] for c in measured),
                "ledger_statements": max(c["ledger_statements"] for c in measured),
                "ledger_rows": max(c["ledger_rows"] for c in measured), "load_1m": os.getloadavg()[0],

@@ -133,8 +133,8 @@ def test_a_sweep_removes_only_empty_attempt_cgroups(tmp_path):
     launch_id = f"{uuid.uuid4()}:1:1"
     agent_proc, pids = start_attempt(tmp_path, hierarchy, launch_id)
     try:
-        assert proc.sweep_attempt_cgroups(hierarchy) >= 1
-        assert not os.path.exists(empty)
+        proc.sweep_attempt_cgroups(hierarchy)  # its count is not asserted: a zygote starting beside this test
+        assert not os.path.exists(empty)       # (another test's stack on this host) may sweep the empty one first
         (live,) = proc.attempt_cgroups(launch_id)
         assert sorted(proc.cgroup_members(live)) == sorted(pids)
     finally:
