@@ -60,8 +60,9 @@ class FaultStack(AirflowStack):
         os.replace(tmp, self.fault_plan)
 
     def trigger_with(self, dag_id: str, faults: dict[str, str] | None = None, *, prefix: str = "t",
-                     attempts: int = 4) -> str:
-        """Trigger ``dag_id`` with a fresh run_id after planning ``{"task/try/epoch": point}``; returns the id.
+                     attempts: int = 4, prepare: Callable[[str], None] | None = None) -> str:
+        """Trigger ``dag_id`` with a fresh run_id after planning ``{"task/try/epoch": point}`` and calling
+        ``prepare(run_id)`` (a test's per-run files, written before any task of the run can start); returns the id.
 
         The run id is chosen here, so a call answered with a 5xx (a busy SQLite) is retried with the same id;
         a 409 on a retry means the earlier call did create the run. ``StackError`` after ``attempts`` 5xx
@@ -69,6 +70,8 @@ class FaultStack(AirflowStack):
         run_id = f"{prefix}_{dag_id}_{time.monotonic_ns()}"
         if faults:
             self.add_faults({f"{dag_id}/{run_id}/{key}": point for key, point in faults.items()})
+        if prepare is not None:
+            prepare(run_id)
         body = {"dag_run_id": run_id, "logical_date": datetime.now(timezone.utc).isoformat(), "conf": {}}
         for attempt in range(1, attempts + 1):
             try:
