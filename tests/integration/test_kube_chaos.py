@@ -446,6 +446,9 @@ def test_kube_chaos(kube_stack) -> None:
     _chaos(kube_stack, tuple(f for f in PROCESS_FAULTS if f != "api_sigkill"), RUNS, SEED)
 
 
+@pytest.mark.skipif(os.environ.get("LEOFLOW_CHAOS_API_WAVE") != "1", reason=(
+    "the api-server wave finds a known product bug (issue 10: an api-server outage spends a user retry on "
+    "Kubernetes); it runs with LEOFLOW_CHAOS_API_WAVE=1 and must then xfail, until the bug is fixed"))
 @pytest.mark.xfail(strict=True, reason=(
     "product bug (issue 10): a pod whose Task SDK makes an Execution API request while the api-server is down "
     "fails its task with AirflowRuntimeError API_SERVER_ERROR (ConnectError) once the supervisor's retries run "
