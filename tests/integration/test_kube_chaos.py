@@ -59,7 +59,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import threading
 import time
 import urllib.parse
