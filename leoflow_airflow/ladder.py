@@ -91,9 +91,9 @@ def evaluate(v: LadderValues) -> LadderReport:
     A healthy supervisor stops heartbeating once its terminal state is set, hence the lower bound; Airflow's
     purge (which cannot be switched off) must never act before leoflow has decided, hence the upper bound.
 
-    Hard rung too: ``[leoflow] orphan_run_threshold < task_instance_heartbeat_timeout`` (else the purge always
-    fails an orphaned running task before the orphan-run reaper re-runs it); soft below that when it is not under
-    the window's upper bound (the margin a sweep and a settle pass need).
+    Soft rung: ``[leoflow] orphan_run_threshold`` below the window's upper bound (else the purge may fail an
+    orphaned running task before the orphan-run reaper re-runs it). Only a warning: a deployment that lowered
+    ``task_instance_heartbeat_timeout`` below the default threshold must still start.
     """
     lower, upper = window(v)
     margin = 2 * v.maintenance_interval + v.settle_timeout
@@ -131,27 +131,20 @@ def evaluate(v: LadderValues) -> LadderReport:
             window_values,
         ))
     orphan = v.orphan_run_threshold
-    orphan_values = {"leoflow.orphan_run_threshold": orphan or 0.0,
-                     "scheduler.task_instance_heartbeat_timeout": v.task_instance_heartbeat_timeout}
-    if orphan is not None and orphan >= v.task_instance_heartbeat_timeout:
-        violations.append(Rung(
-            "orphan_run_threshold",
-            f"[leoflow] orphan_run_threshold = {orphan:g} is not below [scheduler] task_instance_heartbeat_timeout "
-            f"= {v.task_instance_heartbeat_timeout:g}: Airflow's heartbeat purge would always fail an orphaned "
-            f"running task (spending a user retry) before leoflow's orphan-run reaper re-runs it on the infra "
-            f"budget; set it below {upper:g} s",
-            orphan_values,
-        ))
     warnings: list[Rung] = []
-    if orphan is not None and upper <= orphan < v.task_instance_heartbeat_timeout:
+    if orphan is not None and orphan >= upper:
+        # a warning, never a refusal: a deployment that lowered the purge timeout below the default threshold
+        # must still start (the orphan-run reaper is a safety net; without it Airflow's own purge still acts)
         warnings.append(Rung(
             "orphan_run_threshold",
-            f"[leoflow] orphan_run_threshold = {orphan:g} leaves less than 2 x [leoflow] maintenance_interval + "
-            f"[leoflow] settle_timeout ({margin:g} s) before Airflow's heartbeat purge "
-            f"({v.task_instance_heartbeat_timeout:g} s): an orphaned running task found late in a sweep may be "
-            f"failed by the purge first; lower it below {upper:g} s",
-            {**orphan_values, "leoflow.maintenance_interval": v.maintenance_interval,
-             "leoflow.settle_timeout": v.settle_timeout},
+            f"[leoflow] orphan_run_threshold = {orphan:g} is not below {upper:g} s ([scheduler] "
+            f"task_instance_heartbeat_timeout = {v.task_instance_heartbeat_timeout:g} - 2 x [leoflow] "
+            f"maintenance_interval - [leoflow] settle_timeout): Airflow's heartbeat purge may fail an orphaned "
+            f"running task (spending a user retry) before leoflow's orphan-run reaper re-runs it on the infra "
+            f"budget; lower it below {upper:g} s",
+            {"leoflow.orphan_run_threshold": orphan,
+             "scheduler.task_instance_heartbeat_timeout": v.task_instance_heartbeat_timeout,
+             "leoflow.maintenance_interval": v.maintenance_interval, "leoflow.settle_timeout": v.settle_timeout},
         ))
     if not violations and reap_kill_grace(v) < v.killed_task_cleanup_time:
         warnings.append(Rung(

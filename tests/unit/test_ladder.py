@@ -155,27 +155,25 @@ def test_the_termination_valve_must_open_before_the_purge(valve, threshold, warn
     assert ("pod_termination_valve" in rungs) is warned, rungs
 
 
-@pytest.mark.parametrize("threshold, refused, warned", [
-    (240, False, False),   # the default: inside the window
-    (279, False, False),
-    (280, False, True),    # at the window's upper bound: a late sweep may meet the purge
-    (299, False, True),
-    (300, True, False),    # not below the purge: refused
-    (600, True, False),
+@pytest.mark.parametrize("threshold, warned", [
+    (240, False),   # the default: inside the window
+    (279, False),
+    (280, True),    # at the window's upper bound: a late sweep may meet the purge
+    (300, True),    # not below the purge: still only a warning
+    (600, True),
 ])
-def test_orphan_run_threshold_must_stay_below_the_heartbeat_purge(threshold, refused, warned):
-    """``[leoflow] orphan_run_threshold`` at or above ``[scheduler] task_instance_heartbeat_timeout`` refuses to
-    start (Airflow's purge would always fail an orphan first, spending a user retry); inside the last
-    ``2 x maintenance_interval + settle_timeout`` seconds before it, a warning naming the keys."""
+def test_orphan_run_threshold_past_the_window_warns_and_never_refuses(threshold, warned):
+    """``[leoflow] orphan_run_threshold`` not below the recovery window's upper bound (Airflow's purge may fail an
+    orphan first, spending a user retry) is a warning naming the keys, never a refusal: a deployment that lowered
+    ``task_instance_heartbeat_timeout`` below the default threshold must still start (CI found the refusal:
+    every test stack with a short purge timeout failed to start its scheduler)."""
     report = ladder.evaluate(replace(DEFAULTS, orphan_run_threshold=threshold))
-    assert [r.rung for r in report.violations] == (["orphan_run_threshold"] if refused else [])
+    assert report.violations == ()
     assert [r.rung for r in report.warnings] == (["orphan_run_threshold"] if warned else [])
-    for rung in report.violations + report.warnings:
+    for rung in report.warnings:
         assert f"[leoflow] orphan_run_threshold = {threshold:g}" in rung.message
         assert rung.values["scheduler.task_instance_heartbeat_timeout"] == 300
-    if refused:
-        with pytest.raises(LadderViolation, match="orphan_run_threshold"):
-            ladder.enforce(report, lambda rung: None)
+    ladder.enforce(report, lambda rung: None)  # does not raise
 
 
 def test_read_values_checks_the_orphan_run_threshold():
