@@ -1,20 +1,22 @@
 """Shared fixtures: the repo root on ``sys.path`` (for ``devtools``), a factory of real Airflow stacks, and the
-grouping that lets ``make test`` run modules on two pytest-xdist workers.
+module order for runs on two pytest-xdist workers.
 
 Every stack the factory hands out is stopped at the end of the session, even when a test failed or was
 interrupted, and the session fails loudly if any of its processes could not be stopped.
 
-Parallel runs (``scripts/run-tests all``: ``-n 2 --dist loadfile --no-loadscope-reorder``): a module always runs
-whole on one worker, so its module-scoped Airflow stack or control plane is started once; the Kubernetes tier's
-session-scoped control plane (``tests/k8s/conftest.py``) is started once per worker that runs a module of it. The
-longest modules are handed out first (:func:`_weight`). Nothing else is shared between workers: stacks, control
-planes, node harnesses and PostgreSQL databases each pick their own ports, directories and names. (``--dist
-loadgroup`` with ``xdist_group`` marks would keep the tier on one worker, but pytest-xdist 3.8 cannot read the marks
-under pytest 9: it writes the group into ``item._nodeid``, which pytest 9 no longer reads.)
+Parallel runs (``LEOFLOW_TEST_WORKERS=2 scripts/run-tests all``: ``-n 2 --dist loadfile --no-loadscope-reorder``;
+not the default, see README): a module always runs whole on one worker, so its module-scoped Airflow stack or
+control plane is started once; the Kubernetes tier's session-scoped control plane (``tests/k8s/conftest.py``) is
+started once per worker that runs a module of it. The longest modules are handed out first (:func:`_weight`).
+Nothing else is shared between workers: stacks, control planes, node harnesses and PostgreSQL databases each pick
+their own ports, directories and names. (``--dist loadgroup`` with ``xdist_group`` marks would keep the tier on one
+worker, but pytest-xdist 3.8 cannot read the marks under pytest 9: it writes the group into ``item._nodeid``,
+which pytest 9 no longer reads.)
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -48,7 +50,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Order the modules by :func:`_weight` (stable within one weight, so file order is kept); pytest-xdist's
     ``--dist loadfile --no-loadscope-reorder`` hands them to the workers in this order (module docstring; without
     ``--no-loadscope-reorder`` xdist puts the modules with the most tests first: the unit tests)."""
-    items.sort(key=_weight)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one after another (the default), pytest's own order is kept
+        items.sort(key=_weight)
 
 
 @pytest.fixture(scope="session")
