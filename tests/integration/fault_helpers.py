@@ -405,3 +405,18 @@ def pid_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def chaos_table(rows: dict[str, Counter], columns: list[str], order: list[str], first: str) -> list[str]:
+    """A chaos loop's result as Markdown table lines: one row per name of ``order`` (``first`` heads that column),
+    the ``columns`` counts, then every ``ledger …`` count any row has, and an **all** row of the totals
+    (``tests/integration/test_lite_chaos.py``, ``test_kube_chaos.py``; the README tables are these)."""
+    ledger_cols = sorted({k for r in rows.values() for k in r if k.startswith("ledger ")})
+    header = [first, *columns, *ledger_cols]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in order:
+        r = rows.get(name, Counter())
+        lines.append("| " + " | ".join([name, *(str(r[c]) for c in columns + ledger_cols)]) + " |")
+    total = sum(rows.values(), Counter())
+    lines.append("| **all** | " + " | ".join(str(total[c]) for c in columns + ledger_cols) + " |")
+    return lines

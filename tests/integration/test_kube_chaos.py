@@ -72,7 +72,7 @@ import pytest
 
 from devtools.kube import KubeStack, require_binaries
 from devtools.stack import StackError
-from fault_helpers import FaultStack, executions, overlaps, wait_until
+from fault_helpers import FaultStack, chaos_table, executions, overlaps, wait_until
 from tests.k8s.test_informer import CuttableRelay
 
 pytestmark = [
@@ -427,18 +427,6 @@ def _delete_node(kube: KubeStack) -> None:
             raise
 
 
-def _table(rows: dict[str, Counter], columns: list[str], order: list[str], first: str) -> list[str]:
-    ledger_cols = sorted({k for r in rows.values() for k in r if k.startswith("ledger ")})
-    header = [first, *columns, *ledger_cols]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for name in order:
-        r = rows.get(name, Counter())
-        lines.append("| " + " | ".join([name, *(str(r[c]) for c in columns + ledger_cols)]) + " |")
-    total = sum(rows.values(), Counter())
-    lines.append("| **all** | " + " | ".join(str(total[c]) for c in columns + ledger_cols) + " |")
-    return lines
-
-
 # ---------------------------------------------------------------------------------------------------- the test
 
 
@@ -540,9 +528,9 @@ def _chaos(kube_stack, process_faults: tuple[str, ...], runs: int, seed: int) ->
                "double runs", "user retries spent", "older touched newer"]
     print(f"\nkube chaos: {len(plan)} runs, seed {seed}, {wall:.0f}s")
     print("\npod faults (every run; 'as expected': the path of the fault alone)\n"
-          + "\n".join(_table(by_pod, columns, [*POD_FAULTS, "node_lost"], "pod fault")))
+          + "\n".join(chaos_table(by_pod, columns, [*POD_FAULTS, "node_lost"], "pod fault")))
     print("\nprocess faults (every run of its wave, pod faults included)\n"
-          + "\n".join(_table(by_process, columns, list(process_faults), "process fault")))
+          + "\n".join(chaos_table(by_process, columns, list(process_faults), "process fault")))
     if path_notes:
         print("\n" + "\n".join(path_notes))
     if unsettled:

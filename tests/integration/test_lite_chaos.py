@@ -33,7 +33,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from devtools.stack import StackError
-from fault_helpers import FaultStack, ForkLimit, executions, overlaps, wait_until, zygote_pid
+from fault_helpers import FaultStack, ForkLimit, chaos_table, executions, overlaps, wait_until, zygote_pid
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
@@ -183,18 +183,6 @@ def _poll_runs(stack: FaultStack, pending: set[str], finals: dict[str, str], dea
         time.sleep(2)
 
 
-def _table(rows: dict[str, Counter], columns: list[str], order: list[str], first: str) -> list[str]:
-    ledger_cols = sorted({k for r in rows.values() for k in r if k.startswith("ledger ")})
-    header = [first, *columns, *ledger_cols]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for name in order:
-        r = rows.get(name, Counter())
-        lines.append("| " + " | ".join([name, *(str(r[c]) for c in columns + ledger_cols)]) + " |")
-    total = sum(rows.values(), Counter())
-    lines.append("| **all** | " + " | ".join(str(total[c]) for c in columns + ledger_cols) + " |")
-    return lines
-
-
 @pytest.mark.timeout(30 * 60)  # 6 waves x WAVE_BUDGET at worst; about 8 minutes when nothing hangs
 def test_chaos_loop(tmp_path_factory: pytest.TempPathFactory) -> None:
     """See the module docstring."""
@@ -257,9 +245,9 @@ def test_chaos_loop(tmp_path_factory: pytest.TempPathFactory) -> None:
                    "lost successes", "double runs", "user retries spent"]
         print(f"\nchaos: {len(plan)} runs, seed {seed}, {time.monotonic() - t0:.0f}s")
         print("\nagent kill points (waves without a process fault; 'as expected': its DESIGN §2 path)\n"
-              + "\n".join(_table(by_point, columns, list(KILL_POINTS), "fault point")))
+              + "\n".join(chaos_table(by_point, columns, list(KILL_POINTS), "fault point")))
         print("\nprocess faults (every run of its waves, agent kills included)\n"
-              + "\n".join(_table(by_fault, columns, list(PROCESS_FAULTS), "process fault")))
+              + "\n".join(chaos_table(by_fault, columns, list(PROCESS_FAULTS), "process fault")))
         if path_notes:
             print("\n" + "\n".join(path_notes))
         if unsettled:
