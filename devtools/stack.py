@@ -103,6 +103,17 @@ def example_dag_file(name: str) -> Path:
     raise FileNotFoundError(f"no bundled example DAG file {name}.py under {root}")
 
 
+def log_tail(path: Path, lines: int = 25, max_bytes: int = 64 * 1024) -> str:
+    """The last ``lines`` lines of the log at ``path`` (read from its last ``max_bytes`` bytes), for an error
+    message that must show why a process exited (CI keeps only the test output); ``""`` when unreadable."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - max_bytes))
+            return "\n".join(fh.read().decode("utf-8", "replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 class AirflowStack:
     """A real Airflow with its own AIRFLOW_HOME, ports, JWT secret and admin user.
 
@@ -115,6 +126,14 @@ class AirflowStack:
     for every process, applied last (they win). ``tls``: ``(cert, key)`` PEM paths: the api-server serves
     https with them (``[api] ssl_cert`` / ``ssl_key``, which the Task SDK also trusts as its CA), and this
     stack's own API calls verify against ``cert`` (``devtools.tls.self_signed_cert`` makes a pair).
+    ``public_api_apart``: this stack's own public-API calls (triggers, user actions) go to a second api-server
+    process (``public-api``: ``airflow api-server --apps core``), as a UI replica apart from the one tasks talk
+    to. On SQLite a public-API write can otherwise stall its api-server for the 30 s busy timeout and answer
+    500: Airflow 3.3's ``action_logging`` commits the audit row *on the event loop*
+    (``api_fastapi/logging/decorators.py``), blocking the loop while it waits for the write lock, and the lock
+    is held by an Execution API transaction of the same process whose commit (its session dependency's exit)
+    needs that loop (CI: a ``PATCH`` marking a running task success answered "Database error"). Apart, the
+    lock's holder commits on a loop that is not blocked.
 
     Use as a context manager or call ``stop()``: every process started is stopped, including task
     processes that left their parent's process group.
@@ -132,6 +151,7 @@ class AirflowStack:
         extra_env: dict[str, str] | None = None,
         tune_sqlite: bool = True,
         tls: tuple[Path, Path] | None = None,
+        public_api_apart: bool = False,
     ) -> None:
         self.home = Path(home).resolve()
         self.executor = executor
@@ -148,6 +168,9 @@ class AirflowStack:
         self.tls = None if tls is None else (Path(tls[0]).resolve(), Path(tls[1]).resolve())
         self._verify: str | bool = True if self.tls is None else str(self.tls[0])
         self.base_url = f"{'http' if self.tls is None else 'https'}://127.0.0.1:{self.api_port}"
+        self.public_api_apart = public_api_apart
+        self.public_port = free_port() if public_api_apart else self.api_port
+        self.public_url = f"{'http' if self.tls is None else 'https'}://127.0.0.1:{self.public_port}"
         self.process_logs = self.home / "process-logs"
         self.traces_dir = self.home / "traces"
         self.examples_folder = self.home / "example_dags"
@@ -208,6 +231,8 @@ class AirflowStack:
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.api_port),
             "AIRFLOW__API__WORKERS": "1",
+            # a 500 from a DB error names its statement and cause in the answer, so a failing test shows it
+            "AIRFLOW__API__EXPOSE_STACKTRACE": "True",
             "AIRFLOW__API_AUTH__JWT_SECRET": self._jwt_secret,
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.log_server_port),
             "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
@@ -301,8 +326,10 @@ class AirflowStack:
         for name in ("api-server", "scheduler", "dag-processor"):
             if name != "scheduler" or scheduler:
                 self._spawn(name)
+        if self.public_api_apart:
+            self._spawn("public-api", "api-server", "--apps", "core", "--port", str(self.public_port))
         deadline = time.monotonic() + timeout
-        while not self._api_up():
+        while not (self._api_up() and self._api_up(self.public_url)):
             self._check_alive()
             if time.monotonic() > deadline:
                 raise StackError(f"api-server not answering on {self.base_url}; see {self.process_logs}")
@@ -323,9 +350,11 @@ class AirflowStack:
             time.sleep(1.0)
         _record_timing("start", time.monotonic() - t0, self.home)
 
-    def _spawn(self, name: str) -> None:
-        popen = procs.spawn(self._airflow(name), env=self.env(), log_path=self.process_logs / f"{name}.log",
-                            cwd=self.home)
+    def _spawn(self, name: str, *argv: str) -> None:
+        """Start component ``name`` (``airflow <argv>``, by default ``airflow <name>``), logging to
+        ``process-logs/<name>.log``."""
+        popen = procs.spawn(self._airflow(*(argv or (name,))), env=self.env(),
+                            log_path=self.process_logs / f"{name}.log", cwd=self.home)
         self._popens.append(popen)
         self._names.append(name)
 
@@ -342,7 +371,8 @@ class AirflowStack:
     def _check_alive(self) -> None:
         for name, popen in zip(self._names, self._popens):
             if name != "migrate" and popen.poll() is not None:
-                raise StackError(f"{name} exited with {popen.returncode}; see {self.process_logs}/{name}.log")
+                raise StackError(f"{name} exited with {popen.returncode}; see {self.process_logs}/{name}.log; "
+                                 f"its last lines:\n{log_tail(self.process_logs / f'{name}.log')}")
 
     def warm_execution_api(self, timeout: float = 180.0) -> None:
         """Have the api-server answer one Execution API request (``GET /execution/health``); ``start()`` does.
@@ -361,9 +391,12 @@ class AirflowStack:
         except httpx.HTTPError as exc:
             raise StackError(f"the Execution API did not answer ({exc!r}); see {self.process_logs}") from None
 
-    def _api_up(self) -> bool:
+    def _api_up(self, base_url: str | None = None) -> bool:
+        """True when the api-server at ``base_url`` (default: the one tasks talk to) answers
+        ``/api/v2/version`` below 500 within 2 s."""
         try:
-            return httpx.get(f"{self.base_url}/api/v2/version", timeout=2, verify=self._verify).status_code < 500
+            return httpx.get(f"{base_url or self.base_url}/api/v2/version", timeout=2,
+                             verify=self._verify).status_code < 500
         except httpx.HTTPError:
             return False
 
@@ -382,24 +415,27 @@ class AirflowStack:
         return left
 
     def _stop_api_server(self, grace_seconds: float) -> None:
-        """SIGTERM the running api-server's process group; once uvicorn has logged ``Finished server process
-        [<pid>]`` (the application's shutdown is complete), SIGKILL the group.
+        """SIGTERM each running api-server's process group (``api-server``, then ``public-api``); once uvicorn
+        has logged ``Finished server process [<pid>]`` (the application's shutdown is complete), SIGKILL the
+        group.
 
         What follows that line is only the interpreter's exit, and its final garbage collection over the
         api-server's heap takes 5-17 s on a loaded 2-core host, a wait every stack's teardown paid. Anything
         that does not get that far within ``grace_seconds`` (a stopped process, a hung shutdown) is left to
         ``procs.stop_all``, which SIGKILLs it after its own grace.
         """
-        running = [p for n, p in zip(self._names, self._popens) if n == "api-server" and p.poll() is None]
-        if not running:
-            return
-        popen = running[-1]
+        for name in ("api-server", "public-api"):
+            running = [p for n, p in zip(self._names, self._popens) if n == name and p.poll() is None]
+            if running:
+                self._stop_one_api_server(name, running[-1], grace_seconds)
+
+    def _stop_one_api_server(self, name: str, popen: subprocess.Popen, grace_seconds: float) -> None:
         try:
             if psutil.Process(popen.pid).status() == psutil.STATUS_STOPPED:
                 return  # SIGSTOPped by a test: it cannot act on SIGTERM, procs.stop_all SIGKILLs it
         except psutil.Error:
             return
-        log_path = self.process_logs / "api-server.log"
+        log_path = self.process_logs / f"{name}.log"
         offset = log_path.stat().st_size if log_path.exists() else 0
         try:
             os.killpg(popen.pid, signal.SIGTERM)
@@ -436,7 +472,7 @@ class AirflowStack:
         if self._client is None:
             try:
                 token = httpx.post(
-                    f"{self.base_url}/auth/token",
+                    f"{self.public_url}/auth/token",
                     json={"username": API_USER, "password": self._password},
                     timeout=30,
                     verify=self._verify,
@@ -446,7 +482,7 @@ class AirflowStack:
             if token.status_code >= 300:
                 raise StackError(f"/auth/token answered {token.status_code}: {token.text[:300]}")
             self._client = httpx.Client(
-                base_url=f"{self.base_url}/api/v2",
+                base_url=f"{self.public_url}/api/v2",
                 headers={"Authorization": f"Bearer {token.json()['access_token']}"},
                 timeout=60,
                 verify=self._verify,

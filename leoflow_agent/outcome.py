@@ -53,6 +53,7 @@ __all__ = [
     "RecordTooLarge",
     "WrittenRecord",
     "agent_start_failed",
+    "api_unreachable",
     "decode",
     "encode",
     "exchange_refused",
@@ -123,6 +124,9 @@ class Reason(enum.StrEnum):
     """A task pod's token exchange was answered 403 (or another final refusal): the attempt never started."""
     EXCHANGE_UNREACHABLE = "exchange_unreachable"
     """A task pod's token exchange got no usable answer before the agent's exchange deadline."""
+    API_UNREACHABLE = "api_unreachable"
+    """An Execution API call the task needed went unanswered (a transport error or a 5xx after the Task SDK's
+    retries) and the task then ended ``failed`` or ``up_for_retry``: the outage, not the task, failed it."""
 
 
 CALLBACKS_PENDING_STATES = frozenset({"success", "up_for_retry"})
@@ -389,6 +393,19 @@ def heartbeat_lost(attempt: AttemptIdentity) -> OutcomeRecord:
     attempt's later terminal PATCH, and the reconciler treats the attempt as an infra loss.
     """
     return _refusal(attempt, Reason.HEARTBEAT_LOST)
+
+
+def api_unreachable(attempt: AttemptIdentity) -> OutcomeRecord:
+    """The record an agent writes when a call of its task to the Execution API went unanswered (the api-server
+    down or failing: a transport error or a 5xx after the Task SDK client's retries) and the task then ended
+    ``failed`` or ``up_for_retry`` (issue 10: the Task SDK turns the unanswered call into ``API_SERVER_ERROR`` in
+    the task, which fails it).
+
+    Outcome ``failed``, reason ``api_unreachable``, no state and no payload: the agent refuses that report, and
+    the reconciler re-drives the attempt as an infra loss instead of spending a user retry, as for
+    :func:`heartbeat_lost`.
+    """
+    return _refusal(attempt, Reason.API_UNREACHABLE)
 
 
 def killed(attempt: AttemptIdentity) -> OutcomeRecord:

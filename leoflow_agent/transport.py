@@ -13,6 +13,10 @@ Keying off the requests the supervisor actually sends covers every sink without 
 * after leoflow killed the attempt gracefully (its kill marker exists) a ``failed`` or ``up_for_retry`` report is
   refused locally and a ``killed`` record written instead: the kill caused it, and the reconciler re-drives the
   attempt as an infra loss rather than spend a user retry (issue 8 hole 16);
+* when a call the task needed went unanswered (:meth:`RecordingTransport.call_failed`: a transport error or a
+  5xx after the Task SDK client's retries, which the SDK hands the task as ``API_SERVER_ERROR``), a later
+  ``failed`` or ``up_for_retry`` report is refused locally and an ``api_unreachable`` record written instead:
+  the api-server outage failed the task, and the reconciler re-drives the attempt as an infra loss (issue 10);
 * every request carries the ``Leoflow-Attempt`` header naming this attempt (:mod:`leoflow_agent.fencing`), so
   the api-server's fence refuses it with 409 once leoflow has moved the ``ti_id`` to a newer epoch (DESIGN §2
   Invariant 1). The supervisor stops on that 409 as on Airflow's own (a heartbeat's kills the task, a terminal
@@ -39,6 +43,7 @@ log = logging.getLogger(__name__)
 
 _STATE_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/state$")
 _RUN_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/run$")
+_STATE_CALL = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/state$")
 _HEARTBEAT_CALL = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/heartbeat$")
 _TERMINATED_STATUSES = frozenset({404, 409, 410})  # the supervisor's "stop, the server says so" answers
 REFUSED_AFTER_KILL = frozenset({"failed", "up_for_retry"})
@@ -156,6 +161,9 @@ class RecordingTransport(httpx.BaseTransport):
         self.fenced: str | None = None
         """The fence's reason once the api-server refused a request of this attempt as not current (then this
         execution is stale: a newer epoch of its ``ti_id`` runs), else ``None``."""
+        self.unanswered: str | None = None
+        """``"<METHOD> <path> (<error>)"`` of the first call of this attempt that went unanswered for good
+        (:meth:`call_failed`), else ``None``."""
         self.terminal_recorded: str | None = None
         """The state of the last terminal record written to at least one sink. Once set, heartbeat loss writes
         no ``heartbeat_lost`` to any sink: a record that contradicts a kept terminal one would be re-driven."""
@@ -208,13 +216,44 @@ class RecordingTransport(httpx.BaseTransport):
             )
         return state, not failures
 
-    def _write_heartbeat_lost(self) -> None:
-        """Write the ``heartbeat_lost`` record to every sink (only ever called before any terminal record)."""
+    def _write_refusal(self, record: outcome.OutcomeRecord) -> None:
+        """Write a refusal ``record`` (``heartbeat_lost``, ``killed``, ``api_unreachable``: no state) to every
+        sink, telling the TI's log about a sink that fails. Callers write one only before any terminal record.
+        Never raises."""
         for sink in self._sinks:
             try:
-                sink(outcome.heartbeat_lost(self._attempt))
+                sink(record)
             except (OSError, ValueError) as exc:
-                self._tell("error", f"leoflow could not write the heartbeat_lost record ({_reasons([exc])}).")
+                self._tell("error", f"leoflow could not write the {record.reason} record ({_reasons([exc])}).")
+
+    def call_failed(self, method: str, path: str, error: BaseException) -> None:
+        """Note that a call of this attempt other than a heartbeat or a terminal report went unanswered for
+        good: ``error`` (an ``httpx.RequestError``, or an ``httpx.HTTPStatusError`` of a 5xx) came out of the
+        Task SDK client after its retries, so the supervisor hands the task ``API_SERVER_ERROR``. Only the first
+        is kept (:attr:`unanswered`); a later ``failed``/``up_for_retry`` report is then refused
+        (:meth:`_refused_after_api_loss`). Never raises."""
+        if self.unanswered is not None:
+            return
+        status = getattr(getattr(error, "response", None), "status_code", None)
+        self.unanswered = f"{method.upper()} {path} ({type(error).__name__}{f' {status}' if status else ''})"
+        log.warning("attempt %s: the Execution API did not answer %s after the client's retries", self._attempt,
+                    self.unanswered)
+
+    def _refused_after_api_loss(self, request: httpx.Request) -> bool:
+        """True (``api_unreachable`` record written unless a terminal one is kept, the TI's log told) when a call
+        of this attempt went unanswered (:attr:`unanswered`) and ``request`` reports a state of
+        :data:`REFUSED_AFTER_KILL`. Never raises."""
+        if self.unanswered is None:
+            return False
+        state = _reported_state(request)
+        if state not in REFUSED_AFTER_KILL:
+            return False
+        if self.terminal_recorded is None:
+            self._write_refusal(outcome.api_unreachable(self._attempt))
+        self._tell("warning", f"the Execution API did not answer {self.unanswered}, and the task then ended "
+                              f"{state}; that report is refused here, so the scheduler runs the task again as an "
+                              "infra loss, without spending a retry.")
+        return True
 
     def _refused_after_kill(self, request: httpx.Request) -> bool:
         """True (``killed`` record written, the TI's log told) when leoflow killed this attempt and ``request``
@@ -224,20 +263,11 @@ class RecordingTransport(httpx.BaseTransport):
                 return False
         except OSError:
             return False
-        request.read()
-        try:
-            body = json.loads(request.content or b"{}")
-        except (ValueError, UnicodeDecodeError):
-            return False
-        state = body.get("state") if isinstance(body, dict) else None
+        state = _reported_state(request)
         if state not in REFUSED_AFTER_KILL:
             return False
         if self.terminal_recorded is None:
-            for sink in self._sinks:
-                try:
-                    sink(outcome.killed(self._attempt))
-                except (OSError, ValueError) as exc:
-                    self._tell("error", f"leoflow could not write the killed record ({_reasons([exc])}).")
+            self._write_refusal(outcome.killed(self._attempt))
         self._tell("warning", f"leoflow killed this attempt (SIGTERM, so on_kill ran, then its grace); the {state} "
                               "report that followed is refused here, so the scheduler runs the task again as an "
                               "infra loss, without spending a retry.")
@@ -278,7 +308,7 @@ class RecordingTransport(httpx.BaseTransport):
         self._tell("error", f"leoflow: {self._failed_heartbeats} heartbeats in a row failed; this attempt is "
                             "recorded as heartbeat_lost and later reports are refused here, so the scheduler runs "
                             "it again as an infra loss, without spending a retry.")
-        self._write_heartbeat_lost()
+        self._write_refusal(outcome.heartbeat_lost(self._attempt))
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` with the attempt header, recording/reporting terminal states and honouring the fault
@@ -304,6 +334,13 @@ class RecordingTransport(httpx.BaseTransport):
             return httpx.Response(
                 409, json={"detail": {"reason": "leoflow_killed",
                                       "message": "refused locally by the leoflow agent: leoflow killed this attempt"}},
+                request=request,
+            )
+        if is_state and self._refused_after_api_loss(request):
+            return httpx.Response(
+                409, json={"detail": {"reason": "leoflow_api_unreachable",
+                                      "message": "refused locally by the leoflow agent: an Execution API call of "
+                                                 "this attempt went unanswered before the task failed"}},
                 request=request,
             )
         if is_state:
@@ -348,6 +385,18 @@ class RecordingTransport(httpx.BaseTransport):
         self._inner.close()
 
 
+def _reported_state(request: httpx.Request) -> str | None:
+    """The ``state`` a ``PATCH …/state`` request's JSON body reports, or ``None`` (no JSON object, no string
+    ``state``). Reads the request body. Never raises."""
+    try:
+        request.read()
+        body = json.loads(request.content or b"{}")
+    except (httpx.HTTPError, ValueError, UnicodeDecodeError):
+        return None
+    state = body.get("state") if isinstance(body, dict) else None
+    return state if isinstance(state, str) else None
+
+
 def _reasons(errors: Sequence[BaseException]) -> str:
     """One short text for the sink errors: ``strerror`` and the file for an ``OSError``, else the message."""
     texts = []
@@ -363,7 +412,9 @@ def _reasons(errors: Sequence[BaseException]) -> str:
 def heartbeat_counting_client(base: type) -> type:
     """Return (one per ``base``, cached) a subclass of the SDK ``Client`` class ``base`` that reports every
     heartbeat call of the attempt to its ``leoflow_transport.heartbeat_result`` once the call's outcome is
-    final (after the client's own retries). Set ``client.leoflow_transport`` right after constructing it.
+    final (after the client's own retries), and every other call that went unanswered for good (a transport
+    error or a 5xx after those retries; terminal reports excepted) to ``leoflow_transport.call_failed``. Set
+    ``client.leoflow_transport`` right after constructing it.
 
     The supervisor counts a failed heartbeat per call, not per HTTP request; counting requests in the
     transport would mark ``heartbeat_lost`` during a short api-server outage the supervisor survives, and
@@ -376,8 +427,23 @@ def heartbeat_counting_client(base: type) -> type:
 
         def request(self, method: str, url: Any, *args: Any, **kwargs: Any) -> httpx.Response:
             transport = self.leoflow_transport
-            match = _HEARTBEAT_CALL.search(str(url).split("?", 1)[0]) if str(method).upper() == "PUT" else None
-            if transport is None or match is None or match["ti_id"] != transport.attempt_ti_id:
+            path = str(url).split("?", 1)[0]
+            match = _HEARTBEAT_CALL.search(path) if str(method).upper() == "PUT" else None
+            if transport is None:
+                return super().request(method, url, *args, **kwargs)
+            if match is None:
+                if str(method).upper() == "PATCH" and _STATE_CALL.search(path):
+                    return super().request(method, url, *args, **kwargs)  # the report itself: never counted
+                try:
+                    return super().request(method, url, *args, **kwargs)
+                except httpx.RequestError as exc:  # what the client retries, as for a 5xx
+                    transport.call_failed(str(method), path, exc)
+                    raise
+                except httpx.HTTPStatusError as exc:
+                    if exc.response.status_code >= 500:
+                        transport.call_failed(str(method), path, exc)
+                    raise
+            if match["ti_id"] != transport.attempt_ti_id:
                 return super().request(method, url, *args, **kwargs)
             transport.heartbeat_started()
             try:

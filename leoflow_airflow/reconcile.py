@@ -72,6 +72,10 @@ def decide(
     if ti.state == "running" and not reported:
         if record is not None and record.reason == Reason.HEARTBEAT_LOST:
             return Action(Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE, "the agent lost its heartbeat")
+        if record is not None and record.reason == Reason.API_UNREACHABLE and record.payload is None:
+            return Action(Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE,
+                          "the task failed after an Execution API call went unanswered; the agent refused "
+                          "that failure")
         if record is not None and record.reason == Reason.KILLED and record.payload is None:
             return Action(Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE,
                           "leoflow killed the attempt; the agent refused the failure the kill caused")

@@ -1,7 +1,7 @@
 """Trace writers shared by the fault-test DAG files (not a DAG file itself; DAG files import it from the
 bundle folder, which Airflow puts on ``sys.path`` when it parses them, in the DAG processor and in a task).
 
-Everything goes under ``$AIRFLOW_HOME/traces``: callbacks append ``<dag> <task> <try> <kind>`` to
+Everything goes under ``$AIRFLOW_HOME/traces``: callbacks append ``<dag> <task> <try> <kind> <run_id>`` to
 ``callbacks.log``; :func:`body_line` appends ``<run_id> <try> <event> <unix time> <pid>`` to
 ``<dag>.<task>.body`` (read by ``tests/integration/fault_helpers.py``).
 """
@@ -21,12 +21,12 @@ def traces_dir() -> Path:
 
 
 def callback(kind: str):
-    """A task callback that appends ``<dag> <task> <try> <kind>`` to ``traces/callbacks.log``."""
+    """A task callback that appends ``<dag> <task> <try> <kind> <run_id>`` to ``traces/callbacks.log``."""
 
     def write(context):
         ti = context["ti"]
         with open(traces_dir() / "callbacks.log", "a") as fh:
-            fh.write(f"{ti.dag_id} {ti.task_id} {ti.try_number} {kind}\n")
+            fh.write(f"{ti.dag_id} {ti.task_id} {ti.try_number} {kind} {ti.run_id}\n")
 
     return write
 

@@ -4,7 +4,7 @@ Bodies write the timestamped trace lines of ``leoflow_more.py`` (``<run_id> <try
 in ``$AIRFLOW_HOME/traces/<dag>.<task>.body``; ``event`` is ``start``, ``tick`` every 0.2 s, ``end``), so a
 test can tell how often a body ran and whether two executions of one task overlapped
 (``tests/integration/fault_helpers.py``). Files ``traces/release.<run_id>`` / ``traces/go.<run_id>`` written
-by a test let a waiting body go on. Callbacks append ``<dag> <task> <try> <kind>`` to ``traces/callbacks.log``.
+by a test let a waiting body go on. Callbacks append ``<dag> <task> <try> <kind> <run_id>`` to ``traces/callbacks.log``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Every body appends timestamped lines to ``$AIRFLOW_HOME/traces/<dag>.<task>.body
 with ``event`` one of ``start``, ``tick`` (every 0.2 s while it works) and ``end``. From those lines a test
 can tell how often a body ran and whether two executions of one task ever overlapped. When the agent armed
 the ``mid_task`` fault point (``LEOFLOW_FAULT_MARKER`` in the environment) a body touches the marker and keeps
-ticking until it is killed. Callbacks append ``<dag> <task> <try> <kind>`` to ``traces/callbacks.log``.
+ticking until it is killed. Callbacks append ``<dag> <task> <try> <kind> <run_id>`` to ``traces/callbacks.log``.
 Files named ``traces/release.<run_id>`` / ``traces/go.<run_id>`` are written by tests to let a body go on.
 """
 
@@ -160,3 +160,21 @@ with DAG(dag_id="lf_adopt", schedule=None, start_date=START, catchup=False, is_p
 
         adopt_body()
 
+
+
+# 7. a call the task needs while the api-server is down: try 1 waits for the test's go file, then pushes an XCom
+#    through the Execution API (an unanswered call raises in the task; a Variable read would fall back to "not
+#    found" across the secrets backends instead)
+with DAG(dag_id="lf_api", schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
+         default_args={"retries": 1, "retry_delay": timedelta(seconds=1), **CALLBACKS}):
+
+    @task
+    def needs_api(ti=None) -> None:
+        body = _Body(ti)
+        body.line("start")
+        if ti.try_number == 1:
+            _wait_file(_traces() / f"go.{ti.run_id}", 120)
+            ti.xcom_push(key="leoflow_probe", value=1)
+        body.line("end")
+
+    needs_api()

@@ -32,7 +32,8 @@ class FaultStack(AirflowStack):
     """An :class:`AirflowStack` on ``tests/fault_dags`` with leoflow, fault injection and a fault plan, that
     can stop and start one component (api-server, scheduler) while the others keep running."""
 
-    def __init__(self, home: Path, *, extra_env: dict[str, str] | None = None, parallelism: int = 8) -> None:
+    def __init__(self, home: Path, *, extra_env: dict[str, str] | None = None, parallelism: int = 8,
+                 public_api_apart: bool = False) -> None:
         self.fault_plan = Path(home).resolve() / "fault-plan.json"
         env = {
             "AIRFLOW__LEOFLOW__TEST_FAULT_INJECTION": "True",
@@ -40,7 +41,8 @@ class FaultStack(AirflowStack):
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             **(extra_env or {}),
         }
-        super().__init__(home, executor=EXECUTOR, parallelism=parallelism, dags_folder=FAULT_DAGS, extra_env=env)
+        super().__init__(home, executor=EXECUTOR, parallelism=parallelism, dags_folder=FAULT_DAGS, extra_env=env,
+                         public_api_apart=public_api_apart)
 
     def up(self, dags: list[str]) -> FaultStack:
         """Migrate and start, waiting for ``dags``; returns self."""
@@ -377,11 +379,14 @@ def overlaps(execs: list[Execution]) -> list[tuple[Execution, Execution]]:
     return pairs
 
 
-def callbacks(stack: AirflowStack, dag_id: str) -> Counter:
-    """``Counter((task_id, try, kind))`` of the callbacks that ran for ``dag_id``."""
+def callbacks(stack: AirflowStack, dag_id: str, run_id: str | None = None) -> Counter:
+    """``Counter((task_id, try, kind))`` of the callbacks that ran for ``dag_id`` (only those of ``run_id``
+    when given; lines are ``<dag> <task> <try> <kind> <run_id>``, see ``tests/fault_dags/fault_trace.py``)."""
     path = stack.traces_dir / "callbacks.log"
     lines = path.read_text().splitlines() if path.exists() else []
-    return Counter(tuple(line.split()[1:]) for line in lines if line.split() and line.split()[0] == dag_id)
+    fields = [line.split() for line in lines]
+    return Counter(tuple(f[1:4]) for f in fields
+                   if len(f) >= 4 and f[0] == dag_id and (run_id is None or f[4:5] == [run_id]))
 
 
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)

@@ -1,4 +1,7 @@
-"""Issue 8, hole 4: an api-server outage longer than about a minute fails the task (spends a user retry).
+"""Api-server outages that must spend no user retry, on one stack (SQLite, the SDK's retries lowered, Airflow's
+default heartbeat settings).
+
+Issue 8, hole 4: an api-server outage longer than about a minute fails the task (spends a user retry).
 
 An agent dies mid-task with no record while its TI is RUNNING, so leoflow re-drives it as a new try on the
 infra budget (a DB-only step that works while the api-server is down). The new try is dispatched at once;
@@ -17,6 +20,10 @@ out its read timeouts (about 37 s here) before it dies, so the three epochs of t
 mark, and whether the budget is spent before the api-server is back is a race (it passed on today's main
 once that way). Refused connections with the SDK's retries lowered (3 tries, 0.5-1 s apart) make every
 agent die within seconds, so today's code spends the re-dispatch budget well inside the outage, every time.
+
+Issue 10: a call the task itself makes during an outage (an XCom push) goes unanswered; the Task SDK hands the
+task ``API_SERVER_ERROR`` and it fails. Its agent refuses that failure and records ``api_unreachable``, and the
+task is re-run on the infra budget (:func:`test_a_task_failed_by_an_unanswered_api_call_is_rerun_on_the_infra_budget`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import time
 import pytest
 
 from fault_helpers import FaultStack, attempt_of, callbacks, executions, overlaps, pid_alive, wait_until
+from leoflow_agent import outcome
 
 pytestmark = pytest.mark.airflow
 
@@ -40,30 +48,77 @@ FAST_API_RETRIES = {
 }
 
 
-def test_redispatch_waits_out_an_api_server_outage(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """See the module docstring."""
-    with FaultStack(tmp_path_factory.mktemp("hole4"), extra_env=FAST_API_RETRIES) as stack:
-        stack.up([DAG])
-        run = stack.trigger_with(DAG, {"work/1/1": "mid_task"})
-        (body,) = wait_until(lambda: executions(stack, DAG, "work", run), 180, "try 1's body to start")
-        attempt = attempt_of(stack, DAG, run, "work", body)
-        t_down = time.monotonic()
-        stack.kill_component("api-server", signal.SIGTERM, group=True)
-        try:
-            stack.release(run, "go")
-            wait_until(lambda: not pid_alive(attempt["pid"]), 60, "try 1's agent to die at its fault point")
-            time.sleep(max(0.0, OUTAGE - (time.monotonic() - t_down)))  # the outage itself, the scenario's input
-        finally:
-            stack.start_component("api-server")
-        stack.wait_api()
-        assert stack.wait_for_run(DAG, run, timeout=300) == "success"
+INFRA = "leoflow infra re-drive"
 
-        ti = stack.ti_row(DAG, run, "work")
-        execs = executions(stack, DAG, "work", run)
-        ledger = [(a["try_number"], a["attempt_epoch"], a["resolution"]) for a in stack.attempts(DAG, run, "work")]
-        assert ti["try_number"] - 1 == ti["max_tries"] - RETRIES, ("a user retry was spent", ti, ledger)
-        assert execs and execs[0].try_number == 1 and not execs[0].ended, execs
-        assert sum(e.ended for e in execs) == 1 and not overlaps(execs), execs
-        time.sleep(5)  # callbacks run asynchronously in the dag-processor: room for a wrong one to show
-        cb = callbacks(stack, DAG)
-        assert not [k for k in cb if k[2] in ("retry", "failure")], dict(cb)
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    """One stack for the module's outages; every process is stopped at the end, even on failure."""
+    with FaultStack(tmp_path_factory.mktemp("hole4"), extra_env=FAST_API_RETRIES) as s:
+        s.up([DAG, "lf_api"])
+        yield s
+
+
+def test_redispatch_waits_out_an_api_server_outage(stack: FaultStack) -> None:
+    """See the module docstring."""
+    run = stack.trigger_with(DAG, {"work/1/1": "mid_task"})
+    (body,) = wait_until(lambda: executions(stack, DAG, "work", run), 180, "try 1's body to start")
+    attempt = attempt_of(stack, DAG, run, "work", body)
+    t_down = time.monotonic()
+    stack.kill_component("api-server", signal.SIGTERM, group=True)
+    try:
+        stack.release(run, "go")
+        wait_until(lambda: not pid_alive(attempt["pid"]), 60, "try 1's agent to die at its fault point")
+        time.sleep(max(0.0, OUTAGE - (time.monotonic() - t_down)))  # the outage itself, the scenario's input
+    finally:
+        stack.start_component("api-server")
+    stack.wait_api()
+    assert stack.wait_for_run(DAG, run, timeout=300) == "success"
+
+    ti = stack.ti_row(DAG, run, "work")
+    execs = executions(stack, DAG, "work", run)
+    ledger = [(a["try_number"], a["attempt_epoch"], a["resolution"]) for a in stack.attempts(DAG, run, "work")]
+    assert ti["try_number"] - 1 == ti["max_tries"] - RETRIES, ("a user retry was spent", ti, ledger)
+    assert execs and execs[0].try_number == 1 and not execs[0].ended, execs
+    assert sum(e.ended for e in execs) == 1 and not overlaps(execs), execs
+    time.sleep(5)  # callbacks run asynchronously in the dag-processor: room for a wrong one to show
+    cb = callbacks(stack, DAG, run)
+    assert not [k for k in cb if k[2] in ("retry", "failure")], dict(cb)
+
+
+def test_a_task_failed_by_an_unanswered_api_call_is_rerun_on_the_infra_budget(stack: FaultStack) -> None:
+    """Issue 10: the api-server is stopped and the task at once pushes an XCom. The Task SDK gives that call up
+    after its retries (3, refused within about 2 s; the supervisor gives up on heartbeats only after 3 failed
+    ones 5 s apart) and hands the task ``API_SERVER_ERROR``, which fails it. Its ``up_for_retry`` report is
+    refused by the agent, which records ``api_unreachable``; once the api-server is back the TI is re-run as try 2
+    on the infra budget (``max_tries`` 1 -> 2, one re-drive Log row, no failure callback): the outage spent no
+    user retry. Before the fix the report landed, or its record was replayed, as ``up_for_retry``. The task
+    process itself still runs its ``on_retry_callback`` once the refused report returns (DESIGN §2 "Heartbeat
+    loss"): it did fail, and it is run again."""
+    run = stack.trigger_with("lf_api")
+    (first,) = wait_until(lambda: executions(stack, "lf_api", "needs_api", run), 180, "try 1's body to start")
+    attempt = attempt_of(stack, "lf_api", run, "needs_api", first)
+    expect = outcome.AttemptIdentity(attempt["ti_id"], attempt["try_number"], attempt["attempt_epoch"])
+    stack.kill_component("api-server", signal.SIGTERM, group=True)
+    try:
+        stack.release(run, "go")
+        record = wait_until(lambda: outcome.read_record_file(attempt["record_path"], expect=expect), 60,
+                            "the agent's record", poll=0.2)
+    finally:
+        stack.start_component("api-server")
+    stack.wait_api()
+    assert record.reason == outcome.Reason.API_UNREACHABLE and record.state is None, record
+    assert stack.wait_for_run("lf_api", run, timeout=300) == "success"
+
+    ti = stack.ti_row("lf_api", run, "needs_api")
+    assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 2, 2), ti
+    assert stack.log_events("lf_api", run, "needs_api").count(INFRA) == 1
+    execs = executions(stack, "lf_api", "needs_api", run)
+    assert [e.try_number for e in execs] == [1, 2] and not execs[0].ended and execs[1].ended, execs
+    time.sleep(5)  # callbacks run asynchronously in the dag-processor: room for a wrong one to show
+    cb = callbacks(stack, "lf_api", run)
+    assert not [k for k in cb if k[2] == "failure"] and cb[("needs_api", "1", "retry")] <= 1, dict(cb)
+    ledger = [(a["try_number"], a["resolution"]) for a in stack.attempts("lf_api", run, "needs_api")]
+    # try 2 may have been dispatched while the api-server was still starting: re-dispatched epochs, no retry
+    assert ledger[0] == (1, "infra_redrive") and ledger[-1] == (2, "reported"), ledger
+    assert set(ledger[1:-1]) <= {(2, "redispatched")}, ledger

@@ -194,8 +194,10 @@ def _disruption(pod: dict) -> dict | None:
 
 
 def _callbacks(stack: FaultStack, dag_id: str) -> list[str]:
+    """``<dag> <task> <try> <kind>`` of each callback of ``dag_id``, in the order they ran."""
     path = stack.traces_dir / "callbacks.log"
-    return [line for line in (path.read_text().splitlines() if path.exists() else []) if line.startswith(dag_id + " ")]
+    return [" ".join(line.split()[:4]) for line in (path.read_text().splitlines() if path.exists() else [])
+            if line.startswith(dag_id + " ")]
 
 
 def _ti_id(stack: FaultStack, dag_id: str, run_id: str, task_id: str) -> str:

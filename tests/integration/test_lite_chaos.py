@@ -12,7 +12,8 @@ process-level fault (issue 8), each fault once per six waves, in a seeded order:
   (10 s here) while the wave runs;
 * ``scheduler_sigterm``: SIGTERM the scheduler (Airflow's graceful ``end()``) while the wave's TIs are being
   queued, start a new one;
-* ``api_sigstop``: SIGSTOP the api-server while a body runs and keep it stopped across that body's end;
+* ``api_sigstop``: SIGSTOP the api-server while a body runs and keep it stopped across that body's end (22 s
+  at most: below the SQLite busy timeout, see ``API_BODY_WAIT``);
 * ``fork_failure``: the zygote's forks fail with EAGAIN (a pids cgroup at its limit) while the wave is
   dispatched, then the limit is lifted.
 
@@ -57,6 +58,12 @@ WAVE_BUDGET = 4 * 60.0  # seconds for one wave's runs to end, its process fault 
 HEALTH_CHECK_THRESHOLD = 10.0
 STALL = HEALTH_CHECK_THRESHOLD + 5  # the scheduler SIGSTOP
 API_HOLD = 10.0  # seconds the api-server stays stopped after the body it caught ended
+API_BODY_WAIT = 12.0  # at most this many seconds stopped before API_HOLD, waiting for the caught body's end
+# The whole stop (API_BODY_WAIT + API_HOLD, 22 s) stays below the stack's SQLite busy timeout (30 s,
+# devtools/sqlite_tuning.py): an api-server SIGSTOPped inside a write transaction holds SQLite's one write lock,
+# and past that timeout every other writer, Airflow's scheduler loop included, fails with "database is locked"
+# and the scheduler exits (CI, 70 s stop). That is the test's SQLite, not the outage under test: on PostgreSQL a
+# stopped api-server holds only the rows it wrote.
 FORK_WINDOW = 10.0  # seconds forks fail once the wave's first TI is queued
 
 EXTRA = {
@@ -141,7 +148,7 @@ def _inject(stack: FaultStack, fault: str, wave: dict[str, tuple[str, str]], for
         t0 = time.monotonic()
         try:
             try:
-                wait_until(lambda: executions(stack, DAG, caught[1], caught[0])[-1].ended, 60,
+                wait_until(lambda: executions(stack, DAG, caught[1], caught[0])[-1].ended, API_BODY_WAIT,
                            "the caught body to end", poll=0.1)
             except TimeoutError:
                 pass  # its agent was killed (a planned fault): the outage still spans its end

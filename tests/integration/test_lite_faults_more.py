@@ -54,10 +54,11 @@ def _first_start(stack: FaultStack, dag_id: str, task_id: str, run_id: str, time
 def stack(tmp_path_factory: pytest.TempPathFactory):
     """One stack per class with ``[leoflow] infra_retry_budget = 1``, fast heartbeat loss and a 20 s
     ``orphan_run_threshold`` (it acts only on a RUNNING task with no open attempt: no other scenario makes one);
-    every process is stopped at the end, even on failure."""
+    every process is stopped at the end, even on failure. The test's triggers and user actions go to an
+    api-server of their own (``public_api_apart``: see :class:`devtools.stack.AirflowStack`), as a UI would."""
     extra = {"AIRFLOW__LEOFLOW__INFRA_RETRY_BUDGET": "1", "AIRFLOW__LEOFLOW__ORPHAN_RUN_THRESHOLD": "20",
              **FAST_HEARTBEAT_LOSS}
-    with FaultStack(tmp_path_factory.mktemp("faults-more"), extra_env=extra) as s:
+    with FaultStack(tmp_path_factory.mktemp("faults-more"), extra_env=extra, public_api_apart=True) as s:
         s.up(["lf_budget", "lf_bash", "lf_user", "lf_hb"])
         yield s
 
@@ -100,12 +101,12 @@ class TestOneStack:
         if events.count(INFRA) != 1:
             problems.append(f"budget: expected exactly one infra re-drive Log row, got {events}")
         try:
-            wait_until(lambda: callbacks(stack, "lf_budget")[("work", "2", "failure")], 120,
+            wait_until(lambda: callbacks(stack, "lf_budget", budget)[("work", "2", "failure")], 120,
                        "the failure callback of lf_budget.work")
         except TimeoutError as exc:
-            problems.append(f"budget: {exc}; callbacks {callbacks(stack, 'lf_budget')}")
+            problems.append(f"budget: {exc}; callbacks {callbacks(stack, 'lf_budget', budget)}")
         time.sleep(3)
-        cb = callbacks(stack, "lf_budget")
+        cb = callbacks(stack, "lf_budget", budget)
         if cb[("work", "2", "failure")] != 1 or sum(cb.values()) != 1:
             problems.append(f"budget: exactly one failure callback expected, got {dict(cb)}")
 
@@ -186,7 +187,7 @@ class TestOneStack:
         assert len(extras) == 1 and "leoflow orphan-run: " in extras[0] and "no open leoflow attempt" in extras[0], \
             extras
         time.sleep(3)
-        cb = callbacks(stack, "lf_user")
+        cb = callbacks(stack, "lf_user", run)
         assert cb[("long", "1", "failure")] == 0 and cb[("long", "2", "failure")] == 0, dict(cb)
         rows = stack.attempts("lf_user", run, "long")
         assert [(a["try_number"], a["resolution"]) for a in rows] == [(1, "moved_on"), (2, "reported")], rows

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from devtools.stack import AirflowStack
+from fault_helpers import callbacks
 
 pytestmark = pytest.mark.airflow
 
@@ -30,12 +30,6 @@ def _runs(stack: AirflowStack, dag_id: str, task: str, run_id: str) -> list[str]
     if not path.exists():
         return []
     return [line.split()[1] for line in path.read_text().splitlines() if line.split()[0] == run_id]
-
-
-def _callbacks(stack: AirflowStack, dag_id: str) -> Counter:
-    path = stack.traces_dir / "callbacks.log"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return Counter(tuple(line.split()[1:]) for line in lines if line.split()[0] == dag_id)
 
 
 def _db(stack: AirflowStack, query: str, *args: object) -> list[tuple]:
@@ -114,10 +108,10 @@ def test_failure_paths(stack: AirflowStack) -> None:
     assert stack.task_states(dag, run)["fails_first"] == "success"
     assert _runs(stack, dag, "fails_first", run) == ["1", "2"], "each try's body ran exactly once"
     deadline = time.monotonic() + 60  # the DAG processor runs the callback request asynchronously
-    while time.monotonic() < deadline and not _callbacks(stack, dag)[("fails_first", "1", "retry")]:
+    while time.monotonic() < deadline and not callbacks(stack, dag)[("fails_first", "1", "retry")]:
         time.sleep(1)
     time.sleep(3)
-    cb = _callbacks(stack, dag)
+    cb = callbacks(stack, dag)
     assert cb[("fails_first", "1", "retry")] == 1, cb
     assert cb[("fails_first", "1", "failure")] == 0, cb
 

@@ -1,5 +1,7 @@
 """The agent counts failed heartbeats per supervisor call (after the SDK client's retries), never per HTTP
-request, so a short api-server outage the supervisor survives never marks the attempt ``heartbeat_lost``."""
+request, so a short api-server outage the supervisor survives never marks the attempt ``heartbeat_lost``; and a
+call the task needed that went unanswered for good makes a later failure an infra loss (``api_unreachable``),
+never a spent user retry (issue 10)."""
 
 from __future__ import annotations
 
@@ -75,3 +77,49 @@ def test_a_success_in_between_resets_and_server_terminated_answers_do_not_count(
     with pytest.raises(httpx.HTTPStatusError):
         client.put(HB)  # 409: the server ended the task; the supervisor stops it, not a heartbeat failure
     assert not transport.heartbeat_lost and not records
+
+
+STATE = f"task-instances/{TI}/state"
+XCOM = "xcoms/dag/run/task/return_value"
+
+
+def _report(client, state: str):
+    return client.patch(STATE, json={"state": state})
+
+
+def test_a_failure_after_an_unanswered_call_is_refused_and_recorded_api_unreachable():
+    """The api-server is down while the task pushes an XCom (every retry refused): the SDK hands the task
+    API_SERVER_ERROR and it fails; that up_for_retry report is refused here (409, never sent) and the record
+    says api_unreachable, so the reconciler re-drives the attempt on the infra budget."""
+    client, transport, records = _client(["down"] * 3)  # nothing more: a report that left would pop an empty list
+    with pytest.raises(httpx.ConnectError):
+        client.post(XCOM, json={})
+    with pytest.raises(httpx.HTTPStatusError) as refused:
+        _report(client, "up_for_retry")
+    assert refused.value.response.status_code == 409
+    assert refused.value.response.json()["detail"]["reason"] == "leoflow_api_unreachable"
+    assert [(r.reason, r.state, r.payload) for r in records] == [(outcome.Reason.API_UNREACHABLE, None, None)]
+    assert transport.unanswered == f"POST {XCOM} (ConnectError)"
+
+
+def test_a_success_after_an_unanswered_call_lands_with_its_record():
+    """The task caught the error and succeeded: its success report leaves and lands (the work is done)."""
+    client, transport, records = _client([503] * 3 + [200])
+    with pytest.raises(httpx.HTTPStatusError):
+        client.get(XCOM)
+    assert _report(client, "success").status_code == 200
+    assert [r.state for r in records] == ["success"]
+    assert transport.unanswered == f"GET {XCOM} (HTTPStatusError 503)"
+
+
+def test_answered_errors_and_a_failed_report_itself_do_not_count():
+    """A 404 (a missing Variable: the task's own problem) is an answer; a failed report that itself went
+    unanswered is not a call the task needed. The failure then lands as the task's own, spending its retry."""
+    client, transport, records = _client([404] + ["down"] * 3 + [200])
+    with pytest.raises(httpx.HTTPStatusError):
+        client.get("variables/missing")
+    with pytest.raises(httpx.ConnectError):
+        _report(client, "failed")
+    assert transport.unanswered is None
+    assert _report(client, "failed").status_code == 200
+    assert records and {(r.state, r.reason) for r in records} == {("failed", None)}  # one write per try sent

@@ -38,6 +38,8 @@ def rec(state: str | None) -> outcome.OutcomeRecord | None:
         return outcome.heartbeat_lost(ATTEMPT)
     if state == "killed":
         return outcome.killed(ATTEMPT)
+    if state == "api_unreachable":
+        return outcome.api_unreachable(ATTEMPT)
     if state in ("exchange_refused", "exchange_unreachable", "agent_start_failed"):
         return getattr(outcome, state)(None)  # a task pod's agent before its grant: no attempt identity
     return outcome.record_for_state(state, PAYLOADS[state], attempt=ATTEMPT, api_version="2025-09-23")
@@ -56,6 +58,8 @@ MATRIX = [
     (("heartbeat_lost", TI_ID, "running", 1, False), (Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE)),
     # ... and so does a failure the agent refused after leoflow killed it (issue 8 hole 16)
     (("killed", TI_ID, "running", 1, False), (Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE)),
+    # ... and a failure the agent refused after an Execution API call went unanswered (issue 10)
+    (("api_unreachable", TI_ID, "running", 1, False), (Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE)),
     # row 3: no record, RUNNING -> infra loss
     ((None, TI_ID, "running", 1, False), (Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE)),
     # row 4: no record, that ti_id QUEUED (died before /run) -> re-dispatch the same ti_id
