@@ -1,5 +1,6 @@
-"""Helpers for the Lite fault tests on a real Airflow: a stack with a fault plan and per-component control,
-body-trace parsing (how often a body ran, whether two executions overlapped), DB queries, polling.
+"""Helpers for the fault tests on a real Airflow: a stack with a fault plan and per-component control,
+body-trace parsing (how often a body ran, whether two executions overlapped), DB queries, polling, a throwaway
+PostgreSQL database, and the judgement of recorded Kubernetes task pods (``devtools.kube.KubeStack.pods``).
 
 Body traces are written by ``tests/fault_dags/leoflow_more.py`` and ``leoflow_chaos.py``:
 ``<run_id> <try> <event> <unix time> <pid> [extra]`` per line in ``$AIRFLOW_HOME/traces/<dag>.<task>.body``.
@@ -12,8 +13,10 @@ import os
 import signal
 import sqlite3
 import time
+import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,10 +33,12 @@ EXECUTOR = "leoflow_airflow.executor.LeoflowExecutor"
 
 class FaultStack(AirflowStack):
     """An :class:`AirflowStack` on ``tests/fault_dags`` with leoflow, fault injection and a fault plan, that
-    can stop and start one component (api-server, scheduler) while the others keep running."""
+    can stop and start one component (api-server, scheduler) while the others keep running. Its metadata DB is
+    SQLite unless ``sql_alchemy_conn`` names another (:func:`pg_database`); the ``db``/``ti_row``/``attempts``/
+    ``log_events`` readers below read the SQLite file only."""
 
     def __init__(self, home: Path, *, extra_env: dict[str, str] | None = None, parallelism: int = 8,
-                 public_api_apart: bool = False) -> None:
+                 public_api_apart: bool = False, sql_alchemy_conn: str | None = None) -> None:
         self.fault_plan = Path(home).resolve() / "fault-plan.json"
         env = {
             "AIRFLOW__LEOFLOW__TEST_FAULT_INJECTION": "True",
@@ -42,7 +47,7 @@ class FaultStack(AirflowStack):
             **(extra_env or {}),
         }
         super().__init__(home, executor=EXECUTOR, parallelism=parallelism, dags_folder=FAULT_DAGS, extra_env=env,
-                         public_api_apart=public_api_apart)
+                         public_api_apart=public_api_apart, sql_alchemy_conn=sql_alchemy_conn)
 
     def up(self, dags: list[str]) -> FaultStack:
         """Migrate and start, waiting for ``dags``; returns self."""
@@ -425,3 +430,78 @@ def chaos_table(rows: dict[str, Counter], columns: list[str], order: list[str], 
     total = sum(rows.values(), Counter())
     lines.append("| **all** | " + " | ".join(str(total[c]) for c in columns + ledger_cols) + " |")
     return lines
+
+
+# --- a throwaway PostgreSQL database -------------------------------------------------------------------
+@contextmanager
+def pg_database(server_url: str, prefix: str, *, template: str | None = None) -> Iterator[str]:
+    """A database of its own on the PostgreSQL server of ``server_url`` (``LEOFLOW_TEST_PG_URL``, a role that may
+    create databases), named ``<prefix>_<10 hex digits>``: empty, or a copy of the database ``template``
+    (``CREATE DATABASE ... TEMPLATE``, as ``bench/compare.py`` does; the template must have no session open).
+    Yields its SQLAlchemy URL with the password; drops it on exit (``WITH (FORCE)``: sessions a killed process
+    left are ended). Errors of the server are raised (``sqlalchemy.exc.DBAPIError``)."""
+    import sqlalchemy as sa
+
+    server = sa.make_url(server_url)
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else "")))
+        try:
+            yield server.set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.connect() as conn:
+                conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
+# --- recorded Kubernetes task pods ---------------------------------------------------------------------
+POD_LABEL = "leoflow.io/"
+"""The prefix of leoflow's attempt labels on a task pod (``leoflow_airflow.runtime.kubernetes.pod.LABEL_PREFIX``:
+``ti-id``, ``try-number``, ``attempt-epoch``, ...)."""
+
+
+def pod_phase(pod: dict) -> str | None:
+    """``status.phase`` of one recorded pod version (``None`` before the API server set one)."""
+    return (pod.get("status") or {}).get("phase")
+
+
+def pod_disrupted(versions: list[dict]) -> bool:
+    """Whether a Kubernetes controller marked the pod (a ``DisruptionTarget`` condition in any version)."""
+    return any(c.get("type") == "DisruptionTarget" for v in versions
+               for c in (v.get("status") or {}).get("conditions") or [])
+
+
+def deleted_while_active(versions: list[dict]) -> bool:
+    """Whether any version carries a ``deletionTimestamp`` while the pod was neither Succeeded nor Failed."""
+    return any(v["metadata"].get("deletionTimestamp") and pod_phase(v) not in ("Succeeded", "Failed")
+               for v in versions)
+
+
+def pod_order(versions: list[dict]) -> tuple[int, int]:
+    """``(try_number, attempt_epoch)`` of a pod from its first version's labels (``(0, 0)`` when unlabelled)."""
+    labels = versions[0]["metadata"].get("labels") or {}
+    return int(labels.get(POD_LABEL + "try-number", 0)), int(labels.get(POD_LABEL + "attempt-epoch", 0))
+
+
+def pods_by_ti(pods: dict[str, list[dict]]) -> dict[str, dict[str, list[dict]]]:
+    """``{ti_id: {uid: versions}}`` of the pods of ``pods`` (:meth:`devtools.kube.KubeStack.pods`'s shape) that
+    carry a ``ti-id`` label (the label of their last version)."""
+    found: dict[str, dict[str, list[dict]]] = {}
+    for uid, versions in pods.items():
+        ti_id = (versions[-1]["metadata"].get("labels") or {}).get(POD_LABEL + "ti-id")
+        if ti_id:
+            found.setdefault(ti_id, {})[uid] = versions
+    return found
+
+
+def newer_pods_touched(ti_pods: dict[str, list[dict]], spared: Collection[str | None] = ()) -> list[str]:
+    """The UIDs, among the pods of one ti_id (``{uid: versions}``), of those other than the oldest by
+    :func:`pod_order` that were deleted while active (:func:`deleted_while_active`) by no Kubernetes controller
+    (:func:`pod_disrupted`) and are not in ``spared`` (pods a test deleted itself): an older execution touching a
+    newer one, which issue 10 says must never happen."""
+    ordered = sorted(ti_pods.items(), key=lambda item: pod_order(item[1]))
+    return [uid for uid, versions in ordered[1:]
+            if uid not in spared and deleted_while_active(versions) and not pod_disrupted(versions)]

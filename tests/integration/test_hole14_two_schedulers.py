@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import os
 import sys
-import uuid
 
 import pytest
 import sqlalchemy as sa
 
 from devtools import procs
 from devtools.stack import AirflowStack
-from fault_helpers import EXECUTOR, FAULT_DAGS, executions
+from fault_helpers import EXECUTOR, FAULT_DAGS, executions, pg_database
 from leoflow_airflow.hosts import this_host
 from lite_procs import log_text, spawn_in_stack, wait_for, zygotes
 
@@ -59,50 +58,25 @@ def stack_env() -> dict[str, str]:
     }
 
 
-def _admin() -> sa.Engine:
-    """An AUTOCOMMIT engine on the server's ``postgres`` database (CREATE/DROP DATABASE)."""
-    server = sa.make_url(PG_URL)
-    return sa.create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
-
-
 @pytest.fixture(scope="module")
 def template_db(tmp_path_factory) -> str:
     """A database migrated once by ``airflow db migrate`` (a stack configured as the tests' stacks are), the
     template each test's database is copied from (``CREATE DATABASE ... TEMPLATE``, as ``bench/compare.py``
     does): one migrate per module instead of one per test. Dropped afterwards. Returns its name."""
-    server = sa.make_url(PG_URL)
-    name = f"leoflow_h14_tmpl_{uuid.uuid4().hex[:10]}"
-    admin = _admin()
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    try:
-        url = server.set(database=name).render_as_string(hide_password=False)
+    with pg_database(PG_URL, "leoflow_h14_tmpl") as url:
         migrator = AirflowStack(tmp_path_factory.mktemp("hole14-template"), executor=EXECUTOR, parallelism=3,
                                 dags_folder=FAULT_DAGS, sql_alchemy_conn=url, extra_env=stack_env())
         with migrator:
             migrator.migrate()  # the command has exited: no session is left on the template
-        yield name
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        yield sa.make_url(url).database
 
 
 @pytest.fixture
 def pg_url(template_db: str) -> str:
     """A fresh database on the test PostgreSQL server, a copy of the migrated ``template_db`` (dropped
     afterwards), as a URL with its password."""
-    server = sa.make_url(PG_URL)
-    name = f"leoflow_h14_{uuid.uuid4().hex[:10]}"
-    admin = _admin()
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"'))
-    try:
-        yield server.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with pg_database(PG_URL, "leoflow_h14", template=template_db) as url:
+        yield url
 
 
 @pytest.mark.parametrize("second_host", [None, SECOND_HOST], ids=["one-host", "two-hosts"])

@@ -73,7 +73,8 @@ import pytest
 
 from devtools.kube import KubeStack, require_binaries
 from devtools.stack import StackError
-from fault_helpers import FaultStack, chaos_table, executions, overlaps, wait_until
+from fault_helpers import (FaultStack, chaos_table, executions, newer_pods_touched, overlaps, pod_order, pod_phase,
+                           pods_by_ti, wait_until)
 from tests.k8s.test_informer import CuttableRelay
 
 pytestmark = [
@@ -127,7 +128,6 @@ EXTRA = {
 }
 API_DOWN = 15.0
 """Seconds the api-server stays dead after its SIGKILL before a new one is started (which takes 20-40 s more)."""
-LABEL = "leoflow.io/"
 GONE = "410 Gone"
 
 
@@ -544,25 +544,6 @@ def _chaos(kube_stack, process_faults: tuple[str, ...], runs: int, seed: int) ->
     assert not problems, "\n".join(problems)
 
 
-def _phase(pod: dict) -> str | None:
-    return (pod.get("status") or {}).get("phase")
-
-
-def _disrupted(versions: list[dict]) -> bool:
-    """Whether a Kubernetes controller marked the pod (a ``DisruptionTarget`` condition in any version)."""
-    return any(c.get("type") == "DisruptionTarget" for v in versions
-               for c in (v.get("status") or {}).get("conditions") or [])
-
-
-def _deleted_while_active(versions: list[dict]) -> bool:
-    return any(v["metadata"].get("deletionTimestamp") and _phase(v) not in ("Succeeded", "Failed") for v in versions)
-
-
-def _order(versions: list[dict]) -> tuple[int, int]:
-    labels = versions[0]["metadata"].get("labels") or {}
-    return int(labels.get(LABEL + "try-number", 0)), int(labels.get(LABEL + "attempt-epoch", 0))
-
-
 def _judge(stack: FaultStack, kube: KubeStack, plan: dict[str, tuple[str, str, str]], finals: dict[str, str],
            hit: dict[str, str]) -> tuple[list[str], list[str], dict[str, Counter], dict[str, Counter]]:
     """Per run: lost successes, double runs, user retries spent, older touched newer (each a problem), the
@@ -573,11 +554,7 @@ def _judge(stack: FaultStack, kube: KubeStack, plan: dict[str, tuple[str, str, s
     notes: list[str] = []
     by_pod: dict[str, Counter] = defaultdict(Counter)
     by_process: dict[str, Counter] = defaultdict(Counter)
-    pods_by_ti: dict[str, dict[str, list[dict]]] = defaultdict(dict)
-    for uid, versions in kube.pods().items():
-        ti_id = (versions[-1]["metadata"].get("labels") or {}).get(LABEL + "ti-id")
-        if ti_id:
-            pods_by_ti[ti_id][uid] = versions
+    pods = pods_by_ti(kube.pods())
     for run_id, (dag_id, pod_fault, process_fault) in plan.items():
         rows = [by_pod[pod_fault], by_process[process_fault]]
 
@@ -610,14 +587,14 @@ def _judge(stack: FaultStack, kube: KubeStack, plan: dict[str, tuple[str, str, s
             count("user retries spent")
             problems.append(f"user retry spent: {tag}: {ti}")
         count("infra re-runs", (ti.get("max_tries") or RETRIES) - RETRIES)
-        ti_pods = pods_by_ti.get(str(uuid.UUID(ti["id"])), {}) if ti else {}
-        ordered = sorted(ti_pods.items(), key=lambda item: _order(item[1]))
-        for i, (uid, versions) in enumerate(ordered):
-            if i > 0 and uid != hit.get(run_id) and _deleted_while_active(versions) and not _disrupted(versions):
-                count("older touched newer")
-                problems.append(f"older touched newer: {tag}: pod {versions[0]['metadata']['name']} (try, epoch) "
-                                f"{_order(versions)} deleted while {_phase(versions[-1])}; pods "
-                                f"{[(v[-1]['metadata']['name'], _order(v), _phase(v[-1])) for _, v in ordered]}")
+        ti_pods = pods.get(str(uuid.UUID(ti["id"])), {}) if ti else {}
+        ordered = sorted(ti_pods.values(), key=pod_order)
+        for uid in newer_pods_touched(ti_pods, spared={hit.get(run_id)}):
+            versions = ti_pods[uid]
+            count("older touched newer")
+            problems.append(f"older touched newer: {tag}: pod {versions[0]['metadata']['name']} (try, epoch) "
+                            f"{pod_order(versions)} deleted while {pod_phase(versions[-1])}; pods "
+                            f"{[(v[-1]['metadata']['name'], pod_order(v), pod_phase(v[-1])) for v in ordered]}")
         ledger = stack.attempts(dag_id, run_id, TASK)
         for attempt in ledger:
             count(f"ledger {attempt['resolution']}")
