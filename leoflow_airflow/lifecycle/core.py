@@ -366,7 +366,7 @@ class Lifecycle:
         live = page.rows
         by_ref = {a.ref: a for a in acting}
         by_ref.update((a.ref, a) for a in live)  # read last: a row in both moved on in between
-        attempts = sorted(by_ref.values(), key=lambda a: a.id or 0)
+        attempts = self._not_a_live_peers(sorted(by_ref.values(), key=lambda a: a.id or 0))
         presence = dict(self.runtime.observe(live)) if live else {}
         for ref in self._silent_foreign(live, presence):
             presence[ref] = Presence.GONE  # settled from DB-only evidence below
@@ -382,6 +382,20 @@ class Lifecycle:
             if attempt.state in SETTLE_STATES and attempt.ref not in self._settling and budget.take():
                 self._settle(attempt, budget)
         return page, presence
+
+    def _not_a_live_peers(self, attempts: list[Attempt]) -> list[Attempt]:
+        """``attempts`` without the rows another scheduler owns (``scheduler_job_id``) while its job is alive (one
+        query), CLAIMED rows excepted (:meth:`_claimed` judges those itself). Their owner moves them to EXITED and
+        settles them, and must: closing a row is what frees the owner's executor slot for it. Settled by a peer,
+        the owner's slot stayed taken for good (issue 10 item 5: two schedulers on Kubernetes each dispatched
+        nothing more once ``[core] parallelism`` of their rows had been closed by the other). A dead owner's rows
+        are settled here. The reapers still see every row of the page (``page``, ``presence``)."""
+        peers = {a.scheduler_job_id for a in attempts
+                 if a.state != _S.CLAIMED and a.scheduler_job_id is not None and a.scheduler_job_id != self.job_id}
+        if not peers:
+            return attempts
+        alive = self.airflow.jobs_alive(peers)
+        return [a for a in attempts if a.state == _S.CLAIMED or a.scheduler_job_id not in alive]
 
     def _silent_foreign(self, live: Sequence[Attempt], presence: dict[AttemptRef, Presence]) -> list[AttemptRef]:
         """Another host's live attempts that may be settled here (``hosts.decide_foreign``: TI heartbeat silent

@@ -1024,3 +1024,50 @@ def test_a_failed_read_of_airflows_running_rows_does_not_break_the_cycle(tmp_pat
     assert world.row(ref).state == S.CLOSED and len(calls) == 1
     world.life.cycle()
     assert len(calls) == 2
+
+
+def test_a_live_peers_exited_row_is_left_to_it_so_its_slot_is_freed_and_a_dead_peers_is_settled(world):
+    """Issue 10 item 5: two schedulers share the ledger. Attempts of scheduler job 1 exit; scheduler job 2
+    (alive beside it) leaves the rows to their owner, whose close frees its executor slots (``Release``). Before,
+    the peer closed them and the owner's slots stayed taken for good. Once the owner's job is dead, its rows are
+    the survivor's to settle."""
+
+    def scheduler(job_id: int) -> Lifecycle:
+        return Lifecycle(ledger=world.ledger, runtime=world.runtime, airflow=world.airflow, settings=world.settings,
+                         job_id=job_id, monotonic=world.clock.monotonic, utcnow=world.clock.utcnow)
+
+    owner, peer = scheduler(1), scheduler(2)
+    world.airflow.alive_jobs = {1, 2}
+
+    def running(task_id: str):
+        """An attempt ``owner`` dispatched and started."""
+        w = world.workload(task_id=task_id)
+        world.airflow.put(str(w.ti.id), "queued", logical=("dag", "run", task_id, -1), queued_by_job_id=1)
+        assert owner.dispatch_task(w).disposition == Disposition.DISPATCHED
+        ref = world.runtime.launched[-1].ref
+        world.runtime.events.append(Started(launch_id(ref), {"pid": 4242, "proc_start_time": 77}))
+        owner.cycle()
+        return w, ref
+
+    def exit_with_success(ref) -> None:
+        """Its agent is gone, its success landed: the row is EXITED, to be closed REPORTED."""
+        world.airflow.set_state(ref.ti_id, "success")
+        world.record(ref, "success")
+        world.runtime.presence[ref] = Presence.GONE
+        assert world.ledger.transition(ref, expected=[S.DISPATCHED], to=S.EXITED)
+
+    (w1, ref1), (w2, ref2) = running("t1"), running("t2")
+    exit_with_success(ref1)
+    exit_with_success(ref2)
+    peer.cycle()
+    assert [world.row(ref1).state, world.row(ref2).state] == [S.EXITED, S.EXITED]  # the owner's to settle
+    actions = owner.cycle()
+    assert (world.row(ref1).state, world.row(ref1).resolution) == (S.CLOSED, Resolution.REPORTED)
+    assert world.row(ref2).state == S.CLOSED
+    assert Release(w1.ti.key) in actions and Release(w2.ti.key) in actions
+
+    _, ref3 = running("t3")
+    exit_with_success(ref3)
+    world.airflow.alive_jobs = {2}  # the owner's scheduler died
+    peer.cycle()
+    assert (world.row(ref3).state, world.row(ref3).resolution) == (S.CLOSED, Resolution.REPORTED)
