@@ -41,9 +41,8 @@ from leoflow_agent import fencing, outcome
 
 log = logging.getLogger(__name__)
 
-_STATE_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/state$")
+_STATE_PATH = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/state$")
 _RUN_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/run$")
-_STATE_CALL = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/state$")
 _HEARTBEAT_CALL = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/heartbeat$")
 _TERMINATED_STATUSES = frozenset({404, 409, 410})  # the supervisor's "stop, the server says so" answers
 REFUSED_AFTER_KILL = frozenset({"failed", "up_for_retry"})
@@ -432,7 +431,7 @@ def heartbeat_counting_client(base: type) -> type:
             if transport is None:
                 return super().request(method, url, *args, **kwargs)
             if match is None:
-                if str(method).upper() == "PATCH" and _STATE_CALL.search(path):
+                if str(method).upper() == "PATCH" and _STATE_PATH.search(path):
                     return super().request(method, url, *args, **kwargs)  # the report itself: never counted
                 try:
                     return super().request(method, url, *args, **kwargs)

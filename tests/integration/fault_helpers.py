@@ -26,6 +26,7 @@ import psutil
 
 from devtools import procs
 from devtools.stack import AirflowStack, StackError
+from leoflow_airflow.runtime.kubernetes.pod import LABEL_PREFIX
 
 FAULT_DAGS = Path(__file__).resolve().parent.parent / "fault_dags"
 EXECUTOR = "leoflow_airflow.executor.LeoflowExecutor"
@@ -458,9 +459,8 @@ def pg_database(server_url: str, prefix: str, *, template: str | None = None) ->
 
 
 # --- recorded Kubernetes task pods ---------------------------------------------------------------------
-POD_LABEL = "leoflow.io/"
-"""The prefix of leoflow's attempt labels on a task pod (``leoflow_airflow.runtime.kubernetes.pod.LABEL_PREFIX``:
-``ti-id``, ``try-number``, ``attempt-epoch``, ...)."""
+POD_LABEL = LABEL_PREFIX
+"""The prefix of leoflow's attempt labels on a task pod (``ti-id``, ``try-number``, ``attempt-epoch``, ...)."""
 
 
 def pod_phase(pod: dict) -> str | None:
