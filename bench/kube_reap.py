@@ -55,6 +55,7 @@ printed, with the load average next to every figure (the machine is shared), and
 from __future__ import annotations
 
 import argparse
+import bisect
 import cProfile
 import dataclasses
 import math
@@ -103,6 +104,7 @@ class StandInAirflow:
     def __init__(self) -> None:
         self.rows: dict[str, Any] = {}  # ti_id -> TIRow
         self.by_logical: dict[tuple[str, str, str, int], str] = {}
+        self.running: list[str] = []  # RUNNING ti_ids, ascending (the orphan-run reaper's keyset pages)
 
     def put(self, ti: Any) -> None:
         """Airflow queued ``ti`` (a ``TaskInstanceDTO``)."""
@@ -116,6 +118,7 @@ class StandInAirflow:
     def run(self, ti_id: str) -> None:
         """The task of ``ti_id`` is RUNNING (its agent reached ``/run``)."""
         self.rows[ti_id] = dataclasses.replace(self.rows[ti_id], state="running")
+        bisect.insort(self.running, ti_id)
 
     def ti_row_by_id(self, ti_id: str) -> Any:
         """See ``AirflowPort``."""
@@ -130,6 +133,18 @@ class StandInAirflow:
         """See ``AirflowPort``: the state, and a heartbeat of now (a live task heartbeats every few seconds)."""
         now = datetime.now(timezone.utc)
         return {i: (self.rows[i].state, now) for i in ti_ids if i in self.rows}
+
+    def running_tis(self, after: str | None, limit: int) -> list[Any]:
+        """See ``AirflowPort``: one keyset page of the RUNNING stand-in rows (ascending id), each with a
+        heartbeat of now, so the orphan-run reaper finds nothing to do (every one has an open attempt too)."""
+        from leoflow_airflow.reap.orphan import RunningTI
+
+        now = datetime.now(timezone.utc)
+        start = 0 if after is None else bisect.bisect_right(self.running, after)
+        ids = self.running[start:start + limit]
+        return [RunningTI(ti_id=i, dag_id="bench", run_id="run", task_id="t", map_index=-1,
+                          try_number=self.rows[i].try_number, state="running", executor=None, run_state="running",
+                          start_date=now, last_heartbeat_at=now, run_start_date=now) for i in ids]
 
     def jobs_alive(self, job_ids: set[int]) -> set[int]:
         """See ``AirflowPort``: no scheduler job exists here."""
@@ -160,7 +175,8 @@ class StandInAirflow:
 class LedgerCounter:
     """Counts what a :class:`~leoflow_airflow.ledger.store.LedgerStore` reads: ``statements`` (every SQL
     statement its engine executes, through SQLAlchemy's ``before_cursor_execute`` event) and ``rows`` (ledger
-    rows turned into ``Attempt`` objects: the results of its ``_one`` / ``_many``, wrapped on the instance)."""
+    rows turned into ``Attempt`` objects: the results of its ``_one`` / ``_many`` / ``open_page``, wrapped on the
+    instance)."""
 
     def __init__(self, store: Any) -> None:
         import sqlalchemy as sa
@@ -180,7 +196,14 @@ class LedgerCounter:
             self.rows += len(rows)
             return rows
 
-        store._one, store._many = counted_one, counted_many
+        page = store.open_page
+
+        def counted_page(**kwargs: Any) -> list[Any]:
+            rows = page(**kwargs)
+            self.rows += len(rows)
+            return rows
+
+        store._one, store._many, store.open_page = counted_one, counted_many, counted_page
 
     def _statement(self, *_: Any) -> None:
         self.statements += 1

@@ -94,3 +94,21 @@ def test_backoff_doubles_is_capped_and_jittered(inf):
     for failures, top in ((1, 0.5), (2, 1.0), (3, 2.0), (10, 10.0), (10_000, 10.0)):
         for _ in range(20):
             assert top / 2 <= inf._backoff(failures) <= top
+
+
+def test_take_changed_names_what_events_touched_and_all_after_a_list(inf, monkeypatch):
+    """What ``poll()`` re-examines (issue 10, "Benchmark": a loop's cost follows what changed): None (anything)
+    after a LIST, then exactly the pods events added, modified or deleted since the last call."""
+    page = {"metadata": {"resourceVersion": "5"}, "items": [pod("a", "ua", "4"), pod("b", "ub", "5")]}
+    monkeypatch.setattr(inf, "_list_page", lambda token: page)
+    inf._list()
+    assert inf.take_changed() is None
+    assert inf.take_changed() == set()
+    inf._apply_line(line("MODIFIED", pod("a", "ua", "6", "Succeeded", "rec")))
+    inf._apply_line(line("ADDED", pod("c", "uc", "7")))
+    inf._apply_line(line("DELETED", pod("b", "ub", "8", "Failed")))
+    inf._apply_line(line("BOOKMARK", {"kind": "Pod", "metadata": {"resourceVersion": "9"}}))
+    assert inf.take_changed() == {"a", "b", "c"}
+    assert inf.take_changed() == set()
+    inf._list()  # a relist (after a 410): any pod may have changed
+    assert inf.take_changed() is None

@@ -45,6 +45,9 @@ class StubInformer:
     def views(self):
         return []
 
+    def take_changed(self):
+        return set()  # no watch event: poll() looks only at what its own state says
+
 
 class ApiError(Exception):
     def __init__(self, status: int, body: str = "") -> None:
@@ -262,3 +265,74 @@ def test_start_progress_keeps_a_pods_first_seen_time_while_other_pages_are_asked
     rt.forget(a.ref)
     rt.start_progress([a])
     assert firsts[3][1] > firsts[0][1]  # forgotten: first seen anew
+
+
+class ViewsInformer(StubInformer):
+    """Synced, serving the views a test puts in ``pods``; ``changed`` is what the watch touched since the
+    last ``take_changed``."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.pods: dict = {}
+        self.changed: set[str] = set()
+
+    def get(self, name):
+        return self.pods.get(name)
+
+    def take_changed(self):
+        out, self.changed = self.changed, set()
+        return out
+
+
+def _pod(name: str, uid: str, ended: bool):
+    from leoflow_airflow.runtime.kubernetes.status import pod_view
+
+    state = {"terminated": {"exitCode": 0, "reason": "Completed"}} if ended else {"running": {}}
+    return pod_view({"metadata": {"name": name, "uid": uid, "namespace": "ns"},
+                     "status": {"phase": "Succeeded" if ended else "Running",
+                                "containerStatuses": [{"name": "base", "state": state}]}})
+
+
+def test_poll_looks_at_pods_that_changed_at_once_and_at_the_others_in_turn(monkeypatch):
+    """Issue 10, "Benchmark": a scheduler loop's poll() must not walk every running pod. It looks at the pods
+    the watch touched (an ended one is reported at the next poll) and, as a safety net, at the next
+    ``reap_page_size`` of the others in turn, so an end no event announced is still reported within
+    ``ceil(pods / reap_page_size)`` polls."""
+    from leoflow_airflow.lifecycle.runtime import Exited
+    from leoflow_airflow.runtime.kubernetes import runtime as runtime_module
+
+    core = StubCore()
+    monkeypatch.setattr("kubernetes.client.CoreV1Api", lambda api: core)
+    conf = {"runtime": "kubernetes", "image": "img:1", "exchange_url": "http://x/leoflow", "reap_page_size": "1"}
+    rt = KubernetesRuntime(leoflow_settings.load(lambda section, key, fallback: conf.get(key, fallback)),
+                           api_client_factory=lambda: SimpleNamespace(), informer_factory=ViewsInformer,
+                           mutation_hook=False)
+    try:
+        up(rt)
+        refs = [AttemptRef(str(uuid.uuid4()), 1, 1) for _ in range(4)]
+        for i, ref in enumerate(refs):
+            rt._launches[launch_id(ref)] = runtime_module._Launch(ref, f"pod-{i}", uid=f"u{i}", polled=True)
+            rt.informer.pods[f"pod-{i}"] = _pod(f"pod-{i}", f"u{i}", ended=False)
+        looked: list[str] = []
+        real = rt._presence
+        monkeypatch.setattr(rt, "_presence", lambda name, uid, ref: (looked.append(name), real(name, uid, ref))[1])
+
+        assert rt.poll() == [] and len(looked) == 1  # nothing changed: only the one in turn
+
+        looked.clear()
+        rt.informer.pods["pod-2"] = _pod("pod-2", "u2", ended=True)
+        rt.informer.changed = {"pod-2"}
+        events = rt.poll()
+        assert [e for e in events if isinstance(e, Exited)] == [Exited(launch_id(refs[2]), 0)]
+        assert "pod-2" in looked and len(looked) <= 2
+
+        rt.informer.pods["pod-0"] = _pod("pod-0", "u0", ended=True)  # no event says so
+        found, polls = [], 0
+        while not found:
+            polls += 1
+            assert polls <= 4, "an end no event announced was not found within ceil(pods / page) polls"
+            found = [e for e in rt.poll() if isinstance(e, Exited)]
+        assert found == [Exited(launch_id(refs[0]), 0)]
+    finally:
+        core.release.set()
+        rt.terminate()

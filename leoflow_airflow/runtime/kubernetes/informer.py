@@ -111,6 +111,8 @@ class PodInformer:
         self._lock = threading.Lock()
         self._pods: dict[str, PodView] = {}
         self._tombstones: collections.OrderedDict[str, tuple[PodView, float]] = collections.OrderedDict()
+        self._changed: set[str] = set()  # pod names an event touched since the last take_changed()
+        self._all_changed = True  # a LIST was applied since then: any pod may have changed
         self._rv: str | None = None
         self._synced = False
         self._stopping = threading.Event()
@@ -174,6 +176,19 @@ class PodInformer:
         if entry is None or entry[0].name != name:
             return None
         return entry[0]
+
+    def take_changed(self) -> set[str] | None:
+        """The names of the pods that a watch event added, modified or deleted since the last call, and
+        forget them; None when a LIST was applied since (the first one, or a relist after a 410 or an error):
+        then any cached pod may have changed. Lets a reader re-examine only what moved (the cost of a
+        scheduler loop does not grow with the pods that did not)."""
+        with self._lock:
+            if self._all_changed:
+                self._all_changed = False
+                self._changed = set()
+                return None
+            changed, self._changed = self._changed, set()
+            return changed
 
     def views(self) -> list[PodView]:
         """A snapshot of every cached pod's view (tombstones excluded), in no particular order."""
@@ -256,6 +271,7 @@ class PodInformer:
                     self._bury(old, now)
             self._pods = fresh
             self._rv = rv
+            self._all_changed = True
             if self._synced:
                 self.relists += 1
             first, self._synced = not self._synced, True
@@ -350,6 +366,7 @@ class PodInformer:
             if view is None:
                 return 0
             old = self._pods.get(view.name)
+            self._changed.add(view.name)
             if kind == "DELETED":
                 if old is not None and old.uid == view.uid:
                     del self._pods[view.name]

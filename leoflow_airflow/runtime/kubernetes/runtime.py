@@ -131,6 +131,7 @@ class _Launch:
     cancelled: bool = False  # killed while its create was on the pool: delete the pod as soon as it exists
     exited: bool = False  # ``Exited`` was reported
     warned: bool = False  # its agent container's stuck waiting reason was logged
+    polled: bool = False  # poll() looked at it since its UID was known (events before that were not its)
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,7 @@ class KubernetesRuntime:
         self._start_seen: dict[str, tuple[str, datetime]] = {}  # pod uid -> (its start key, first seen at it)
         self._stop_due: dict[str, float] = {}  # deleted pod's uid -> monotonic time it should have stopped by
         self._unconfirmed: dict[str, float] = {}  # pod uid -> seconds past its grace when the valve opened
+        self._poll_cursor = 0  # poll()'s safety-net turn over the launches (index into their insertion order)
         self._callbacks: dict[str, subprocess.Popen[bytes]] = {}
         self._checked = False  # the start-up check passed
         self._checking = False
@@ -550,9 +552,8 @@ class KubernetesRuntime:
         if self._started and not self._stopped and not self._checked and not self._checking \
                 and self._monotonic() >= self._next_check:
             self._start_check()
-        for lid, launch in self._launches.items():
-            if launch.exited or launch.creating or launch.uid is None:
-                continue
+        for lid, launch in self._to_poll():
+            launch.polled = True
             presence, view = self._presence(launch.name, launch.uid, launch.ref)
             if presence is Presence.GONE:
                 launch.exited = True
@@ -571,6 +572,34 @@ class KubernetesRuntime:
                 del self._callbacks[lid]
                 events.append(CallbackDone(lid, code == 0))
         return events
+
+    def _to_poll(self) -> list[tuple[str, _Launch]]:
+        """The launches :meth:`poll` looks at now (each with a pod UID, not exited, no create in flight): those
+        whose pod an informer event touched since the last poll (all of them after a LIST), those whose
+        presence hangs on something no event announces (a confirming read asked or answered, a deleted pod's
+        confirmation valve, a UID learnt since the last poll), and, as a safety net, the next
+        ``[leoflow] reap_page_size`` of the rest in turn, so every launch is looked at within
+        ``ceil(launches / reap_page_size)`` polls whatever the informer said. The cost of a poll follows what
+        changed, not how many pods run (issue 10, "Benchmark")."""
+        changed = self.informer.take_changed() if self.informer is not None and self.informer.synced else None
+        ids = list(self._launches)
+        if not ids:
+            return []
+        page = max(1, self.settings.reap_page_size)
+        start = self._poll_cursor % len(ids)
+        turn = set(ids[start:start + page])
+        if start + page > len(ids):
+            turn.update(ids[:start + page - len(ids)])
+        self._poll_cursor = (start + page) % len(ids)
+        out = []
+        for lid in ids:
+            launch = self._launches[lid]
+            if launch.exited or launch.creating or launch.uid is None:
+                continue
+            if (changed is None or lid in turn or not launch.polled or launch.name in changed
+                    or launch.name in self._reading or launch.name in self._reads or launch.uid in self._stop_due):
+                out.append((lid, launch))
+        return out
 
     def _drain(self) -> list[RuntimeEvent]:
         self._absorb()
