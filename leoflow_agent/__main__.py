@@ -18,6 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the Lite zygote on a Unix socket")
     serve.add_argument("--socket", required=True, help="path of the 0600 Unix socket to listen on")
     serve.add_argument("--preload", default="", help="comma-separated extra modules to import before serving")
+    serve.add_argument("--warm-files", type=int, default=0,
+                       help="file workers at most (pre-parsed parents per DAG file); 0: fork every agent here")
+    serve.add_argument("--warm-idle-ttl", type=float, default=600.0, help="seconds an idle file worker stays")
+    serve.add_argument("--warm-max-age", type=float, default=3600.0, help="seconds after which a file worker retires")
     pod = sub.add_parser("pod", help="run the attempt of this Kubernetes task pod (settings from LEOFLOW_* env)")
     pod.add_argument("--termination-message-path", default=None,
                      help="where the outcome record goes (default: /dev/termination-log, the pinned "
@@ -27,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         from leoflow_agent.zygote import serve_main
 
         extra = tuple(n.strip() for n in args.preload.split(",") if n.strip())
-        return serve_main(args.socket, extra)
+        return serve_main(args.socket, extra, warm_files=args.warm_files, warm_idle_ttl=args.warm_idle_ttl,
+                          warm_max_age=args.warm_max_age)
     if args.command == "pod":
         from leoflow_agent import podmain
 

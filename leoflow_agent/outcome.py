@@ -34,7 +34,7 @@ import os
 import re
 import stat
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 

@@ -8,10 +8,13 @@ by an unrelated process, the start time cannot. A zombie counts as dead. Start t
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
+from typing import Callable, NoReturn
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -626,6 +629,23 @@ def become_subreaper() -> None:
     Raises :class:`OSError` when the kernel refuses.
     """
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def exit_child(body: Callable[[], int], what: str) -> NoReturn:
+    """In a freshly forked child: run ``body``, flush stdout and stderr, and ``os._exit`` with its return code
+    (1 when it raised: logged with ``what`` and the traceback). Never returns: a forked child must never unwind
+    into its parent's code (the zygote's event loop, a file worker's)."""
+    code = 1
+    try:
+        code = body()
+    except BaseException:  # noqa: BLE001 - a forked child always exits with a code
+        logging.getLogger("leoflow.proc").exception("%s failed", what)
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:

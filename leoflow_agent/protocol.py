@@ -10,7 +10,7 @@ no module compares bare strings (``tests/unit/test_protocol.py`` checks the sour
 the names below, so the wire is what it was.
 
 Executor -> zygote ("op"):
-  ``launch``  {"op","launch_id","workload","server","record_path","fault"}
+  ``launch``  {"op","launch_id","workload","server","record_path","fault","dag_file"?}
   ``kill``    {"op","launch_id","grace"?}                    drop it if held; else SIGTERM + SIGCONT its
               agent (the supervisor forwards SIGTERM to the task: ``on_kill``) and SIGKILL the subtree after
               ``grace`` seconds (default ``[core] killed_task_cleanup_time``; 0: at once)
@@ -29,6 +29,23 @@ Zygote -> executor ("ev"):
                                                              ``recorded`` false: its outcome record could not
                                                              be written (absent from older zygotes: true)
   ``exited``  {"ev","launch_id","pid","exit_code"}           the agent was reaped, its subtree killed
+                                                             (``exit_code`` null: unknown, its file worker
+                                                             reaped it and died before saying)
+Agent -> zygote (its report pipe):
+  ``started`` {"ev","launch_id","pid","start_time"}          the first line of an agent forked by a file
+                                                             worker (:mod:`leoflow_agent.warm`): the zygote
+                                                             learns its pid from the agent itself
+  ``reported``{"ev","launch_id","state","recorded"}          the terminal PATCH returned 2xx (forwarded as above)
+Zygote <-> file worker (:mod:`leoflow_agent.warm`; one JSON object per ``SOCK_SEQPACKET`` packet, kinds
+:class:`WarmOp` / :class:`WarmEv`):
+  ``fork``    {"op","launch"} + the agent's report pipe      fork the agent of this launch message
+              (``SCM_RIGHTS``)
+  ``ready``   {"ev","cached","dags","seconds"}               the file is parsed (``cached``: task processes
+                                                             get the parsed bag)
+  ``failed``  {"ev","error"}                                 it could not prepare; it exits
+  ``stale``   {"ev","launch_id","file"}                      a file changed: nothing forked; it exits
+  ``fork_failed`` {"ev","launch_id","error"}                 the fork failed: nothing forked
+  ``exited``  {"ev","pid","exit_code"}                       it reaped one of its agents
 """
 
 from __future__ import annotations
@@ -38,7 +55,7 @@ import json
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
 """Largest accepted message line, in bytes; a longer line is a protocol error."""
@@ -70,6 +87,50 @@ class Ev(enum.StrEnum):
     LAUNCH_FAILED = "launch_failed"
     REPORTED = "reported"
     EXITED = "exited"
+    STARTED = "started"
+
+
+class WarmOp(enum.StrEnum):
+    """The ``op`` of a zygote -> file worker packet."""
+
+    FORK = "fork"
+
+
+class WarmEv(enum.StrEnum):
+    """The ``ev`` of a file worker -> zygote packet."""
+
+    READY = "ready"
+    FAILED = "failed"
+    STALE = "stale"
+    FORK_FAILED = "fork_failed"
+    EXITED = "exited"
+
+
+def warm_message(kind: WarmOp | WarmEv, **fields: Any) -> dict[str, Any]:
+    """A packet between the zygote and a file worker: ``{"op": …}`` for a :class:`WarmOp`, ``{"ev": …}`` for a
+    :class:`WarmEv`.
+
+    :raises ValueError: ``kind`` is neither a :class:`WarmOp` nor a :class:`WarmEv` member.
+    """
+    if isinstance(kind, WarmOp):
+        return {**fields, "op": kind.value}
+    return {**fields, "ev": WarmEv(kind).value}
+
+
+def warm_op_of(message: dict[str, Any]) -> WarmOp | None:
+    """The :class:`WarmOp` of a decoded packet, or ``None`` (none, or an unknown one)."""
+    try:
+        return WarmOp(message.get("op"))
+    except (ValueError, TypeError):
+        return None
+
+
+def warm_ev_of(message: dict[str, Any]) -> WarmEv | None:
+    """The :class:`WarmEv` of a decoded packet, or ``None`` (none, or an unknown one)."""
+    try:
+        return WarmEv(message.get("ev"))
+    except (ValueError, TypeError):
+        return None
 
 
 def op_message(op: Op, **fields: Any) -> dict[str, Any]:
@@ -105,10 +166,20 @@ def ev_of(message: dict[str, Any]) -> Ev | None:
         return None
 
 
+class DagFile(TypedDict):
+    """Which DAG file a task launch runs: its bundle's ``bundle`` name and ``version`` (None: unversioned) and
+    the file's ``path`` in the bundle. The zygote's file workers are keyed by it (:mod:`leoflow_agent.warm`)."""
+
+    bundle: str
+    version: str | None
+    path: str
+
+
 class LaunchMessage(TypedDict):
     """The ``launch`` op's body (``op`` is added by the sender). ``workload`` is the workload's JSON with a
     freshly minted token; ``record_path`` is ``None`` for a callback; ``fault`` is TEST ONLY
-    (:data:`FAULT_POINTS`) or ``None``; ``attempt_epoch`` is 0 for a callback."""
+    (:data:`FAULT_POINTS`) or ``None``; ``attempt_epoch`` is 0 for a callback; ``dag_file`` (optional, absent
+    from older executors and for callbacks) lets a file worker fork the agent."""
 
     launch_id: str
     attempt_epoch: int
@@ -116,6 +187,7 @@ class LaunchMessage(TypedDict):
     server: str
     record_path: str | None
     fault: str | None
+    dag_file: NotRequired[DagFile | None]
 
 
 def launch_id_for(ti_id: str, try_number: int, attempt_epoch: int) -> str:

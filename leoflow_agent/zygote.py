@@ -29,11 +29,11 @@ import os
 import selectors
 import signal
 import socket
-import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from leoflow_agent import proc, protocol
+from leoflow_agent import proc, protocol, warm
 from leoflow_agent.handoff import Handoff
 
 log = logging.getLogger("leoflow.zygote")
@@ -74,16 +74,31 @@ class Zygote:
         workload decoder before serving (False only in narrow unit tests of the protocol).
     :param extra_modules: more module names to import before serving (``[leoflow] zygote_preload``); one
         that fails to import is logged and skipped.
+    :param warm_files: file workers at most (:mod:`leoflow_agent.warm`, ``[leoflow] lite_warm_files``); 0 forks
+        every agent from the zygote.
+    :param warm_idle_ttl: seconds a file worker with nothing to do stays (``[leoflow] lite_warm_idle_ttl``).
+    :param warm_max_age: seconds after which a file worker retires (``[leoflow] lite_warm_max_age``).
     """
 
-    def __init__(self, socket_path: str, *, preload: bool = True, extra_modules: tuple[str, ...] = ()) -> None:
+    def __init__(self, socket_path: str, *, preload: bool = True, extra_modules: tuple[str, ...] = (),
+                 warm_files: int = 0, warm_idle_ttl: float = 600.0, warm_max_age: float = 3600.0) -> None:
         self.socket_path = socket_path
         self.extra_modules = tuple(extra_modules)
         self.sel = selectors.DefaultSelector()
         self.conn: socket.socket | None = None
         self.conn_buf = protocol.LineBuffer()
-        self.agents: dict[int, dict[str, Any]] = {}  # pid -> {"launch_id", "report_fd", "buf"}
-        self.report_fds: dict[int, int] = {}  # read fd -> pid
+        # an agent: {"launch_id", "report_fd", "buf", "pid" (None until a warm agent says ``started``), "msg"
+        # (its launch), "worker" (the FileKey of the file worker that forked it, or None), "kill" (a grace
+        # asked for before its pid was known)}
+        self.agents: dict[int, dict[str, Any]] = {}  # pid -> agent
+        self.report_fds: dict[int, dict[str, Any]] = {}  # read fd -> agent
+        self.warm_files = max(0, int(warm_files))
+        self.warm_idle_ttl = float(warm_idle_ttl)
+        self.warm_max_age = float(warm_max_age)
+        self.file_workers: dict[warm.FileKey, FileWorker] = {}
+        self.worker_pids: dict[int, FileWorker] = {}  # every file worker not yet reaped
+        self.worker_socks: dict[int, FileWorker] = {}  # socket fd -> file worker still connected
+        self.warm_refused: dict[warm.FileKey, float] = {}  # key -> monotonic time before which none is started
         self.decode_workload = None
         self.handoff = Handoff()  # held launches and busy agents (``limit`` op from the executor)
         self.stopping = False
@@ -106,19 +121,7 @@ class Zygote:
         self.kill_grace = _killed_task_cleanup_time()
         self._warm_per_process_caches()
         self._import_extra_modules()
-        try:
-            from airflow.settings import dispose_orm
-
-            dispose_orm(do_log=False)  # never carry a DB connection into a fork
-        except Exception:  # noqa: BLE001 - nothing to dispose is fine
-            pass
-        # Freeze everything imported so far into the permanent generation: a forked agent's (and its task
-        # child's) garbage collections then never walk, and so never copy, the zygote's heap page by page.
-        # LocalExecutor does the same before forking its workers. Measured by bench/: ~0.15 s CPU per task.
-        import gc
-
-        gc.collect()
-        gc.freeze()
+        warm.ready_to_fork()
 
     @staticmethod
     def _warm_per_process_caches() -> None:
@@ -226,6 +229,8 @@ class Zygote:
                 self._read_conn()
             elif what == "report":
                 self._read_report(key.fd)
+            elif what == "warm":
+                self._read_worker(key.fd)
         self._reap()
         self._escalate_kills(time.monotonic())
         if self.handoff.retry_at is not None:
@@ -320,6 +325,9 @@ class Zygote:
             self._send(protocol.ev_message(protocol.Ev.LAUNCH_FAILED, launch_id=launch_id,
                                            error="killed before it was forked", retryable=False))
         now = time.monotonic()
+        for agent in self.report_fds.values():
+            if agent["pid"] is None and agent["launch_id"] == launch_id:
+                agent["kill"] = grace  # its file worker is forking it: killed once its pid is known
         for pid, agent in list(self.agents.items()):
             if agent["launch_id"] != launch_id:
                 continue
@@ -390,7 +398,18 @@ class Zygote:
         self._fork_all(self.handoff.freed(launch_id))
 
     def _launch(self, msg: dict[str, Any]) -> bool:
-        """Fork the agent of one (validated) launch; False (and ``launch_failed`` sent) when the fork failed."""
+        """Start the agent of one (validated) launch: through its DAG file's file worker when one is ready
+        (:mod:`leoflow_agent.warm`), else forked here (and, with warm workers on, a file worker started for the
+        next attempts of the file). False (and ``launch_failed`` sent) when a fork here failed."""
+        key = warm.FileKey.from_launch(msg) if self.warm_files else None
+        if key is not None:
+            worker = self._file_worker(key)
+            if worker is not None and self._warm_launch(worker, msg):
+                return True
+        return self._cold_launch(msg)
+
+    def _cold_launch(self, msg: dict[str, Any]) -> bool:
+        """Fork the agent of one launch from the zygote; False (and ``launch_failed`` sent) when it failed."""
         launch_id = msg["launch_id"]
         try:
             rfd, wfd = os.pipe2(os.O_CLOEXEC)
@@ -407,42 +426,229 @@ class Zygote:
                                            error=f"fork failed: {exc.strerror}", retryable=True))
             return False
         if pid == 0:  # the agent
-            code = 1
-            try:
+            def agent() -> int:
                 os.close(rfd)
-                self.handoff = Handoff()  # other launches' workloads (and tokens) are not this agent's
-                self.conn_buf = protocol.LineBuffer()
-                signal.set_wakeup_fd(-1)
-                for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
-                    signal.signal(sig, signal.SIG_DFL)
-                self._join_cgroup(launch_id)  # first: before the agent forks its task
-                self.sel.close()
-                if self.conn is not None:
-                    self.conn.close()
-                for fd in list(self.report_fds):
-                    os.close(fd)
-                for inherited in getattr(self, "_agent_closes", ()):
-                    try:
-                        inherited.close() if isinstance(inherited, socket.socket) else os.close(inherited)
-                    except OSError:
-                        pass
-                from leoflow_agent.runner import agent_main
+                self._in_child()
+                return self._run_agent(msg, wfd)
 
-                code = agent_main(msg, decode_workload=self.decode_workload, report_fd=wfd)
-            finally:
-                try:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                finally:
-                    os._exit(code)
+            proc.exit_child(agent, f"the agent of {launch_id}")
         os.close(wfd)
-        os.set_blocking(rfd, False)
-        self.agents[pid] = {"launch_id": launch_id, "report_fd": rfd, "buf": protocol.LineBuffer()}
-        self.report_fds[rfd] = pid
-        self.sel.register(rfd, selectors.EVENT_READ, "report")
+        agent = self._track(msg, rfd, worker=None)
+        agent["pid"] = pid
+        self.agents[pid] = agent
         start = proc.start_time(pid)
         self._send(protocol.ev_message(protocol.Ev.LAUNCHED, launch_id=launch_id, pid=pid, start_time=start))
         return True
+
+    def _track(self, msg: dict[str, Any], rfd: int, worker: warm.FileKey | None) -> dict[str, Any]:
+        """Start reading the report pipe ``rfd`` of ``msg``'s agent; return its agent record (pid unknown)."""
+        os.set_blocking(rfd, False)
+        agent = {"launch_id": msg["launch_id"], "report_fd": rfd, "buf": protocol.LineBuffer(), "pid": None,
+                 "msg": msg, "worker": worker, "kill": None}
+        self.report_fds[rfd] = agent
+        self.sel.register(rfd, selectors.EVENT_READ, "report")
+        return agent
+
+    def _in_child(self) -> None:
+        """In a freshly forked child (an agent or a file worker): drop what is the zygote's alone: other
+        launches' workloads and tokens, the executor connection, the signal set-up, the report pipes, the
+        listening socket and the file workers' sockets."""
+        self.handoff = Handoff()  # other launches' workloads (and tokens) are not this child's
+        self.conn_buf = protocol.LineBuffer()
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        self.sel.close()
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        for fd in list(self.report_fds):
+            os.close(fd)
+        self.report_fds.clear()
+        for worker in list(self.worker_socks.values()):
+            worker.sock.close()
+        self.worker_socks.clear()
+        self.file_workers.clear()
+        for inherited in getattr(self, "_agent_closes", ()):
+            try:
+                inherited.close() if isinstance(inherited, socket.socket) else os.close(inherited)
+            except OSError:
+                pass
+
+    def _run_agent(self, msg: dict[str, Any], report_fd: int) -> int:
+        """In the forked agent (of the zygote or of a file worker): join the attempt's cgroup, then run the
+        launch (:func:`leoflow_agent.runner.agent_main`); returns the exit code."""
+        self._join_cgroup(msg["launch_id"])  # first: before the agent forks its task
+        from leoflow_agent.runner import agent_main
+
+        return agent_main(msg, decode_workload=self.decode_workload, report_fd=report_fd)
+
+    # --- warm agents (file workers, :mod:`leoflow_agent.warm`) ---------------------------------------------
+    def _file_worker(self, key: warm.FileKey) -> FileWorker | None:
+        """The ready file worker of ``key``, or None: then one is started (unless one is starting, or the last
+        one for this file failed less than :data:`WARM_REFUSED_SECONDS` ago), least recently used one retired
+        first when :attr:`warm_files` are up."""
+        worker = self.file_workers.get(key)
+        if worker is not None:
+            worker.last_used = time.monotonic()
+            return worker if worker.ready else None
+        now = time.monotonic()
+        if self.warm_refused.get(key, 0.0) > now:
+            return None
+        if len(self.file_workers) >= self.warm_files:
+            oldest = min(self.file_workers.values(), key=lambda w: w.last_used)
+            self._drop_worker(oldest, "retired for a newer DAG file (lite_warm_files reached)")
+        self._start_file_worker(key)
+        return None
+
+    def _start_file_worker(self, key: warm.FileKey) -> None:
+        """Fork a file worker for ``key``; it parses the file and says ``ready`` (or ``failed``) on its socket."""
+        try:
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError as exc:
+            log.warning("no file worker for %s: socketpair failed (%s)", key.title(), exc.strerror)
+            return
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            mine.close()
+            theirs.close()
+            self.warm_refused[key] = time.monotonic() + WARM_REFUSED_SECONDS
+            log.warning("no file worker for %s: fork failed (%s)", key.title(), exc.strerror)
+            return
+        if pid == 0:  # the file worker
+            def file_worker() -> int:
+                mine.close()
+                self._in_child()
+                try:
+                    proc.die_with_parent(signal.SIGTERM)
+                except OSError:
+                    pass
+                return warm.file_worker_main(theirs, key, self._run_agent, idle_ttl=self.warm_idle_ttl,
+                                             max_age=self.warm_max_age)
+
+            proc.exit_child(file_worker, f"the file worker of {key.title()}")
+        theirs.close()
+        mine.setblocking(False)
+        worker = FileWorker(key, pid, mine, last_used=time.monotonic())
+        self.file_workers[key] = worker
+        self.worker_pids[pid] = worker
+        self.worker_socks[mine.fileno()] = worker
+        self.sel.register(mine, selectors.EVENT_READ, "warm")
+        log.info("file worker %d started for %s", pid, key.title())
+
+    def _warm_launch(self, worker: FileWorker, msg: dict[str, Any]) -> bool:
+        """Hand ``msg`` to ``worker`` with a fresh report pipe; False when it could not be handed (the caller
+        forks it here instead; a worker whose socket broke is dropped)."""
+        try:
+            rfd, wfd = os.pipe2(os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            warm.send_packet(worker.sock, protocol.warm_message(protocol.WarmOp.FORK, launch=msg), (wfd,))
+        except OSError as exc:
+            os.close(rfd)
+            if exc.errno != errno.EMSGSIZE:
+                self._drop_worker(worker, f"its socket broke ({exc.strerror})")
+            return False
+        finally:
+            os.close(wfd)
+        self._track(msg, rfd, worker=worker.key)
+        worker.launches += 1
+        return True
+
+    def _started(self, agent: dict[str, Any], event: dict[str, Any]) -> None:
+        """A warm agent's ``started`` line: its pid is known; tell the executor it launched, and kill it now if
+        the executor asked before."""
+        pid, start = event.get("pid"), event.get("start_time")
+        if agent["pid"] is not None or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            log.error("bad or repeated started line from the agent of %s: %r", agent["launch_id"], event)
+            return
+        agent["pid"] = pid
+        self.agents[pid] = agent
+        self.handoff.forked()
+        self._send(protocol.ev_message(protocol.Ev.LAUNCHED, launch_id=agent["launch_id"], pid=pid,
+                                       start_time=start if isinstance(start, int) else proc.start_time(pid)))
+        if agent["kill"] is not None:
+            self._kill({"launch_id": agent["launch_id"], "grace": agent["kill"]})
+
+    def _never_started(self, agent: dict[str, Any]) -> None:
+        """A warm launch's report pipe closed with no ``started`` line: no agent of it ever ran anything (the
+        agent writes that line first), so it is forked here instead; or, if the executor killed it meanwhile,
+        dropped as a launch killed before its fork."""
+        launch_id = agent["launch_id"]
+        if agent["kill"] is not None:
+            self._send(protocol.ev_message(protocol.Ev.LAUNCH_FAILED, launch_id=launch_id,
+                                           error="killed before it was forked", retryable=False))
+            self._freed(launch_id)
+            return
+        log.info("the file worker did not start the agent of %s; forking it from the zygote", launch_id)
+        if self._cold_launch(agent["msg"]):
+            self.handoff.forked()
+            return
+        delay = self.handoff.fork_failed(launch_id, time.monotonic())
+        log.warning("could not fork the agent of %s; holding %d launches for %.1f s", launch_id,
+                    len(self.handoff.held), delay)
+
+    def _read_worker(self, fd: int) -> None:
+        """One packet from a file worker (:mod:`leoflow_agent.warm`'s wire)."""
+        worker = self.worker_socks.get(fd)
+        if worker is None:
+            return
+        try:
+            message, fds = warm.recv_packet(worker.sock)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            message, fds = None, []
+        for extra in fds:
+            os.close(extra)
+        if message is None:
+            self._drop_worker(worker, "it hung up")
+            return
+        ev = protocol.warm_ev_of(message)
+        if ev is protocol.WarmEv.READY:
+            worker.ready = True
+            log.info("file worker %d ready for %s: %s DAGs, parse %s in it (%.2f s)", worker.pid,
+                     worker.key.title(), message.get("dags"), "cached" if message.get("cached") else "not cached",
+                     float(message.get("seconds") or 0.0))
+        elif ev is protocol.WarmEv.FAILED:
+            self.warm_refused[worker.key] = time.monotonic() + WARM_REFUSED_SECONDS
+            self._drop_worker(worker, f"it could not prepare: {message.get('error')}")
+        elif ev is protocol.WarmEv.STALE:
+            self._drop_worker(worker, f"{message.get('file')} changed")
+        elif ev is protocol.WarmEv.FORK_FAILED:
+            log.warning("file worker %d could not fork the agent of %s (%s)", worker.pid,
+                        message.get("launch_id"), message.get("error"))
+        elif ev is protocol.WarmEv.EXITED:
+            pid, code = message.get("pid"), message.get("exit_code")
+            agent = self._agent_of(pid) if isinstance(pid, int) else None
+            if agent is not None:
+                self._agent_ended(agent, code if isinstance(code, int) else None)
+        else:
+            log.error("bad packet from file worker %d: %r", worker.pid, message)
+
+    def _drop_worker(self, worker: FileWorker, why: str) -> None:
+        """Stop using ``worker``: close its socket (it exits; its agents run on and are reparented to us).
+        Launches handed to it and not started yet come back through their report pipes' end of stream."""
+        if self.file_workers.get(worker.key) is worker:
+            del self.file_workers[worker.key]
+        if self.worker_socks.pop(worker.sock.fileno(), None) is not None:
+            try:
+                self.sel.unregister(worker.sock)
+            except (KeyError, ValueError):
+                pass
+            worker.sock.close()
+            log.info("file worker %d of %s dropped: %s (%d launches handed to it)", worker.pid, worker.key.title(),
+                     why, worker.launches)
+
+    def _worker_gone(self, worker: FileWorker, why: str) -> None:
+        """``worker``'s process was reaped. Its live agents are ours now (reparented); one that it reaped but
+        never reported is ended here with an unknown exit code."""
+        self._drop_worker(worker, why)
+        for agent in list(self.agents.values()):
+            if agent["worker"] == worker.key and proc.identity(agent["pid"]) is None:
+                self._agent_ended(agent, None)
 
     def _join_cgroup(self, launch_id: str) -> None:
         """In a freshly forked agent: move into the attempt's cgroup (if the probe found a hierarchy), so proof
@@ -459,9 +665,8 @@ class Zygote:
                         launch_id)
 
     def _read_report(self, fd: int, agent: dict[str, Any] | None = None) -> None:
-        pid = self.report_fds.get(fd)
         if agent is None:
-            agent = self.agents.get(pid) if pid is not None else None
+            agent = self.report_fds.get(fd)
         if agent is None:
             return
         try:
@@ -472,9 +677,13 @@ class Zygote:
             chunk = b""
         if not chunk:
             self._close_report(fd)
+            if agent["pid"] is None:
+                self._never_started(agent)
             return
         for event in agent["buf"].feed(chunk):
-            if protocol.ev_of(event) is protocol.Ev.REPORTED:
+            if protocol.ev_of(event) is protocol.Ev.STARTED:
+                self._started(agent, event)
+            elif protocol.ev_of(event) is protocol.Ev.REPORTED:
                 self._send(protocol.ev_message(protocol.Ev.REPORTED, launch_id=agent["launch_id"],
                                                state=event.get("state"), recorded=event.get("recorded") is not False))
                 self._freed(agent["launch_id"])  # the slot is freed at the terminal report: next held one
@@ -500,29 +709,51 @@ class Zygote:
                 return
             if pid == 0:
                 return
-            agent = self.agents.pop(pid, None)
+            worker = self.worker_pids.pop(pid, None)
+            if worker is not None:
+                self._worker_gone(worker, f"exited ({os.waitstatus_to_exitcode(status)})")
+                continue
+            agent = self._agent_of(pid)  # a warm agent reparented to us when its file worker went
             if agent is None:
                 continue  # an orphan of a dead agent, reaped
-            # drain what the agent said before it died, then kill what is left of its subtree: orphans
-            # reparent to us, so every direct child that is not a live agent belongs to a dead attempt.
-            self._read_report(agent["report_fd"], agent)
-            self._close_report(agent["report_fd"])
-            self._kill_orphans()
-            for path in proc.attempt_cgroups(agent["launch_id"]):
-                proc.kill_cgroup(path)  # what left the tree (reparented past us) is still in the cgroup
-            self.kills.pop(pid, None)
-            code = os.waitstatus_to_exitcode(status)
-            self._send(protocol.ev_message(protocol.Ev.EXITED, launch_id=agent["launch_id"], pid=pid, exit_code=code))
-            self._freed(agent["launch_id"])
+            self._agent_ended(agent, os.waitstatus_to_exitcode(status))
+
+    def _agent_of(self, pid: int) -> dict[str, Any] | None:
+        """The agent record of ``pid``. A warm agent's pid is known once its ``started`` line is read; it writes
+        that line before anything else, so the pipes of agents not started yet are read first."""
+        if pid not in self.agents:
+            for fd, agent in list(self.report_fds.items()):
+                if agent["pid"] is None:
+                    self._read_report(fd, agent)
+        return self.agents.get(pid)
+
+    def _agent_ended(self, agent: dict[str, Any], code: int | None) -> None:
+        """``agent`` exited with ``code`` (None: unknown): drain what it said, kill what is left of its subtree
+        (orphans reparent to us, so every direct child that is neither a live agent nor a file worker belongs
+        to a dead attempt) and its cgroup, tell the executor, free its hand-off slot."""
+        pid = agent["pid"]
+        self.agents.pop(pid, None)
+        self._read_report(agent["report_fd"], agent)
+        self._close_report(agent["report_fd"])
+        self._kill_orphans()
+        for path in proc.attempt_cgroups(agent["launch_id"]):
+            proc.kill_cgroup(path)  # what left the tree (reparented past us) is still in the cgroup
+        self.kills.pop(pid, None)
+        self._send(protocol.ev_message(protocol.Ev.EXITED, launch_id=agent["launch_id"], pid=pid, exit_code=code))
+        self._freed(agent["launch_id"])
 
     def _kill_orphans(self) -> None:
+        for fd, agent in list(self.report_fds.items()):
+            if agent["pid"] is None:
+                self._read_report(fd, agent)  # a warm agent not known yet is no orphan: learn its pid first
+        keep = set(self.agents) | set(self.worker_pids)
         for child in proc.children(os.getpid()):
-            if child not in self.agents:
+            if child not in keep:
                 proc.kill_tree(child)
         # reap them now so nothing of the attempt lingers as a zombie
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
-            orphans = [c for c in proc.children(os.getpid()) if c not in self.agents]
+            orphans = [c for c in proc.children(os.getpid()) if c not in keep]
             if not orphans:
                 return
             for c in orphans:
@@ -531,6 +762,25 @@ class Zygote:
                 except ChildProcessError:
                     pass
             time.sleep(0.01)
+
+
+WARM_REFUSED_SECONDS = 300.0
+"""Seconds after a file worker failed to prepare (or to fork) during which no other is started for that file:
+its attempts are forked from the zygote meanwhile."""
+
+
+@dataclass
+class FileWorker:
+    """The zygote's handle on one file worker: its DAG file ``key``, ``pid``, its end of the socket pair,
+    whether it said ``ready``, when it was ``last_used`` (monotonic seconds) and how many ``launches`` it was
+    handed."""
+
+    key: warm.FileKey
+    pid: int
+    sock: socket.socket
+    ready: bool = False
+    last_used: float = 0.0
+    launches: int = 0
 
 
 def _killed_task_cleanup_time() -> float:
@@ -544,8 +794,10 @@ def _killed_task_cleanup_time() -> float:
         return 60.0
 
 
-def serve_main(socket_path: str, extra_modules: tuple[str, ...] = ()) -> int:
-    """Configure logging, build the zygote (importing ``extra_modules`` too) and serve; returns the
-    process exit code."""
+def serve_main(socket_path: str, extra_modules: tuple[str, ...] = (), *, warm_files: int = 0,
+               warm_idle_ttl: float = 600.0, warm_max_age: float = 3600.0) -> int:
+    """Configure logging, build the zygote (importing ``extra_modules`` too; ``warm_*``: :class:`Zygote`'s)
+    and serve; returns the process exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return Zygote(socket_path, extra_modules=extra_modules).serve()
+    return Zygote(socket_path, extra_modules=extra_modules, warm_files=warm_files, warm_idle_ttl=warm_idle_ttl,
+                  warm_max_age=warm_max_age).serve()

@@ -155,8 +155,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("zygote_preload", "string", "", "Comma-separated extra modules the Lite zygote imports before it "
            "forks any agent (for example `pandas`), so no attempt pays for importing them; on top of the Task "
            "SDK, DAG parsing and the standard provider's operators, which it always imports. Module names "
-           "only: DAG files are parsed fresh by every attempt. A module that fails to import is logged in the "
-           "zygote's log and skipped.", _module_list),
+           "only, never DAG files (those are parsed by the file workers, see lite_warm_files). A module that "
+           "fails to import is logged in the zygote's log and skipped.", _module_list),
+    Option("lite_warm_files", "integer", "8", "Lite warm workers: DAG files that keep a file worker, at most. A "
+           "file worker is a child of the zygote that has parsed one DAG file once (everything the file and its "
+           "operators import is imported) and forks the agent of every attempt of that file, so no attempt "
+           "re-parses its DAG or re-imports its modules. The first attempt of a file starts one; a file that "
+           "changes (or a module of its bundle that its parse imported) gets a fresh one; the least recently "
+           "used one retires when more files are busy. 0: every agent is forked by the zygote and parses its "
+           "file itself.", _non_negative),
+    Option("lite_warm_idle_ttl", "float", "600", "Seconds a Lite file worker with no attempt to fork stays before "
+           "it exits.", _positive),
+    Option("lite_warm_max_age", "float", "3600", "Seconds after which a Lite file worker retires (once its "
+           "agents are gone) and the next attempt of its file starts a fresh one: what a DAG file computes at "
+           "its top level (a datetime.now(), a value read from the environment) is computed once per file "
+           "worker, not once per attempt, and this bounds how old it gets.", _positive),
     Option("dispatch_lost_threshold", "float", "120", "Seconds a dispatched attempt may stay QUEUED (its agent "
            "never reached /run) before the dispatch-lost reaper kills it and re-dispatches the ti_id; counted from "
            "the dispatch (Lite) or from when the agent container started running (Kubernetes: image pulls and "
@@ -341,6 +354,12 @@ class LeoflowSettings:
     """Extra environment variable names (or ``*`` patterns) never handed to the zygote and agents."""
     zygote_preload: tuple[str, ...]
     """Extra modules the zygote imports before its first fork."""
+    lite_warm_files: int
+    """Lite file workers (pre-parsed parents per DAG file) at most (count; 0: none)."""
+    lite_warm_idle_ttl: float
+    """Seconds an idle Lite file worker stays."""
+    lite_warm_max_age: float
+    """Seconds after which a Lite file worker retires."""
     end_drain_timeout: float
     """Seconds ``end()`` waits for running attempts (0: leave them for the successor)."""
     record_retention: float

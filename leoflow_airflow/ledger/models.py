@@ -14,7 +14,6 @@ from sqlalchemy import (
     BigInteger,
     Column,
     DateTime,
-    Float,
     Index,
     Integer,
     MetaData,

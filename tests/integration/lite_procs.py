@@ -18,15 +18,16 @@ AGENT_TITLE = b"leoflow agent "
 ZYGOTE_ARGV = b"leoflow_agent\0serve"
 
 
-def lite_stack(home: Path, *, parallelism: int = 4, extra_env: dict[str, str] | None = None) -> AirflowStack:
-    """An AirflowStack on ``tests/dags`` with LeoflowExecutor (Lite).
+def lite_stack(home: Path, *, parallelism: int = 4, extra_env: dict[str, str] | None = None,
+               dags_folder: Path = TEST_DAGS) -> AirflowStack:
+    """An AirflowStack on ``dags_folder`` (default ``tests/dags``) with LeoflowExecutor (Lite).
 
     The stack's marker variable is passed through to the zygote (``[leoflow] agent_env_passthrough``) so
     the stack's cleanup finds agents that outlive their zygote.
     """
     env = {"AIRFLOW__LEOFLOW__AGENT_ENV_PASSTHROUGH": procs.MARKER_VAR}
     env.update(extra_env or {})
-    return AirflowStack(home, executor=EXECUTOR, parallelism=parallelism, dags_folder=TEST_DAGS, extra_env=env)
+    return AirflowStack(home, executor=EXECUTOR, parallelism=parallelism, dags_folder=dags_folder, extra_env=env)
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,12 @@ def agents(stack: AirflowStack) -> list[Proc]:
 
 
 def zygotes(stack: AirflowStack) -> list[Proc]:
-    """Live zygotes of this stack (``python -m leoflow_agent serve``)."""
-    return [p for p in stack_procs(stack) if ZYGOTE_ARGV in p.cmdline]
+    """Live zygotes of this stack (``python -m leoflow_agent serve``). A file worker (a fork of its zygote,
+    :mod:`leoflow_agent.warm`) shows the zygote's command line until it sets its title a moment later: a match
+    whose parent is a match is one, not a zygote."""
+    found = [p for p in stack_procs(stack) if ZYGOTE_ARGV in p.cmdline]
+    pids = {p.pid for p in found}
+    return [p for p in found if p.ppid not in pids]
 
 
 def scheduler(stack: AirflowStack) -> Proc:

@@ -91,7 +91,7 @@ def test_fault_points_are_the_design_set():
 
 # --- typed messages: the wire carries enum members only ------------------------------------------------------
 WIRE_OPS = {"launch", "kill", "limit", "retoken"}
-WIRE_EVENTS = {"hello", "launched", "launch_failed", "reported", "exited"}
+WIRE_EVENTS = {"hello", "launched", "launch_failed", "reported", "exited", "started"}
 
 
 def test_the_enums_are_the_documented_wire_names():
@@ -101,6 +101,12 @@ def test_the_enums_are_the_documented_wire_names():
     assert {ev.value for ev in protocol.Ev} == WIRE_EVENTS
     for name in WIRE_OPS | WIRE_EVENTS:
         assert f"``{name}``" in protocol.__doc__
+    for member in [*protocol.WarmOp, *protocol.WarmEv]:
+        assert f"``{member.value}``" in protocol.__doc__
+    with pytest.raises(ValueError):
+        protocol.warm_message("launch")
+    assert protocol.warm_ev_of({"ev": "stale"}) is protocol.WarmEv.STALE
+    assert protocol.warm_op_of({"op": "launch"}) is None
 
 
 def test_builders_make_the_same_bytes_and_refuse_non_members():
@@ -113,7 +119,7 @@ def test_builders_make_the_same_bytes_and_refuse_non_members():
     with pytest.raises(ValueError):
         protocol.op_message("shutdown")
     with pytest.raises(ValueError):
-        protocol.ev_message("started")
+        protocol.ev_message("shutdown")
     assert protocol.op_of({"op": "retoken"}) is protocol.Op.RETOKEN
     assert protocol.ev_of(protocol.decode(b'{"ev":"exited"}')) is protocol.Ev.EXITED
     for bad in ({}, {"op": "nope"}, {"op": None}, {"op": ["kill"]}, {"ev": "kill"}, {"op": "hello"}):

@@ -190,6 +190,7 @@ class LiteRuntime:
             "server": self._server(),
             "record_path": spec.record_path,
             "fault": spec.fault,
+            "dag_file": _dag_file(spec.workload),
         }
         return self._send(spec.launch_id, message, _Launch(spec.ref, spec.workload, time.monotonic()))
 
@@ -543,6 +544,17 @@ def _kill_now(agent: proc.ProcessIdentity, lid: str) -> bool:
     """SIGKILL ``agent``'s subtree and the members of launch ``lid``'s attempt cgroup; True when none is left."""
     gone = proc.kill_tree(agent)
     return all([proc.kill_cgroup(path) for path in proc.attempt_cgroups(lid)]) and gone
+
+
+def _dag_file(workload: Any) -> protocol.DagFile | None:
+    """The DAG file of a task workload, as the zygote keys its file workers (:mod:`leoflow_agent.warm`): the
+    ``bundle_info`` name and version and the ``dag_rel_path``; None when the workload names none."""
+    bundle = getattr(workload, "bundle_info", None)
+    path = getattr(workload, "dag_rel_path", None)
+    if bundle is None or not getattr(bundle, "name", None) or not path:
+        return None
+    version = getattr(bundle, "version", None)
+    return {"bundle": str(bundle.name), "version": None if version is None else str(version), "path": str(path)}
 
 
 def _mark_killed(record_path: str) -> None:

@@ -124,7 +124,10 @@ class ZygoteClient:
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "leoflow_agent", "serve", "--socket", self.paths.socket,
-                 "--preload", ",".join(self.settings.zygote_preload)],
+                 "--preload", ",".join(self.settings.zygote_preload),
+                 "--warm-files", str(self.settings.lite_warm_files),
+                 "--warm-idle-ttl", repr(self.settings.lite_warm_idle_ttl),
+                 "--warm-max-age", repr(self.settings.lite_warm_max_age)],
                 env=env,
                 cwd=self.paths.root,
                 stdin=subprocess.DEVNULL,
