@@ -19,6 +19,10 @@ Figures per (executor, DAG, parallelism):
 
 - ``tasks/s`` = tasks / (last TI ``end_date`` - first TI ``start_date``); the DAG-run wall
   (run ``start_date`` -> ``end_date``) is kept in the JSON as ``run_wall_s``;
+- as a user sees it (issue 11's bars): ``user tasks/s`` = tasks / (the run's ``end_date`` - the moment the
+  trigger was sent), and for the chain the **per-hop** time, that wall divided by its 20 tasks;
+- ``machine CPU/task``: the scheduler's tree, the api-server, the dag-processor, orphans and PostgreSQL's
+  server tree together, per task (every process the run made work);
 - queued-to-start p50/p95 = TI ``queued_when`` -> ``start_date`` (REST API task-instance list), seconds;
 - CPU/task = CPU seconds of the scheduler's whole process tree during the run (scheduler, executor
   workers or zygote, agents, task supervisors and task processes, including every one that exited), divided
@@ -59,8 +63,12 @@ PG_SCRIPT = REPO_ROOT / "scripts" / "pg"
 EXECUTORS = {
     "local": "LocalExecutor",
     "leoflow": "leoflow_airflow.executor.LeoflowExecutor",
+    "leoflow-cold": "leoflow_airflow.executor.LeoflowExecutor",
 }
 """Name -> ``[core] executor``."""
+VARIANT_ENV = {"leoflow-cold": {"AIRFLOW__LEOFLOW__LITE_WARM_FILES": "0"}}
+"""Name -> environment on top of :data:`PINNED`: ``leoflow-cold`` is Lite with its file workers off (every agent
+forked by the zygote, every task process parsing its DAG file), to see what the warm workers bring."""
 DAGS = {"bench_fanout": 50, "bench_chain": 20, "bench_sleep": 50}
 """DAG id -> number of task instances it has."""
 
@@ -195,6 +203,9 @@ class RunFigures:
     cpu_db_s: float
     cpu_per_task_s: float
     stack_cpu_per_task_s: float
+    user_wall_s: float
+    user_tasks_per_s: float
+    machine_cpu_per_task_s: float
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
     settle_s: float
@@ -282,6 +293,7 @@ def measure_run(
     """
     load_before = os.getloadavg()
     before = meter.sample()
+    triggered = datetime.now(timezone.utc)
     run_id = stack.trigger(dag_id)
     try:
         state = stack.wait_for_run(dag_id, run_id, timeout=timeout, poll=0.5)
@@ -306,9 +318,11 @@ def measure_run(
     span = (max(ends) - min(starts)).total_seconds() if starts and ends else float("nan")
     run_start, run_end = _parse_ts(run.get("start_date")), _parse_ts(run.get("end_date"))
     run_wall = (run_end - run_start).total_seconds() if run_start and run_end else float("nan")
+    user_wall = (run_end - triggered).total_seconds() if run_end else float("nan")
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     n = len(tis)
     stack_cpu = sum(delta.get(k, 0.0) for k in ("scheduler", "api-server", "dag-processor", "orphans"))
+    machine_cpu = stack_cpu + delta.get("db", 0.0)
     return RunFigures(
         executor=executor,
         dag_id=dag_id,
@@ -330,6 +344,9 @@ def measure_run(
         cpu_db_s=delta.get("db", 0.0),
         cpu_per_task_s=delta.get("scheduler", 0.0) / n if n else float("nan"),
         stack_cpu_per_task_s=stack_cpu / n if n else float("nan"),
+        user_wall_s=user_wall,
+        user_tasks_per_s=n / user_wall if n and user_wall and user_wall > 0 else float("nan"),
+        machine_cpu_per_task_s=machine_cpu / n if n else float("nan"),
         load_before=load_before,
         load_after=load_after,
         settle_s=settle,
@@ -372,7 +389,7 @@ def run_stack(
         parallelism=parallelism,
         dags_folder=BENCH_DAGS,
         sql_alchemy_conn=pg.url_for(database),
-        extra_env=dict(PINNED),
+        extra_env={**PINNED, **VARIANT_ENV.get(executor, {})},
     )
     figures: list[RunFigures] = []
     facts: dict[str, Any] = {"executor": executor, "parallelism": parallelism, "round": rnd, "home": str(home)}
@@ -476,12 +493,21 @@ def summarize(figures: list[RunFigures], variant: str = "leoflow") -> list[dict[
                 "q2s_p95_s": _median([f.q2s_p95_s for f in sel]),
                 "cpu_per_task_s": _median([f.cpu_per_task_s for f in sel]),
                 "stack_cpu_per_task_s": _median([f.stack_cpu_per_task_s for f in sel]),
+                "user_tasks_per_s": _median([f.user_tasks_per_s for f in sel]),
+                "user_wall_s": _median([f.user_wall_s for f in sel]),
+                "machine_cpu_per_task_s": _median([f.machine_cpu_per_task_s for f in sel]),
             }
         row["throughput_ratio"] = _ratio(row["leoflow"]["tasks_per_s"], row["local"]["tasks_per_s"])
         row["cpu_ratio"] = _ratio(row["leoflow"]["cpu_per_task_s"], row["local"]["cpu_per_task_s"])
         row["stack_cpu_ratio"] = _ratio(
             row["leoflow"]["stack_cpu_per_task_s"], row["local"]["stack_cpu_per_task_s"]
         )
+        row["user_throughput_ratio"] = _ratio(row["leoflow"]["user_tasks_per_s"], row["local"]["user_tasks_per_s"])
+        row["machine_cpu_ratio"] = _ratio(
+            row["leoflow"]["machine_cpu_per_task_s"], row["local"]["machine_cpu_per_task_s"]
+        )
+        tasks = DAGS.get(dag_id, 1)
+        row["per_hop_delta_ms"] = 1000.0 * (row["leoflow"]["user_wall_s"] - row["local"]["user_wall_s"]) / tasks
         rows.append(row)
     return rows
 
@@ -508,6 +534,27 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"| {lo['cpu_per_task_s']:6.3f} {le['cpu_per_task_s']:6.3f} {r['cpu_ratio']:5.2f} "
             f"| {lo['stack_cpu_per_task_s']:6.3f} {le['stack_cpu_per_task_s']:7.3f} {r['stack_cpu_ratio']:5.2f}"
             f"{flag}"
+        )
+    lines.append("")
+    lines.append(f"as a user sees it (trigger -> dag run end): user tasks/s local, {variant}, x; machine CPU/task "
+                 "(scheduler tree + api-server + dag-processor + PostgreSQL) local, "
+                 f"{variant}, x; chain per hop")
+    for r in rows:
+        lo, le = r["local"], r["leoflow"]
+        hop = ""
+        if r["dag_id"] == "bench_chain":
+            n = DAGS["bench_chain"]
+            hop = (f"; per hop {1000 * lo['user_wall_s'] / n:.0f} -> {1000 * le['user_wall_s'] / n:.0f} ms "
+                   f"({r['per_hop_delta_ms']:+.0f} ms; bar <= +20 ms: "
+                   f"{'PASS' if r['per_hop_delta_ms'] <= 20 else 'MISS'})")
+        bar = 1.2 if r["parallelism"] >= 32 else 2.0
+        lines.append(
+            f"  {r['dag_id']:13s} p={r['parallelism']:<3d} user tasks/s {lo['user_tasks_per_s']:6.2f} "
+            f"{le['user_tasks_per_s']:6.2f} {r['user_throughput_ratio']:5.2f}x (bar >= {bar}x: "
+            f"{'PASS' if r['user_throughput_ratio'] >= bar else 'MISS'}); machine CPU/task "
+            f"{lo['machine_cpu_per_task_s']:6.3f} {le['machine_cpu_per_task_s']:6.3f} "
+            f"{r['machine_cpu_ratio']:5.2f}x (bar <= 0.9x: {'PASS' if r['machine_cpu_ratio'] <= 0.9 else 'MISS'})"
+            f"{hop}"
         )
     lines.append("")
     for r in rows:

@@ -14,7 +14,6 @@ lower bound of each role, for finding what dominates, not a measurement to quote
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import tempfile
 import time
