@@ -665,8 +665,12 @@ class Zygote:
                         launch_id)
 
     def _read_report(self, fd: int, agent: dict[str, Any] | None = None) -> None:
+        """Read what the agent whose report pipe is ``fd`` wrote (``agent``: whose pipe it must be) and act on
+        it. A pipe closed already is never read: its fd number may belong to another launch's pipe by now."""
         if agent is None:
             agent = self.report_fds.get(fd)
+        elif self.report_fds.get(fd) is not agent:
+            return
         if agent is None:
             return
         try:
@@ -676,7 +680,7 @@ class Zygote:
         except OSError:
             chunk = b""
         if not chunk:
-            self._close_report(fd)
+            self._close_report(agent)
             if agent["pid"] is None:
                 self._never_started(agent)
             return
@@ -688,9 +692,14 @@ class Zygote:
                                                state=event.get("state"), recorded=event.get("recorded") is not False))
                 self._freed(agent["launch_id"])  # the slot is freed at the terminal report: next held one
 
-    def _close_report(self, fd: int) -> None:
-        if self.report_fds.pop(fd, None) is None:
+    def _close_report(self, agent: dict[str, Any]) -> None:
+        """Close ``agent``'s report pipe, once: a pipe closed at its end of stream is not closed again when the
+        agent's exit comes later (its fd number may be another launch's pipe by then; closing it would cut
+        that agent's ``started`` line off)."""
+        fd = agent["report_fd"]
+        if self.report_fds.get(fd) is not agent:
             return
+        del self.report_fds[fd]
         try:
             self.sel.unregister(fd)
         except (KeyError, ValueError):
@@ -734,7 +743,7 @@ class Zygote:
         pid = agent["pid"]
         self.agents.pop(pid, None)
         self._read_report(agent["report_fd"], agent)
-        self._close_report(agent["report_fd"])
+        self._close_report(agent)
         self._kill_orphans()
         for path in proc.attempt_cgroups(agent["launch_id"]):
             proc.kill_cgroup(path)  # what left the tree (reparented past us) is still in the cgroup
