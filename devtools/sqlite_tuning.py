@@ -18,10 +18,25 @@ CONNECT_ARGS: dict[str, object] = {"timeout": BUSY_TIMEOUT_SECONDS}
 CONNECT_ARGS_ASYNC: dict[str, object] = {"timeout": BUSY_TIMEOUT_SECONDS}
 """Connect args of Airflow's async engine (aiosqlite: ``timeout`` in seconds)."""
 
+OUTAGE_BUSY_TIMEOUT_SECONDS = 120.0
+"""The busy timeout of a stack whose test SIGSTOPs its api-server (seconds). A stopped api-server inside a write
+transaction holds SQLite's one write lock for the whole stop, and when it resumes, the requests that queued up
+behind it take the lock first; with 30 s, a 22 s stop on a loaded 2-core machine left Airflow's scheduler loop
+waiting past the timeout, and it exited on "database is locked" (the Lite chaos loop's api_sigstop wave). That is
+SQLite's single writer, not the outage under test: on PostgreSQL a stopped api-server holds only its rows."""
 
-def env() -> dict[str, str]:
-    """The ``AIRFLOW__DATABASE__*`` variables that point Airflow at the connect args above."""
+CONNECT_ARGS_OUTAGE: dict[str, object] = {"timeout": OUTAGE_BUSY_TIMEOUT_SECONDS}
+"""Connect args of the synchronous engine of a stack whose api-server a test stops."""
+
+CONNECT_ARGS_ASYNC_OUTAGE: dict[str, object] = {"timeout": OUTAGE_BUSY_TIMEOUT_SECONDS}
+"""Connect args of the async engine of a stack whose api-server a test stops."""
+
+
+def env(*, outage: bool = False) -> dict[str, str]:
+    """The ``AIRFLOW__DATABASE__*`` variables that point Airflow at the connect args above (``outage``: the
+    ``…_OUTAGE`` ones, for a stack whose api-server a test SIGSTOPs)."""
+    suffix = "_OUTAGE" if outage else ""
     return {
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{__name__}.CONNECT_ARGS",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": f"{__name__}.CONNECT_ARGS_ASYNC",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{__name__}.CONNECT_ARGS{suffix}",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": f"{__name__}.CONNECT_ARGS_ASYNC{suffix}",
     }

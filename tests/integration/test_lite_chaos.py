@@ -13,7 +13,7 @@ process-level fault (issue 8), each fault once per six waves, in a seeded order:
 * ``scheduler_sigterm``: SIGTERM the scheduler (Airflow's graceful ``end()``) while the wave's TIs are being
   queued, start a new one;
 * ``api_sigstop``: SIGSTOP the api-server while a body runs and keep it stopped across that body's end (22 s
-  at most: below the SQLite busy timeout, see ``API_BODY_WAIT``);
+  at most: far below this stack's SQLite busy timeout, see ``API_BODY_WAIT``);
 * ``fork_failure``: the zygote's forks fail with EAGAIN (a pids cgroup at its limit) while the wave is
   dispatched, then the limit is lifted.
 
@@ -33,6 +33,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
+from devtools import sqlite_tuning
 from devtools.stack import StackError
 from fault_helpers import FaultStack, ForkLimit, chaos_table, executions, overlaps, wait_until, zygote_pid
 
@@ -59,16 +60,18 @@ HEALTH_CHECK_THRESHOLD = 10.0
 STALL = HEALTH_CHECK_THRESHOLD + 5  # the scheduler SIGSTOP
 API_HOLD = 10.0  # seconds the api-server stays stopped after the body it caught ended
 API_BODY_WAIT = 12.0  # at most this many seconds stopped before API_HOLD, waiting for the caught body's end
-# The whole stop (API_BODY_WAIT + API_HOLD, 22 s) stays below the stack's SQLite busy timeout (30 s,
-# devtools/sqlite_tuning.py): an api-server SIGSTOPped inside a write transaction holds SQLite's one write lock,
-# and past that timeout every other writer, Airflow's scheduler loop included, fails with "database is locked"
-# and the scheduler exits (CI, 70 s stop). That is the test's SQLite, not the outage under test: on PostgreSQL a
-# stopped api-server holds only the rows it wrote.
+# The whole stop (API_BODY_WAIT + API_HOLD, 22 s) stays far below this stack's SQLite busy timeout (120 s,
+# devtools/sqlite_tuning.OUTAGE_BUSY_TIMEOUT_SECONDS): an api-server SIGSTOPped inside a write transaction holds
+# SQLite's one write lock, and past that timeout every other writer, Airflow's scheduler loop included, fails
+# with "database is locked" and the scheduler exits (CI: a 70 s stop with the 30 s default; later a 22 s stop
+# and the burst of requests queued behind it). That is the test's SQLite, not the outage under test: on
+# PostgreSQL a stopped api-server holds only the rows it wrote.
 FORK_WINDOW = 10.0  # seconds forks fail once the wave's first TI is queued
 
 EXTRA = {
     "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": str(int(HEALTH_CHECK_THRESHOLD)),
     "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "5",
+    **sqlite_tuning.env(outage=True),
 }
 
 
