@@ -39,7 +39,8 @@ Per step (attempts Running), once every create answered and the cache holds ever
 - ``req/cycle``: HTTP requests the runtime's ``ApiClient`` sent from the start of a cycle until
   ``kube_scale.SETTLE_SECONDS`` after it (``kube_scale.RequestCounter``).
 - ``ledger stmts`` / ``rows read``: SQL statements the ledger's engine executed during a cycle, and ledger rows
-  it turned into ``Attempt`` objects (``LedgerStore._one`` / ``_many`` results).
+  it read whole and turned into ``Attempt`` objects (``Attempt.from_row``; a LIVE page's rows unchanged since
+  the last read come from ``open_page``'s ``row_version`` cache and are not counted).
 - a cProfile (on the thread's CPU clock) of one more cycle per step (not timed); the top functions by cumulative
   time are printed for the largest step and kept for every step in the JSON.
 
@@ -175,35 +176,24 @@ class StandInAirflow:
 class LedgerCounter:
     """Counts what a :class:`~leoflow_airflow.ledger.store.LedgerStore` reads: ``statements`` (every SQL
     statement its engine executes, through SQLAlchemy's ``before_cursor_execute`` event) and ``rows`` (ledger
-    rows turned into ``Attempt`` objects: the results of its ``_one`` / ``_many`` / ``open_page``, wrapped on the
-    instance)."""
+    rows read whole and turned into ``Attempt`` objects: calls of ``Attempt.from_row``, wrapped for this
+    process; a page's rows unchanged since they were read, ``open_page``'s ``row_version`` cache, are not)."""
 
     def __init__(self, store: Any) -> None:
         import sqlalchemy as sa
 
+        from leoflow_airflow.ledger import store as store_module
+
         self.statements = 0
         self.rows = 0
         sa.event.listen(store.engine, "before_cursor_execute", self._statement)
-        one, many = store._one, store._many
+        from_row = store_module.Attempt.from_row
 
-        def counted_one(query: Any) -> Any:
-            row = one(query)
-            self.rows += row is not None
-            return row
+        def counted(row: Any) -> Any:
+            self.rows += 1
+            return from_row(row)
 
-        def counted_many(query: Any) -> list[Any]:
-            rows = many(query)
-            self.rows += len(rows)
-            return rows
-
-        page = store.open_page
-
-        def counted_page(**kwargs: Any) -> list[Any]:
-            rows = page(**kwargs)
-            self.rows += len(rows)
-            return rows
-
-        store._one, store._many, store.open_page = counted_one, counted_many, counted_page
+        store_module.Attempt.from_row = staticmethod(counted)  # type: ignore[method-assign]
 
     def _statement(self, *_: Any) -> None:
         self.statements += 1

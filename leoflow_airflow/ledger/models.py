@@ -127,6 +127,7 @@ attempt_table = Table(
     Column("updated_at", UtcDateTime, nullable=False),
     Column("exchanged_at", UtcDateTime, nullable=True),
     Column("exchange_credential_id", String(CREDENTIAL_ID_LEN), nullable=True),
+    Column("row_version", Integer, nullable=False, server_default="0"),
     UniqueConstraint("ti_id", "attempt_epoch"),
     Index(None, "state", "id"),
     Index(None, "dag_id", "run_id", "task_id", "map_index"),
@@ -141,6 +142,8 @@ NULL in rows written before it, which count as this host's.
 attempt (``LedgerStore.record_exchange``): when its pod's token was exchanged for the workload, and the
 TokenReview's credential id (``JTI=…``) of that token. NULL until then, and always for Lite attempts; a set
 ``exchanged_at`` refuses every later exchange of the attempt.
+``row_version`` (revision 0006) counts the guarded writes that changed the row (``LedgerStore._guarded_update``
+sets it to ``row_version + 1``); ``LedgerStore.open_page`` re-reads whole rows only when it moved.
 The index on ``(state, id)`` (revision 0005; ``state`` alone before) serves the lifecycle's reads by state and its
 keyset pages of LIVE rows (``LedgerStore.in_states``, ``LedgerStore.open_page``) as bounded range scans.
 """

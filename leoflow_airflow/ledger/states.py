@@ -136,3 +136,17 @@ class AttemptRef(AttemptIdentity):
     def __str__(self) -> str:
         """Render as ``ti_id/try/epoch`` for log lines."""
         return f"{self.ti_id}/{self.try_number}/{self.attempt_epoch}"
+
+    def __hash__(self) -> int:
+        """The hash of its three fields, computed once: refs key the dicts a scheduler loop looks every running
+        attempt up in, several times per loop (issue 10, "Benchmark")."""
+        try:
+            return self.__dict__["_hash"]  # type: ignore[no-any-return]
+        except KeyError:
+            value = hash((self.ti_id, self.try_number, self.attempt_epoch))
+            object.__setattr__(self, "_hash", value)
+            return value
+
+    def __reduce__(self) -> tuple[type[AttemptRef], tuple[str, int, int]]:
+        """Pickle and copy by the three fields only (a cached hash is of this process's string hashing)."""
+        return type(self), (self.ti_id, self.try_number, self.attempt_epoch)

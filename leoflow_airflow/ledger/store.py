@@ -60,6 +60,8 @@ _STATE_TIMESTAMP: Mapping[AttemptState, str] = {
 }
 
 _OPEN_STATES = tuple(sorted(s.value for s in OPEN_STATES))
+_PAGE_FETCH_CHUNK = 500
+"""Ids per ``id IN (…)`` statement when :meth:`LedgerStore.open_page` reads whole rows (bounded parameters)."""
 
 CLAIM_ATTEMPTS = 8
 """How many times ``claim_epoch`` re-reads and retries after losing a race before ``LedgerConflict``."""
@@ -108,6 +110,9 @@ class Attempt:
     id: int | None = None
     """The row's surrogate key (``leoflow_attempt.id``, ascending in insert order): the keyset cursor of
     :meth:`LedgerStore.open_page`. None only for an ``Attempt`` built by hand (tests)."""
+    row_version: int = 0
+    """How many guarded writes changed the row since its insert (revision 0006): a row read at one version is
+    the same row at that version, so :meth:`LedgerStore.open_page` rebuilds only the rows whose version moved."""
 
     @classmethod
     def from_row(cls, row: RowMapping) -> Attempt:
@@ -141,6 +146,7 @@ class Attempt:
             exchanged_at=row["exchanged_at"],
             exchange_credential_id=row["exchange_credential_id"],
             id=row["id"],
+            row_version=row["row_version"],
         )
 
 
@@ -170,6 +176,8 @@ class LedgerStore:
         self.engine = engine
         self._clock = clock
         self._local = threading.local()
+        self._page_cache: dict[int, Attempt] = {}  # open_page: id -> the row as last read (its row_version)
+        self._page_seen: set[int] = set()  # ids open_page returned since its last page from the start
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=lambda ref=weakref.ref(self): _dispose_after_fork(ref))
 
@@ -297,6 +305,7 @@ class LedgerStore:
                             record_path=record_path_for(epoch) if record_path_for is not None else None,
                             created_at=now,
                             updated_at=now,
+                            row_version=0,
                         )
                     )
                     row = conn.execute(
@@ -468,10 +477,15 @@ class LedgerStore:
         ``id`` is above ``after_id``, ascending ``id``. Page on with the last row's ``id``; ``after_id=0``
         starts at the beginning. A page shorter than ``limit`` is the last one.
 
-        One statement per state (``state = :s AND id > :after ORDER BY id LIMIT :limit``), each a bounded range
-        scan of the ``(state, id)`` index, merged here: the cost of a page is ``len(states) * limit`` index
-        entries whatever the number of rows (a single ``state IN (…)`` would make PostgreSQL and MySQL gather
-        and sort every matching row for the ``ORDER BY``). All in one transaction.
+        One statement per state (``SELECT id, row_version … WHERE state = :s AND id > :after ORDER BY id LIMIT
+        :limit``), each a bounded range scan of the ``(state, id)`` index, merged here: the cost of a page is
+        ``len(states) * limit`` index entries whatever the number of rows (a single ``state IN (…)`` would make
+        PostgreSQL and MySQL gather and sort every matching row for the ``ORDER BY``). Whole rows are then read
+        (one ``id IN (…)`` statement) only for the page's ids this store has not read at that ``row_version``;
+        the others are the :class:`Attempt` read before, unchanged since (every guarded write moves the
+        version). A page of running attempts that did not change costs its ids, not its rows (issue 10,
+        "Benchmark"). All in one transaction; a row whose whole read finds it moved on is returned as it is
+        now; one gone meanwhile (purged) is left out.
 
         :raises ValueError: ``limit`` below 1, ``after_id`` below 0, or an empty/unknown ``states``.
         """
@@ -480,15 +494,31 @@ class LedgerStore:
         if after_id < 0:
             raise ValueError(f"after_id must be >= 0, got {after_id}")
         t = attempt_table
-        rows: list[RowMapping] = []
+        keys: list[tuple[int, int, str, int]] = []  # (id, row_version, ti_id, attempt_epoch)
         with self._tx() as conn:
             for state in self._expected(states):
-                query = sa.select(t).where(t.c.state == state.value, t.c.id > after_id)
+                query = sa.select(t.c.id, t.c.row_version, t.c.ti_id, t.c.attempt_epoch).where(
+                    t.c.state == state.value, t.c.id > after_id)
                 if runtime is not None:
                     query = query.where(t.c.runtime == runtime)
-                rows.extend(conn.execute(query.order_by(t.c.id).limit(limit)).mappings().all())
-        rows.sort(key=lambda r: r["id"])
-        return [Attempt.from_row(r) for r in rows[:limit]]
+                keys.extend((int(r[0]), int(r[1]), str(r[2]), int(r[3]))
+                            for r in conn.execute(query.order_by(t.c.id).limit(limit)))
+            keys.sort()
+            keys = keys[:limit]
+            cache = self._page_cache
+            stale = [rid for rid, version, ti_id, epoch in keys if (hit := cache.get(rid)) is None
+                     or (hit.row_version, hit.ref.ti_id, hit.ref.attempt_epoch) != (version, ti_id, epoch)]
+            for chunk in range(0, len(stale), _PAGE_FETCH_CHUNK):
+                query = sa.select(t).where(t.c.id.in_(stale[chunk:chunk + _PAGE_FETCH_CHUNK]))
+                for row in conn.execute(query).mappings():
+                    attempt = Attempt.from_row(row)
+                    cache[attempt.id or 0] = attempt
+        if after_id == 0:  # a new sweep: forget the rows the last one did not page (closed, or of other states)
+            self._page_cache = cache = {rid: cache[rid] for rid in self._page_seen | {k[0] for k in keys}
+                                        if rid in cache}
+            self._page_seen = set()
+        self._page_seen.update(k[0] for k in keys)
+        return [cache[k[0]] for k in keys if k[0] in cache]
 
     def open_ti_ids(self, ti_ids: Iterable[str]) -> set[str]:
         """The ids among ``ti_ids`` that have an attempt not CLOSED, of any runtime (one query on the unique
@@ -556,7 +586,7 @@ class LedgerStore:
                 t.c.state.in_([s.value for s in states]),
                 *guards,
             )
-            .values(**values)
+            .values(**values, row_version=t.c.row_version + 1)
         )
         with self._tx() as conn:
             changed = conn.execute(stmt).rowcount == 1

@@ -720,15 +720,12 @@ class Lifecycle:
         if not live:
             return
         tis = self.airflow.ti_liveness([a.ref.ti_id for a in live])
-        progress = self.runtime.start_progress([a for a in live if presence.get(a.ref) == Presence.LIVE
-                                                and tis.get(a.ref.ti_id, (None, None))[0] == "queued"])
-        snapshot = [
-            reapers.AttemptView(ref=a.ref, presence=presence.get(a.ref, Presence.UNKNOWN),
-                                ti_state=tis.get(a.ref.ti_id, (None, None))[0],
-                                last_heartbeat_at=tis.get(a.ref.ti_id, (None, None))[1], dispatched_at=a.dispatched_at,
-                                start=progress.get(a.ref))
-            for a in live
-        ]
+        unknown = (None, None)
+        seen = [(a, presence.get(a.ref, Presence.UNKNOWN), tis.get(a.ref.ti_id, unknown)) for a in live]
+        progress = self.runtime.start_progress([a for a, p, ti in seen if p is Presence.LIVE and ti[0] == "queued"])
+        snapshot = [reapers.AttemptView(ref=a.ref, presence=p, ti_state=ti[0], last_heartbeat_at=ti[1],
+                                        dispatched_at=a.dispatched_at, start=progress.get(a.ref) if progress else None)
+                    for a, p, ti in seen]
         settings = reapers.ReapSettings(self.settings.agent_lost_threshold, self.settings.dispatch_lost_threshold)
         by_ref = {a.ref: a for a in live}
         now = self.monotonic()
@@ -772,13 +769,15 @@ class Lifecycle:
             self._orphan_after = rows[-1].ti_id
         else:
             self._orphan_after = None
+        settings = orphan.OrphanSettings(self.settings.orphan_run_threshold, self.ownership)
+        now = self.utcnow()
+        rows = orphan.candidates(rows, now, settings)  # a page of live task instances reads no ledger row
         if not rows:
             return []
         opened = self.ledger.open_ti_ids([r.ti_id for r in rows])
         views = [orphan.OrphanView(r, r.ti_id in opened) for r in rows]
-        settings = orphan.OrphanSettings(self.settings.orphan_run_threshold, self.ownership)
         results: list[tuple[str, Any]] = []
-        for action in orphan.decide(views, self.utcnow(), settings):
+        for action in orphan.decide(views, now, settings):
             current = self.ledger.current(action.ti_id)
             if current is not None and current.state != _S.CLOSED:
                 continue  # claimed since the page was read: watched again

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["OrphanSettings", "Ownership", "Redrive", "RunningTI", "OrphanView", "decide"]
+__all__ = ["OrphanSettings", "Ownership", "Redrive", "RunningTI", "OrphanView", "candidates", "decide"]
 
 REAPER = "orphan-run"
 """The reaper's name in logs and in the re-drive's Log row (``leoflow orphan-run: …``)."""
@@ -103,23 +103,37 @@ class Redrive:
     reaper: str = REAPER
 
 
+def _silent(ti: RunningTI, now: datetime, settings: OrphanSettings) -> tuple[float, str] | None:
+    """``(seconds silent, latest activity's name)`` when ``ti`` would be an orphan run if the ledger held no open
+    attempt of it (running in a running dag run, queued by this executor, silent past the threshold); else
+    None."""
+    if ti.state != "running" or ti.run_state != "running" or not settings.owner.owns(ti.executor):
+        return None
+    last = ti.last_activity()
+    if last is None:
+        return None  # nothing to measure silence from: never guessed
+    silent = (now - last[0]).total_seconds()
+    return (silent, last[1]) if silent > settings.threshold else None
+
+
+def candidates(rows: list[RunningTI], now: datetime, settings: OrphanSettings) -> list[RunningTI]:
+    """The rows of ``rows`` that :func:`decide` re-drives unless the ledger holds an open attempt of them, in
+    their order: the only ones whose attempts need looking up (a page of heartbeating task instances needs no
+    ledger read at all; issue 10, "Benchmark"). Pure: ``now`` is tz-aware UTC."""
+    return [ti for ti in rows if _silent(ti, now, settings) is not None]
+
+
 def decide(snapshot: list[OrphanView], now: datetime, settings: OrphanSettings) -> list[Redrive]:
     """The orphan runs among ``snapshot`` (module docstring), in its order. Pure: ``now`` is tz-aware UTC."""
     actions: list[Redrive] = []
     for view in snapshot:
         ti = view.ti
-        if ti.state != "running" or ti.run_state != "running" or view.open_attempt:
+        found = None if view.open_attempt else _silent(ti, now, settings)
+        if found is None:
             continue
-        if not settings.owner.owns(ti.executor):
-            continue
-        last = ti.last_activity()
-        if last is None:
-            continue  # nothing to measure silence from: never guessed
-        silent = (now - last[0]).total_seconds()
-        if silent <= settings.threshold:
-            continue
+        silent, latest = found
         actions.append(Redrive(ti.ti_id, (
             f"task instance {ti.dag_id}.{ti.task_id} (run {ti.run_id}, map_index {ti.map_index}, try "
             f"{ti.try_number}) is running with no open leoflow attempt and no activity for {silent:.0f} s "
-            f"(> orphan_run_threshold {settings.threshold:g} s; latest: {last[1]})")))
+            f"(> orphan_run_threshold {settings.threshold:g} s; latest: {latest})")))
     return actions

@@ -263,3 +263,19 @@ def test_attempt_state_id_index_migration_up_and_down_on_sqlite(tmp_path):
         assert rows() == [("t1", "dispatched")]
     finally:
         engine.dispose()
+
+
+@pytest.mark.airflow
+def test_attempt_row_version_migration_up_and_down_on_sqlite(tmp_path):
+    """Revision 0006 (issue 10, "Benchmark"): a ledger at revision 0005 holding a dispatched attempt is upgraded
+    by a plain ``airflow db migrate`` to the models' schema with the row kept at ``row_version`` 0 (a page reads
+    it whole once, then only when a guarded write moves the version); downgrading drops the column and keeps the
+    row."""
+    out = column_migration_round_trip(
+        tmp_path, before="9a4c7e2b5d18", table="leoflow_attempt", columns={"row_version"},
+        insert="INSERT INTO leoflow_attempt (ti_id, try_number, attempt_epoch, dag_id, task_id, run_id, map_index, "
+               "state, runtime, workload_json, pod_name, created_at, updated_at) VALUES ('t1', 1, 1, 'd', 't', 'r', "
+               "-1, 'dispatched', 'kubernetes', '{}', 'p', '2026-12-01 00:00:00', '2026-12-01 00:00:00')",
+        upgraded=("SELECT ti_id, state, pod_name, row_version FROM leoflow_attempt", [("t1", "dispatched", "p", 0)]),
+        downgraded=("SELECT ti_id, state, pod_name FROM leoflow_attempt", [("t1", "dispatched", "p")]))
+    assert "4f2b8d6e1a37" in out or "Running upgrade" in out, out[-2000:]

@@ -258,6 +258,12 @@ class CacheInformer:
     def views(self):
         return [pod_view(obj) for obj in self.core.pods.values()]
 
+    def ending(self):
+        return [v for v in self.views() if v.terminal or v.deleting]
+
+    def has_uid(self, uid):
+        return any(v.uid == uid for v in self.views())
+
 
 @pytest.fixture
 def runtime(monkeypatch):

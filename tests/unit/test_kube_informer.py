@@ -112,3 +112,38 @@ def test_take_changed_names_what_events_touched_and_all_after_a_list(inf, monkey
     assert inf.take_changed() == set()
     inf._list()  # a relist (after a 410): any pod may have changed
     assert inf.take_changed() is None
+
+
+def _same_as_a_scan(inf: PodInformer) -> None:
+    """The indexes answer what a scan of every cached view would."""
+    views = inf.views()
+    assert sorted(v.name for v in inf.ending()) == sorted(v.name for v in views if v.terminal or v.deleting)
+    for uid in {v.uid for v in views} | {"u-none"}:
+        assert inf.has_uid(uid) == any(v.uid == uid for v in views)
+
+
+def test_ending_and_has_uid_follow_events_and_lists_as_a_scan_would(inf, monkeypatch):
+    """What ``collect`` walks (issue 10, "Benchmark": its cost follows the ended pods, not every running one):
+    the terminal or deleting views, kept by each event and LIST; a recreated name and a late DELETED of an old
+    UID leave the index right."""
+    deleting = pod("d", "ud", "3")
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-02T00:00:00Z"
+    page = {"metadata": {"resourceVersion": "5"}, "items": [pod("a", "ua", "4"), pod("b", "ub", "5", "Failed"),
+                                                            deleting]}
+    monkeypatch.setattr(inf, "_list_page", lambda token: page)
+    inf._list()
+    assert sorted(v.name for v in inf.ending()) == ["b", "d"]
+    _same_as_a_scan(inf)
+    inf._apply_line(line("MODIFIED", pod("a", "ua", "6", "Succeeded", "rec")))
+    assert "a" in {v.name for v in inf.ending()}
+    inf._apply_line(line("ADDED", pod("b", "ub2", "7")))  # recreated under its name, running
+    assert "b" not in {v.name for v in inf.ending()} and not inf.has_uid("ub") and inf.has_uid("ub2")
+    inf._apply_line(line("DELETED", pod("b", "ub", "8", "Failed")))  # a late DELETED of the old UID
+    assert inf.has_uid("ub2")
+    inf._apply_line(line("DELETED", pod("a", "ua", "9", "Succeeded", "rec")))
+    assert not inf.has_uid("ua")
+    _same_as_a_scan(inf)
+    page = {"metadata": {"resourceVersion": "10"}, "items": [pod("b", "ub2", "10", "Failed")]}
+    inf._list()  # a relist replaces both indexes
+    assert [v.name for v in inf.ending()] == ["b"] and not inf.has_uid("ud")
+    _same_as_a_scan(inf)

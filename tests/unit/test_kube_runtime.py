@@ -45,6 +45,12 @@ class StubInformer:
     def views(self):
         return []
 
+    def ending(self):
+        return [v for v in self.views() if v.terminal or v.deleting]
+
+    def has_uid(self, uid):
+        return any(v.uid == uid for v in self.views())
+
     def take_changed(self):
         return set()  # no watch event: poll() looks only at what its own state says
 

@@ -260,6 +260,52 @@ def test_open_page_walks_live_rows_by_id_after_a_cursor(store):
             store.open_page(states=states, **bad)
 
 
+def test_every_guarded_write_that_changes_a_row_moves_its_row_version_and_a_refused_one_does_not(store):
+    """Revision 0006: ``row_version`` counts the writes that changed the row (transition, facts, exchange); a
+    guarded write that changed nothing leaves it, so a reader holding the row at that version holds it as is."""
+    a = claim(store, runtime="kubernetes")
+    assert a.row_version == 0
+    assert store.transition(a.ref, expected=[S.CLAIMED], to=S.DISPATCHED, pod_name="p")
+    assert store.get(a.ref).row_version == 1
+    assert not store.transition(a.ref, expected=[S.CLAIMED], to=S.DISPATCHED)  # refused: nothing moves
+    assert store.record_facts(a.ref, expected=[S.DISPATCHED], pod_uid="u")
+    assert store.record_exchange(a.ref, credential_id="JTI=x")
+    assert not store.record_exchange(a.ref, credential_id="JTI=y")
+    assert store.get(a.ref).row_version == 3
+
+
+def test_open_page_rereads_only_the_rows_another_writer_changed(tmp_path, clock):
+    """Issue 10, "Benchmark": a page of running attempts reads whole rows only for what changed since this store
+    last read them, and what it returns is always the row as it is now, also when another scheduler's store
+    (a second engine on the same database) wrote it."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    engines = [sa.create_engine(url), sa.create_engine(url)]
+    metadata.create_all(engines[0])
+    ours, peer = LedgerStore(engines[0], clock=clock), LedgerStore(engines[1], clock=clock)
+    whole: list[str] = []
+    sa.event.listen(engines[0], "before_cursor_execute",
+                    lambda conn, cur, statement, *rest: whole.append(statement) if " IN (" in statement else None)
+    try:
+        rows = [_live(peer, S.DISPATCHED) for _ in range(4)]
+        states = [S.DISPATCHED, S.REPORTED]
+        first = ours.open_page(states=states, after_id=0, limit=10)
+        assert [a.ref for a in first] == [a.ref for a in rows] and len(whole) == 1
+        assert ours.open_page(states=states, after_id=0, limit=10) == first and len(whole) == 1  # nothing moved
+        assert peer.transition(rows[1].ref, expected=[S.DISPATCHED], to=S.REPORTED, reported_state="success")
+        assert peer.record_facts(rows[2].ref, expected=[S.DISPATCHED], pod_uid="u-2")
+        again = ours.open_page(states=states, after_id=0, limit=10)
+        assert len(whole) == 2 and whole[-1].count("?") == 2  # the two changed rows, and only them
+        assert [(a.state, a.pod_uid) for a in again] == [
+            (S.DISPATCHED, None), (S.REPORTED, None), (S.DISPATCHED, "u-2"), (S.DISPATCHED, None)]
+        assert again[0] is first[0] and again == [peer.get(a.ref) for a in rows]
+        assert peer.transition(rows[3].ref, expected=[S.DISPATCHED], to=S.EXITED)
+        assert [a.ref for a in ours.open_page(states=states, after_id=rows[0].id, limit=10)] == \
+            [rows[1].ref, rows[2].ref]  # left LIVE: no longer paged
+    finally:
+        for engine in engines:
+            engine.dispose()
+
+
 def test_in_states_reads_only_the_rows_that_need_action(store):
     """``in_states``: every row in the given states (CLAIMED, EXITED, SETTLING for the lifecycle), ledger order,
     runtime filtered; LIVE and CLOSED rows are not read."""

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from leoflow_airflow.reap.orphan import OrphanSettings, OrphanView, Ownership, RunningTI, decide
+from leoflow_airflow.reap.orphan import OrphanSettings, OrphanView, Ownership, RunningTI, candidates, decide
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 OURS = Ownership(frozenset({"LeoflowExecutor", "leoflow_airflow.executor.LeoflowExecutor", "leo"}), default=True)
@@ -25,7 +25,7 @@ SILENT = RunningTI(ti_id="0199aaaa-0000-7000-8000-000000000001", dag_id="d", run
                    start_date=ago(390), last_heartbeat_at=ago(300), updated_at=ago(300), run_start_date=ago(900))
 
 
-@pytest.mark.parametrize(("case", "ti", "open_attempt", "redriven"), [
+CASES = [
     ("no attempt and silent", SILENT, False, True),
     ("an attempt is open", SILENT, True, False),
     ("a recent heartbeat", replace(SILENT, last_heartbeat_at=ago(30)), False, False),
@@ -40,13 +40,25 @@ SILENT = RunningTI(ti_id="0199aaaa-0000-7000-8000-000000000001", dag_id="d", run
     ("its dag run is not running", replace(SILENT, run_state="failed"), False, False),
     ("no time at all to judge by", replace(SILENT, queued_dttm=None, start_date=None, last_heartbeat_at=None,
                                            updated_at=None, run_start_date=None), False, False),
-])
+]
+
+
+@pytest.mark.parametrize(("case", "ti", "open_attempt", "redriven"), CASES)
 def test_decide(case, ti, open_attempt, redriven):
     actions = decide([OrphanView(ti, open_attempt)], NOW, SETTINGS)
     assert [a.ti_id for a in actions] == ([ti.ti_id] if redriven else []), case
     for action in actions:
         assert action.reaper == "orphan-run"
         assert "no open leoflow attempt" in action.why and "orphan_run_threshold 240 s" in action.why
+
+
+@pytest.mark.parametrize(("case", "ti", "open_attempt", "redriven"), CASES)
+def test_candidates_are_exactly_the_task_instances_decide_redrives_when_no_attempt_is_open(case, ti, open_attempt,
+                                                                                          redriven):
+    """What the lifecycle asks the ledger about (issue 10, "Benchmark": a page of live task instances reads
+    nothing): a task instance is a candidate exactly when it would be re-driven had it no open attempt."""
+    would = decide([OrphanView(ti, False)], NOW, SETTINGS) != []
+    assert (candidates([ti], NOW, SETTINGS) == [ti]) == would, case
 
 
 def test_an_empty_executor_is_ours_only_when_we_are_the_default():

@@ -110,6 +110,8 @@ class PodInformer:
         self._page_size = int(list_page_size)
         self._lock = threading.Lock()
         self._pods: dict[str, PodView] = {}
+        self._ending: set[str] = set()  # names of cached pods that are terminal or being deleted
+        self._uids: set[str] = set()  # UIDs of the cached pods
         self._tombstones: collections.OrderedDict[str, tuple[PodView, float]] = collections.OrderedDict()
         self._changed: set[str] = set()  # pod names an event touched since the last take_changed()
         self._all_changed = True  # a LIST was applied since then: any pod may have changed
@@ -195,6 +197,19 @@ class PodInformer:
         with self._lock:
             return list(self._pods.values())
 
+    def ending(self) -> list[PodView]:
+        """A snapshot of the cached views that are terminal (``PodView.terminal``) or being deleted
+        (``PodView.deleting``), in no particular order: what a garbage collector has to look at. Kept as an
+        index by every event and LIST, so its cost follows those pods, not every cached one (issue 10,
+        "Benchmark")."""
+        with self._lock:
+            return [self._pods[name] for name in self._ending]
+
+    def has_uid(self, uid: str) -> bool:
+        """Whether a cached pod (tombstones excluded) has UID ``uid``."""
+        with self._lock:
+            return uid in self._uids
+
     # ------------------------------------------------------------------ the thread
 
     def _run(self) -> None:
@@ -270,6 +285,8 @@ class PodInformer:
                 if new is None or new.uid != old.uid:
                     self._bury(old, now)
             self._pods = fresh
+            self._ending = {name for name, view in fresh.items() if view.terminal or view.deleting}
+            self._uids = {view.uid for view in fresh.values()}
             self._rv = rv
             self._all_changed = True
             if self._synced:
@@ -370,11 +387,19 @@ class PodInformer:
             if kind == "DELETED":
                 if old is not None and old.uid == view.uid:
                     del self._pods[view.name]
+                    self._ending.discard(view.name)
+                    self._uids.discard(view.uid)
                 self._bury(view, time.monotonic())
             else:
                 if old is not None and old.uid != view.uid:
                     self._bury(old, time.monotonic())
+                    self._uids.discard(old.uid)
                 self._pods[view.name] = view
+                self._uids.add(view.uid)
+                if view.terminal or view.deleting:
+                    self._ending.add(view.name)
+                else:
+                    self._ending.discard(view.name)
             self.events += 1
         self._notify()
         return 1

@@ -52,6 +52,7 @@ Lite's (Airflow's own secrets withheld), its exit code reported as ``CallbackDon
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import logging
 import os
@@ -83,6 +84,7 @@ from leoflow_airflow.lifecycle.runtime import (
 from leoflow_airflow.runtime.kubernetes import decide, status
 from leoflow_airflow.runtime.kubernetes.classify import Verdict, VerdictKind, classify_exception
 from leoflow_airflow.runtime.kubernetes.finalizer import Release, ReleaseOutcome, release_finalizer
+from leoflow_airflow.runtime.kubernetes.launches import PodLaunch, PodLaunches
 from leoflow_airflow.runtime.kubernetes.pod import APP_LABELS, PodAttempt, build_pod, pod_name
 
 if TYPE_CHECKING:
@@ -114,24 +116,18 @@ STUCK_REASONS = decide.STUCK_REASONS
 the attempt rejected (:func:`.decide.start_progress`)."""
 
 
+POLL_TURN_SHARE = 0.1
+"""The share of ``[leoflow] reap_page_size`` that :meth:`KubernetesRuntime.poll` looks at in turn beyond what
+changed (its safety net; the lifecycle's LIVE page is the first one)."""
+
+
 def label_selector() -> str:
     """The label selector of every task pod leoflow creates (:data:`.pod.APP_LABELS`, ``k=v`` joined by commas):
     the informer watches exactly these."""
     return ",".join(f"{k}={v}" for k, v in sorted(APP_LABELS.items()))
 
 
-@dataclass
-class _Launch:
-    """What the runtime remembers of one attempt it created or adopted (in memory, scheduler thread only)."""
-
-    ref: AttemptRef
-    name: str
-    uid: str | None = None
-    creating: bool = False  # its create is on the pool
-    cancelled: bool = False  # killed while its create was on the pool: delete the pod as soon as it exists
-    exited: bool = False  # ``Exited`` was reported
-    warned: bool = False  # its agent container's stuck waiting reason was logged
-    polled: bool = False  # poll() looked at it since its UID was known (events before that were not its)
+_Launch = PodLaunch  # the runtime's name for it (tests build them)
 
 
 @dataclass(frozen=True)
@@ -211,7 +207,7 @@ class KubernetesRuntime:
         self._facts: queue.SimpleQueue[_Read | _Deleted | _Released] = queue.SimpleQueue()  # taken anywhere
         self._futures: set[concurrent.futures.Future[Any]] = set()
         self._window = decide.CreateWindow()
-        self._launches: dict[str, _Launch] = {}
+        self._launches = PodLaunches()
         self._reads: dict[str, _Read] = {}
         self._reading: set[str] = set()
         self._deleting: dict[tuple[str, str | None], float | None] = {}  # deletes on the pool -> their grace
@@ -223,7 +219,6 @@ class KubernetesRuntime:
         self._start_seen: dict[str, tuple[str, datetime]] = {}  # pod uid -> (its start key, first seen at it)
         self._stop_due: dict[str, float] = {}  # deleted pod's uid -> monotonic time it should have stopped by
         self._unconfirmed: dict[str, float] = {}  # pod uid -> seconds past its grace when the valve opened
-        self._poll_cursor = 0  # poll()'s safety-net turn over the launches (index into their insertion order)
         self._callbacks: dict[str, subprocess.Popen[bytes]] = {}
         self._checked = False  # the start-up check passed
         self._checking = False
@@ -485,7 +480,7 @@ class KubernetesRuntime:
         if self.informer is None or not self.informer.synced:
             error = getattr(self.informer, "last_error", None)
             return DispatchResult(Disposition.DEFERRED, "the pod cache has not synced" + (f": {error}" if error else ""))
-        if sum(launch.creating for launch in self._launches.values()) >= self.settings.launch_queue_size:
+        if self._launches.creating >= self.settings.launch_queue_size:
             return DispatchResult(Disposition.DEFERRED, "[leoflow] launch_queue_size pod creates are in flight")
         return self._window.admit(self._monotonic())
 
@@ -578,28 +573,14 @@ class KubernetesRuntime:
         whose pod an informer event touched since the last poll (all of them after a LIST), those whose
         presence hangs on something no event announces (a confirming read asked or answered, a deleted pod's
         confirmation valve, a UID learnt since the last poll), and, as a safety net, the next
-        ``[leoflow] reap_page_size`` of the rest in turn, so every launch is looked at within
-        ``ceil(launches / reap_page_size)`` polls whatever the informer said. The cost of a poll follows what
-        changed, not how many pods run (issue 10, "Benchmark")."""
+        :data:`POLL_TURN_SHARE` of ``[leoflow] reap_page_size`` of the rest in turn (at least one), so every
+        launch is looked at within ``ceil(launches / turn)`` polls whatever the informer said. The net is thin
+        because it is a second one: the lifecycle observes a ``reap_page_size`` keyset page of the LIVE rows
+        every ``sync()`` from the same cache and settles the ended ones it finds. The cost of a poll follows
+        what changed, not how many pods run (issue 10, "Benchmark")."""
         changed = self.informer.take_changed() if self.informer is not None and self.informer.synced else None
-        ids = list(self._launches)
-        if not ids:
-            return []
-        page = max(1, self.settings.reap_page_size)
-        start = self._poll_cursor % len(ids)
-        turn = set(ids[start:start + page])
-        if start + page > len(ids):
-            turn.update(ids[:start + page - len(ids)])
-        self._poll_cursor = (start + page) % len(ids)
-        out = []
-        for lid in ids:
-            launch = self._launches[lid]
-            if launch.exited or launch.creating or launch.uid is None:
-                continue
-            if (changed is None or lid in turn or not launch.polled or launch.name in changed
-                    or launch.name in self._reading or launch.name in self._reads or launch.uid in self._stop_due):
-                out.append((lid, launch))
-        return out
+        return self._launches.to_poll(changed, itertools.chain(self._reading, self._reads), self._stop_due,
+                                      max(1, int(self.settings.reap_page_size * POLL_TURN_SHARE)))
 
     def _drain(self) -> list[RuntimeEvent]:
         self._absorb()
@@ -620,8 +601,9 @@ class KubernetesRuntime:
                         events.extend(self._created(result))
 
     def _absorb(self) -> None:
-        """Scheduler thread: take the answers of confirming reads and deletes (any scheduler-side method may)."""
-        while True:
+        """Scheduler thread: take the answers of confirming reads and deletes (any scheduler-side method may).
+        Cheap when there are none (``_presence`` calls it per attempt): no exception is raised to find out."""
+        while not self._facts.empty():  # this thread is the only consumer: not empty means a get succeeds
             try:
                 item = self._facts.get_nowait()
             except queue.Empty:
@@ -664,13 +646,12 @@ class KubernetesRuntime:
         launch = self._launches.get(result.launch_id)
         if launch is None:
             return [event]
-        launch.creating = False
         if isinstance(event, Started):
-            launch.uid = result.uid
+            self._launches.created(result.launch_id, result.uid)
             if launch.cancelled:  # killed while its create was in flight: it must not run
                 self._request_delete(launch.name, launch.uid, 0, "killed while its create was in flight")
         else:
-            del self._launches[result.launch_id]
+            self._launches.create_failed(result.launch_id)
         return [event]
 
     def _started_checked(self, check: _StartCheck) -> None:
@@ -888,7 +869,6 @@ class KubernetesRuntime:
         self._next_collect = now_m + COLLECT_INTERVAL_SECONDS
         now = datetime.now(timezone.utc)
         seen: set[tuple[str, str]] = set()
-        held: set[tuple[str, str]] = set()
         closed: dict[tuple[str, int], bool] = {}
 
         def settled(ref: AttemptRef | None) -> bool:
@@ -899,14 +879,12 @@ class KubernetesRuntime:
                 closed[at] = is_closed(*at)
             return closed[at]
 
-        uids: set[str] = set()
-        for view in self.informer.views():
+        informer = self.informer
+        for view in informer.ending():  # terminal or deleting: the only pods released or deleted here
             key = (view.name, view.uid)
-            uids.add(view.uid)
             if decide.finalizer_index(view.finalizers) is not None:
-                held.add(key)
                 asked = key in self._releasing or key in self._released
-                if not asked and (view.terminal or view.deleting) and decide.release_due(
+                if not asked and decide.release_due(
                         finalizers=view.finalizers, terminal=view.terminal, deleting=view.deleting,
                         closed=settled(view.ref)) and self._request_release(view):
                     acted.add(key)
@@ -923,9 +901,10 @@ class KubernetesRuntime:
                 self._request_delete(view.name, view.uid, None, "settled; its retention is over")
                 acted.add(key)
         self._terminal_seen = {k: v for k, v in self._terminal_seen.items() if k in seen}
-        self._stop_due = {uid: due for uid, due in self._stop_due.items() if uid in uids}  # gone: nothing to confirm
-        self._unconfirmed = {uid: waited for uid, waited in self._unconfirmed.items() if uid in uids}
-        self._released &= held  # the cache caught up: a pod no longer holding it needs no memo
+        # gone from the cache: nothing to confirm, and no memo needed once the cache shows the finalizer gone
+        self._stop_due = {uid: due for uid, due in self._stop_due.items() if informer.has_uid(uid)}
+        self._unconfirmed = {uid: waited for uid, waited in self._unconfirmed.items() if informer.has_uid(uid)}
+        self._released = {key for key in self._released if _holds_finalizer(informer.get(key[0]), key[1])}
         return len(acted)
 
     def _release_forgotten(self, is_closed: Callable[[str, int], bool]) -> set[tuple[str, str]]:
@@ -956,6 +935,11 @@ class KubernetesRuntime:
 
     def slot_freed(self, held_for: float) -> None:
         """Nothing to learn from it here."""
+
+
+def _holds_finalizer(view: PodView | None, uid: str) -> bool:
+    """Whether ``view`` is of the pod with ``uid`` and still lists leoflow's finalizer."""
+    return view is not None and view.uid == uid and decide.finalizer_index(view.finalizers) is not None
 
 
 def attempt_pod_name(attempt: Attempt) -> str:
