@@ -163,6 +163,10 @@ def test_a_full_quota_is_backpressure_then_the_launch_succeeds_once_it_frees(mak
     BACKPRESSURE without a call; once the quota frees, the re-offered attempt (the next epoch) starts."""
     core.create_namespaced_resource_quota(namespace, client.V1ResourceQuota(
         metadata=client.V1ObjectMeta(name="one-pod"), spec=client.V1ResourceQuotaSpec(hard={"pods": "1"})))
+    # the quota admission charges a pod only once the controller has given the quota a status; a pod admitted
+    # before that is counted at the controller's next full resync (minutes): CI met that race
+    wait_for(lambda: (core.read_namespaced_resource_quota("one-pod", namespace).status.hard or {}).get("pods") == "1",
+             30, what="the quota controller to give the quota its status")
     core.create_namespaced_pod(namespace, client.V1Pod(
         metadata=client.V1ObjectMeta(name="filler"),
         spec=client.V1PodSpec(node_name="kwok-node-0", containers=[client.V1Container(name="c", image="x")])))
