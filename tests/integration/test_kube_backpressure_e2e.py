@@ -211,6 +211,9 @@ def test_a_full_resource_quota_keeps_ten_tasks_queued_then_each_runs_once(env: E
     core, ns = _core(env), env.kube.namespace
     core.create_namespaced_resource_quota(ns, client.V1ResourceQuota(
         metadata=client.V1ObjectMeta(name="full"), spec=client.V1ResourceQuotaSpec(hard={"pods": "1"})))
+    # a pod admitted before the quota controller gave the quota its status is charged only at its full resync
+    wait_for(lambda: (core.read_namespaced_resource_quota("full", ns).status.hard or {}).get("pods") == "1",
+             30, what="the quota controller to give the quota its status")
     core.create_namespaced_pod(ns, _filler_pod("quota-filler"))
     try:
         wait_for(lambda: (core.read_namespaced_resource_quota("full", ns).status.used or {}).get("pods") == "1",
