@@ -253,7 +253,7 @@ def test_start_progress_keeps_a_pods_first_seen_time_while_other_pages_are_asked
     a, b = (SimpleNamespace(ref=AttemptRef(str(uuid.uuid4()), 1, 1)) for _ in range(2))
     uid = {a.ref: "uid-a", b.ref: "uid-b"}
     monkeypatch.setattr(rt, "_where", lambda attempt: ("pod", uid[attempt.ref], None))
-    monkeypatch.setattr(rt, "_presence", lambda name, u, ref: (Presence.LIVE, SimpleNamespace(uid=u)))
+    monkeypatch.setattr(rt, "_presence", lambda name, u, ref, now=None: (Presence.LIVE, SimpleNamespace(uid=u)))
     monkeypatch.setattr(decide, "start_key", lambda view: "pulling")
     firsts: list[tuple[str, object]] = []
 
@@ -321,7 +321,8 @@ def test_poll_looks_at_pods_that_changed_at_once_and_at_the_others_in_turn(monke
             rt.informer.pods[f"pod-{i}"] = _pod(f"pod-{i}", f"u{i}", ended=False)
         looked: list[str] = []
         real = rt._presence
-        monkeypatch.setattr(rt, "_presence", lambda name, uid, ref: (looked.append(name), real(name, uid, ref))[1])
+        monkeypatch.setattr(rt, "_presence",
+                            lambda name, uid, ref, now=None: (looked.append(name), real(name, uid, ref, now))[1])
 
         assert rt.poll() == [] and len(looked) == 1  # nothing changed: only the one in turn
 

@@ -164,9 +164,12 @@ class PodInformer:
         return self._rv
 
     def get(self, name: str) -> PodView | None:
-        """The current view of pod ``name``, or None when the cache holds no such pod."""
-        with self._lock:
-            return self._pods.get(name)
+        """The current view of pod ``name``, or None when the cache holds no such pod.
+
+        Lock-free: one ``dict.get`` on the current mapping is atomic in CPython, the watch thread only sets,
+        deletes or swaps whole mappings (a relist), and a view is immutable; the scheduler loop asks this for
+        every attempt of a page (issue 10, "Benchmark")."""
+        return self._pods.get(name)
 
     def tombstone(self, name: str, uid: str) -> PodView | None:
         """The last view of pod ``name`` with UID ``uid`` once it was seen DELETED (the final object the watch
