@@ -52,8 +52,8 @@ def _instructions(text: str) -> list[tuple[str, str]]:
 
 def image_process(dockerfile: Path) -> ImageProcess:
     """Read the base, ``USER``, ``ENTRYPOINT`` and ``CMD`` the image built from ``dockerfile`` declares: the last
-    of each in its last stage (a ``FROM`` starts a stage and clears both, as a build does; what the base image declares is not
-    known here, so a stage must declare what it runs).
+    of each in its last stage (a ``FROM`` starts a stage and clears them, as a build does; what the base image
+    declares is not known here, so a stage must declare what it runs).
 
     :raises ValueError: naming the instruction, when one is in shell form or is not a JSON array of strings.
     """

@@ -111,6 +111,19 @@ def test_values_the_schema_refuses_fail_the_render_naming_the_value(helm, settin
     assert "values don't meet the specifications of the schema" in r.stderr and error in r.stderr, r.stderr
 
 
+def test_an_existing_task_namespace_and_service_account_are_used_not_rendered(helm, tmp_path):
+    objects = render(helm, {"taskNamespace": {"name": "team-tasks", "create": False},
+                            "taskServiceAccount": {"name": "runner", "create": False}}, tmp_path, namespace="data")
+    assert not by_kind(objects, "Namespace") and not by_kind(objects, "ServiceAccount")
+    assert {o["metadata"]["namespace"] for o in objects if o["kind"] in ("Role", "RoleBinding")} == {"team-tasks"}
+    [cm] = by_kind(objects, "ConfigMap")
+    assert cm["metadata"]["namespace"] == "data"
+    options = yaml.safe_load(cm["data"]["airflow-values.yaml"])["config"]["leoflow"]
+    assert (options["namespace"], options["service_account"]) == ("team-tasks", "runner")
+    subjects = {(s["name"], s["namespace"]) for o in objects if o["kind"].endswith("Binding") for s in o["subjects"]}
+    assert subjects == {("airflow-scheduler", "data"), ("airflow-api-server", "data")}
+
+
 # --------------------------------------------------------------------------------------------------
 # one install, beside an "official chart" namespace with its two ServiceAccounts
 
@@ -340,7 +353,8 @@ def test_the_official_charts_values_wire_leoflow_in(install, tmp_path):
         assert mounted == f"{mount['mountPath']}/pod_template_file.yaml"
     assert (settings.namespace, settings.service_account) == (install.task_ns, "leoflow-task")
     assert settings.image == "registry.example/leoflow-agent:0.1.0"
-    assert settings.exchange_url == f"http://prod-airflow-api-server.{install.airflow_ns}.svc.cluster.local:8080/leoflow"
+    service = f"http://prod-airflow-api-server.{install.airflow_ns}.svc.cluster.local:8080"
+    assert settings.exchange_url == f"{service}/leoflow"
     cfg = install.config_map()["leoflow.cfg"].splitlines()
     assert cfg[0] == "[leoflow]" and f"namespace = {install.task_ns}" in cfg and "runtime = kubernetes" in cfg
     known = {o.name for o in leoflow_settings.OPTIONS}
