@@ -75,12 +75,14 @@ HELM_KUBE_VERSION = "1.35.4"
 Kubernetes version, which a helm built without it would take for v1.20.0."""
 
 
-def build(max_minutes: float = BUILD_MAX_MINUTES) -> Path:
-    """Build the binaries, or reuse them (instant when built; waits for a build another process runs).
+def build(max_minutes: float = BUILD_MAX_MINUTES, *, with_helm: bool = False) -> Path:
+    """Build the control plane's binaries, and helm when ``with_helm`` (only the chart's tests need it), or reuse
+    them (instant when built; waits for a build another process runs).
 
     Returns their directory. Raises :class:`K8sEnvError` with k8senv's stderr when the build fails.
     """
-    r = run_k8senv("build", "--max-minutes", str(max_minutes), timeout=max_minutes * 60 + 120)
+    r = run_k8senv("build", "--max-minutes", str(max_minutes), *([] if with_helm else ["--no-helm"]),
+                   timeout=max_minutes * 60 + 120)
     if r.returncode != 0:
         raise K8sEnvError(f"scripts/k8senv build failed:\n{r.stderr.strip()}")
     return Path(r.stdout.strip().splitlines()[-1])
