@@ -27,6 +27,7 @@ from kubernetes.client.rest import ApiException
 from devtools import k8senv
 from devtools.dockerfile import container_argv, image_process
 from leoflow_airflow import settings as leoflow_settings
+from leoflow_airflow.errors import PodRefused
 from leoflow_airflow.runtime.kubernetes import access
 from leoflow_airflow.runtime.kubernetes.access import Rule
 from leoflow_airflow.runtime.kubernetes.pod import AGENT_ARGS, PodAttempt, build_pod
@@ -122,6 +123,18 @@ def test_an_existing_task_namespace_and_service_account_are_used_not_rendered(he
     assert (options["namespace"], options["service_account"]) == ("team-tasks", "runner")
     subjects = {(s["name"], s["namespace"]) for o in objects if o["kind"].endswith("Binding") for s in o["subjects"]}
     assert subjects == {("airflow-scheduler", "data"), ("airflow-api-server", "data")}
+
+
+def test_a_credential_in_the_charts_pod_env_is_refused_by_leoflows_builder(helm, tmp_path):
+    """The chart passes ``pod.env`` through; the pod builder, which owns the rule, refuses Airflow's secrets."""
+    secret = {"name": "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "value": "postgresql://x"}
+    objects = render(helm, {"pod": {"env": [secret]}}, tmp_path, namespace="airflow")
+    [cm] = by_kind(objects, "ConfigMap")
+    template = parse_pod_template(cm["data"]["pod_template_file.yaml"])
+    options = yaml.safe_load(cm["data"]["airflow-values.yaml"])["config"]["leoflow"]
+    settings = leoflow_settings.load_kubernetes(lambda section, key, fallback: options.get(key, fallback))
+    with pytest.raises(PodRefused, match="AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"):
+        build_pod(_attempt(), settings, template=template)
 
 
 # --------------------------------------------------------------------------------------------------
