@@ -125,6 +125,17 @@ def test_an_existing_task_namespace_and_service_account_are_used_not_rendered(he
     assert subjects == {("airflow-scheduler", "data"), ("airflow-api-server", "data")}
 
 
+def test_leoflow_options_from_the_values_load_as_leoflow_reads_them(helm, tmp_path):
+    config = {"credential_ceiling_seconds": 1000000, "pod_retention_success": 2.5, "in_cluster": False,
+              "kube_config": "/etc/kube/config", "kube_api_workers": 8}
+    [cm] = by_kind(render(helm, {"leoflow": {"config": config}}, tmp_path, namespace="airflow"), "ConfigMap")
+    options = yaml.safe_load(cm["data"]["airflow-values.yaml"])["config"]["leoflow"]
+    assert "credential_ceiling_seconds = 1000000" in cm["data"]["leoflow.cfg"].splitlines()
+    settings = leoflow_settings.load_kubernetes(lambda section, key, fallback: options.get(key, fallback))
+    assert (settings.credential_ceiling_seconds, settings.pod_retention_success, settings.in_cluster,
+            settings.kube_config, settings.kube_api_workers) == (1000000, 2.5, False, "/etc/kube/config", 8)
+
+
 def test_a_credential_in_the_charts_pod_env_is_refused_by_leoflows_builder(helm, tmp_path):
     """The chart passes ``pod.env`` through; the pod builder, which owns the rule, refuses Airflow's secrets."""
     secret = {"name": "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "value": "postgresql://x"}

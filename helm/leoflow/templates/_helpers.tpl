@@ -57,7 +57,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
 {{- define "leoflow.options" -}}
 {{- $opts := dict -}}
 {{- range $k, $v := .Values.leoflow.config -}}
+{{- /* helm reads every number as a float: a whole one is written as an integer (1000000, never 1e+06) */ -}}
+{{- if and (kindIs "float64" $v) (eq (float64 $v) (floor $v)) -}}
+{{- $_ := set $opts $k (int64 $v | toString) -}}
+{{- else -}}
 {{- $_ := set $opts $k (toString $v) -}}
+{{- end -}}
 {{- end -}}
 {{- $_ := set $opts "runtime" "kubernetes" -}}
 {{- $_ := set $opts "namespace" .Values.taskNamespace.name -}}
