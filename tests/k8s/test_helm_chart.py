@@ -198,7 +198,7 @@ def install(helm, api, core, tmp_path_factory):
     values = {"airflow": {"fullname": "prod-airflow"}, "taskNamespace": {"name": task_ns, "create": True},
               "image": {"repository": "registry.example/leoflow-agent", "tag": "0.1.0"},
               "pod": {"resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
-                      "env": [{"name": "TZ", "value": "UTC"}]}}
+                      "env": [{"name": "TZ", "value": "UTC"}, {"name": "BATCH", "value": 1000000}]}}
     objects = render(helm, values, tmp_path_factory.mktemp("chart"), namespace=airflow_ns)
     dyn = dynamic.DynamicClient(api)
     created: list[dict] = []
@@ -398,8 +398,10 @@ def test_the_pod_leoflow_builds_from_the_chart_is_admitted_and_runs_the_images_a
     assert created.spec.security_context.run_as_user == 50000
     base = created.spec.containers[0]
     assert base.resources.requests == {"cpu": "50m", "memory": "64Mi"}
-    assert {e.name: e.value for e in base.env}["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == \
+    env = {e.name: e.value for e in base.env}
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == \
         f"http://prod-airflow-api-server.{install.airflow_ns}.svc.cluster.local:8080/execution/"
+    assert (env["TZ"], env["BATCH"]) == ("UTC", "1000000")
     image = image_process(ROOT / "docker" / "Dockerfile")
     assert base.command is None, "the chart's template must leave the command to the image's entrypoint"
     assert container_argv(image, base.command, base.args) == (*image.entrypoint, *AGENT_ARGS)

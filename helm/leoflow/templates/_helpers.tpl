@@ -53,16 +53,21 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
 {{- printf "%s/pod_template_file.yaml" (include "leoflow.mountPath" .) -}}
 {{- end -}}
 
+{{/* A scalar value as text. helm reads every number as a float: a whole one is written as an integer
+(1000000, never 1e+06). */}}
+{{- define "leoflow.scalar" -}}
+{{- if and (kindIs "float64" .) (eq (float64 .) (floor .)) -}}
+{{- int64 . | toString -}}
+{{- else -}}
+{{- toString . -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The [leoflow] options as a dict: what the chart sets, then leoflow.config (which cannot override those). */}}
 {{- define "leoflow.options" -}}
 {{- $opts := dict -}}
 {{- range $k, $v := .Values.leoflow.config -}}
-{{- /* helm reads every number as a float: a whole one is written as an integer (1000000, never 1e+06) */ -}}
-{{- if and (kindIs "float64" $v) (eq (float64 $v) (floor $v)) -}}
-{{- $_ := set $opts $k (int64 $v | toString) -}}
-{{- else -}}
-{{- $_ := set $opts $k (toString $v) -}}
-{{- end -}}
+{{- $_ := set $opts $k (include "leoflow.scalar" $v) -}}
 {{- end -}}
 {{- $_ := set $opts "runtime" "kubernetes" -}}
 {{- $_ := set $opts "namespace" .Values.taskNamespace.name -}}

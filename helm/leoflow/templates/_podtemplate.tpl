@@ -6,7 +6,7 @@ arguments the pod builder sets (`python -m leoflow_agent pod`). No image: [leofl
 {{- define "leoflow.podTemplate" -}}
 {{- $env := list (dict "name" "AIRFLOW__CORE__EXECUTION_API_SERVER_URL" "value" (printf "%s/execution/" (include "leoflow.apiServerUrl" .))) -}}
 {{- range .Values.pod.env -}}
-{{- $env = append $env (dict "name" .name "value" (toString .value)) -}}
+{{- $env = append $env (dict "name" .name "value" (include "leoflow.scalar" .value)) -}}
 {{- end -}}
 {{- $container := dict "name" "base" "imagePullPolicy" .Values.pod.imagePullPolicy "env" $env -}}
 {{- with .Values.pod.resources }}{{ $_ := set $container "resources" . }}{{ end -}}
