@@ -63,12 +63,26 @@ def bindir() -> Path | None:
     return Path(r.stdout.strip()) if r.returncode == 0 else None
 
 
-def build(max_minutes: float = BUILD_MAX_MINUTES) -> Path:
-    """Build the binaries, or reuse them (instant when built; waits for a build another process runs).
+def helm() -> Path | None:
+    """The helm binary ``scripts/k8senv build`` built at its pinned version, or ``None`` when it is not built
+    (``scripts/k8senv helm``). Run it with ``--kube-version`` (:data:`HELM_KUBE_VERSION`)."""
+    r = run_k8senv("helm", timeout=120)
+    return Path(r.stdout.strip()) if r.returncode == 0 else None
+
+
+HELM_KUBE_VERSION = "1.35.4"
+"""What ``helm lint``/``template`` are told the cluster runs (``--kube-version``): the k8senv control plane's
+Kubernetes version, which a helm built without it would take for v1.20.0."""
+
+
+def build(max_minutes: float = BUILD_MAX_MINUTES, *, with_helm: bool = False) -> Path:
+    """Build the control plane's binaries, and helm when ``with_helm`` (only the chart's tests need it), or reuse
+    them (instant when built; waits for a build another process runs).
 
     Returns their directory. Raises :class:`K8sEnvError` with k8senv's stderr when the build fails.
     """
-    r = run_k8senv("build", "--max-minutes", str(max_minutes), timeout=max_minutes * 60 + 120)
+    r = run_k8senv("build", "--max-minutes", str(max_minutes), *([] if with_helm else ["--no-helm"]),
+                   timeout=max_minutes * 60 + 120)
     if r.returncode != 0:
         raise K8sEnvError(f"scripts/k8senv build failed:\n{r.stderr.strip()}")
     return Path(r.stdout.strip().splitlines()[-1])
