@@ -129,7 +129,7 @@ def _events(attempt: Attempt, times: TryTimes | None, runs_here: bool) -> list[d
     if resolution is Resolution.REPLAYED:
         end = times.end_date if times is not None else None
         out.append(_event("record", end, attempt, "airflow", record_path=attempt.record_path,
-                          note="the outcome record's terminal body, replayed; its end_date as Airflow stored it"))
+                          note="end_date of the replayed terminal body"))
     if attempt.state is AttemptState.SETTLING:
         out.append(_event("settle", None, attempt, "ledger", note="a replay was sent and may have landed",
                           detail=attempt.detail))

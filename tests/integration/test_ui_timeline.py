@@ -109,6 +109,10 @@ def test_api_answers_the_recovery_to_a_logged_in_user(recovered) -> None:
     at = {e["event"]: e["time"] for e in second["events"]}
     # the dispatch time is when the scheduler recorded the agent's start, which may come after the agent's /run
     assert at["claim"] <= at["dispatch"] and at["claim"] <= at["run"] <= at["record"] <= at["settle"], at
+    plugin = next(p for p in stack._call("GET", "/plugins")["plugins"] if p["name"] == "leoflow")
+    views = {v["url_route"]: (v["destination"], v["href"]) for v in plugin["external_views"]}
+    assert views["leoflow"] == ("nav", "/leoflow/ui/timeline"), views
+    assert views["leoflow-attempts"][0] == "task_instance" and "task_id={TASK_ID}" in views["leoflow-attempts"][1]
     pools = httpx.get(f"{stack.public_url}/leoflow/v1/ui/pools", headers={"Authorization": f"Bearer {token}"},
                       timeout=30).json()
     assert pools["pools"] == [] and pools["runtime"] == "lite" and "zygote" in pools["note"], pools
@@ -124,7 +128,7 @@ def browser(tmp_path: Path):
     options.binary_location = CHROMIUM
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1440,1000", f"--user-data-dir={tmp_path / 'profile'}"):
+                 "--disable-dev-shm-usage", "--window-size=1440,1150", f"--user-data-dir={tmp_path / 'profile'}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log")),
                               options=options)

@@ -52,10 +52,10 @@ function drawTimeline(body) {
   for (const a of body.attempts) {
     const rows = a.events.map((e) => {
       const facts = FACT_KEYS.filter((k) => e[k] !== undefined && e[k] !== null).map((k) => `${k}=${e[k]}`);
-      return el("tr", { "data-event": e.event, "data-epoch": String(e.epoch) },
+      return el("tr", { "data-event": e.event, "data-epoch": String(e.epoch), "data-try": String(e.try_number),
+                        title: e.time || "" },
         el("td", { class: "ev" }, e.event),
-        el("td", { class: "time" }, e.time ? e.time.replace("T", " ").replace(/\+00:00$/, "Z") : "(no time)"),
-        el("td", {}, `try ${e.try_number} · epoch ${e.epoch}`),
+        el("td", { class: "time" }, e.time ? e.time.slice(0, 10) + " " + e.time.slice(11, 23) : "(no time)"),
         el("td", { class: "facts" }, facts.join("  ")),
         el("td", { class: "note" }, e.source));
     });
@@ -64,8 +64,8 @@ function drawTimeline(body) {
         el("span", { class: "badge" }, a.state),
         el("span", { class: badgeClass(a) }, a.resolution ? `${a.resolution}: ${a.evidence}` : "open"),
         el("span", { class: "note" }, `  ti_id ${a.ti_id}`)),
-      el("table", {}, el("tr", {}, el("th", {}, "event"), el("th", {}, "time (UTC)"), el("th", {}, "attempt"),
-        el("th", {}, "facts"), el("th", {}, "source")), ...rows)));
+      el("table", {}, el("tr", {}, el("th", { class: "c-ev" }, "event"), el("th", { class: "c-time" }, "time (UTC)"),
+        el("th", {}, "facts"), el("th", { class: "c-src" }, "source")), ...rows)));
   }
 }
 
@@ -86,6 +86,7 @@ async function main() {
   for (const [k, v] of Object.entries(q)) form.elements[k].value = v;
   const status = document.getElementById("status");
   if (q.dag_id && q.run_id && q.task_id) {
+    form.hidden = true;  // opened for one task instance (the Airflow UI's tab): the form would only repeat it
     status.textContent = `${q.dag_id} / ${q.run_id} / ${q.task_id} [${q.map_index}]`;
     try {
       drawTimeline(await getJson("timeline", q));
