@@ -49,7 +49,6 @@ def _browser_or_skip() -> None:
 @pytest.fixture(scope="module")
 def recovered(tmp_path_factory: pytest.TempPathFactory):
     """The stack and ``(run_id)`` of a finished run whose ``work`` was re-dispatched, then replayed."""
-    _browser_or_skip()
     home = tmp_path_factory.mktemp("ui")
     plan = home / "fault-plan.json"
     run_id = f"ui_{time.monotonic_ns()}"
@@ -121,6 +120,7 @@ def test_api_answers_the_recovery_to_a_logged_in_user(recovered) -> None:
 @pytest.fixture
 def browser(tmp_path: Path):
     """A fresh headless Chromium driven through chromedriver (selenium), with its own profile folder."""
+    _browser_or_skip()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
