@@ -3,6 +3,8 @@
 Routes authenticate themselves (Airflow applies no auth to plugin apps):
 
 - ``GET /leoflow/v1/health``: liveness, reveals nothing.
+- ``GET /leoflow/v1/ui/timeline``, ``GET /leoflow/v1/ui/pools``: the UI's JSON API, authorized by Airflow's
+  auth manager; ``GET /leoflow/ui/timeline``: the page that reads it (:mod:`leoflow_airflow.api.ui`).
 - ``POST /leoflow/v1/exchange``: the token exchange (:mod:`leoflow_airflow.api.exchange`; wire contract
   :mod:`leoflow_agent.exchange`), authenticated by the projected ServiceAccount token in its body.
 
@@ -17,6 +19,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -24,6 +27,10 @@ from starlette.concurrency import run_in_threadpool
 
 from leoflow_agent.exchange import EXCHANGE_PATH, MAX_REQUEST_BYTES
 from leoflow_airflow.api.exchange import RETRY_AFTER_SECONDS, ExchangeService
+from leoflow_airflow.api.ui import LedgerHolder
+
+if TYPE_CHECKING:
+    from leoflow_airflow.ledger.store import LedgerStore
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +47,17 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)[: limit + 1]
 
 
-def create_app(*, exchange_factory: Callable[[], ExchangeService] | None = None) -> FastAPI:
+def create_app(*, exchange_factory: Callable[[], ExchangeService] | None = None,
+               ledger_factory: Callable[[], LedgerStore] | None = None, ui: bool = True) -> FastAPI:
     """Build the app. ``GET /v1/health`` answers ``{"status": "ok", "version": ...}``; ``POST /v1/exchange``
     answers as :meth:`ExchangeService.handle` does.
 
     :param exchange_factory: builds the worker's :class:`ExchangeService` in the lifespan (blocking, run in a
         thread); default :func:`leoflow_airflow.api.exchange.from_airflow`. Tests pass their own.
+    :param ledger_factory: builds the ledger store the UI routes read, at their first request (default
+        ``LedgerStore.from_airflow``); disposed in the lifespan.
+    :param ui: mount the UI routes (:mod:`leoflow_airflow.api.ui`: ``/v1/ui/*`` behind Airflow's auth manager,
+        ``/ui/timeline``); they import Airflow's API security, so tests of the exchange alone pass False.
     """
     from leoflow_airflow import __version__
 
@@ -53,6 +65,8 @@ def create_app(*, exchange_factory: Callable[[], ExchangeService] | None = None)
         from leoflow_airflow.api.exchange import from_airflow
 
         exchange_factory = from_airflow
+
+    ledger = LedgerHolder(ledger_factory)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -63,6 +77,7 @@ def create_app(*, exchange_factory: Callable[[], ExchangeService] | None = None)
         finally:
             app.state.leoflow_exchange = None
             await run_in_threadpool(service.close)
+            await run_in_threadpool(ledger.close)
 
     app = FastAPI(title="leoflow", version=__version__, docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
@@ -84,4 +99,8 @@ def create_app(*, exchange_factory: Callable[[], ExchangeService] | None = None)
         answer = await run_in_threadpool(service.handle, body)
         return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
 
+    if ui:
+        from leoflow_airflow.api.ui import create_router
+
+        app.include_router(create_router(ledger))
     return app

@@ -421,6 +421,19 @@ class LedgerStore:
             .limit(1)
         )
 
+    def attempts_of_task(self, dag_id: str, run_id: str, task_id: str, map_index: int, *,
+                         limit: int = 500) -> list[Attempt]:
+        """Every attempt of the logical TI (dag_id, run_id, task_id, map_index), open or closed, ordered by
+        (try_number, attempt_epoch, id), at most ``limit``: the UI's attempt timeline (issue 12 item 5). One
+        range read of the (dag_id, run_id, task_id, map_index) index; rows the ledger GC removed are gone."""
+        t = attempt_table
+        return self._many(
+            sa.select(t)
+            .where(t.c.dag_id == dag_id, t.c.run_id == run_id, t.c.task_id == task_id, t.c.map_index == map_index)
+            .order_by(t.c.try_number, t.c.attempt_epoch, t.c.id)
+            .limit(limit)
+        )
+
     def current_ref(self, ti_id: str) -> AttemptRef | None:
         """The identity of :meth:`current`'s row, or None, without reading the rest of the row (the stored
         workload): one read on the unique key (ti_id, attempt_epoch), for the Execution API fence, which asks
