@@ -93,7 +93,8 @@ def _check_kubernetes(parsed: Any) -> bool:
               f"{kube.namespace} (grant them with a Role and RoleBinding)", file=sys.stderr)
         ok = False
     rules = ", ".join(str(rule) for rule in access.EXCHANGE_RULES)
-    print(f"kubernetes: the api-server's identity needs {rules} (not checked from here)")
+    print(f"kubernetes: the api-server's identity needs {rules} (`airflow leoflow doctor --api-server-user "
+          "USER` checks them)")
     return ok
 
 

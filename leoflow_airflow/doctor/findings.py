@@ -304,8 +304,7 @@ def pod_security_finding(namespace: str, labels: Mapping[str, str] | None, error
     """``pod_security``: the task namespace's Pod Security Admission ``enforce`` level (``labels`` None:
     the namespace could not be read, ``error`` says why); below ``restricted`` is a warning (leoflow's pods
     meet ``restricted``; a lower level lets other pods of the namespace weaken it)."""
-    fix = (f"kubectl label namespace {namespace} {_PSA_LABEL}=restricted (leoflow's pods meet it; the Helm chart "
-           "sets it)")
+    fix = f"kubectl label namespace {namespace} {_PSA_LABEL}=restricted (leoflow's pods meet it)"
     if labels is None:
         return Finding("pod_security", Status.WARN, f"cannot check namespace {namespace}: {error}",
                        f"let the doctor's identity get namespaces/{namespace}")
