@@ -283,3 +283,42 @@ def test_a_namespace_without_restricted_pod_security_is_named(doctor, cluster):
     assert psa.fix.startswith(f"kubectl label namespace {cluster['loose']} "
                               "pod-security.kubernetes.io/enforce=restricted")
     assert found["dry_run_pod"].status is Status.OK  # leoflow's pods meet restricted, so baseline admits them
+
+
+def test_on_lite_the_kubernetes_checks_are_skipped_by_name_and_the_rest_run(doctor, stack):
+    found = doctor(LEOFLOW__RUNTIME="lite")
+    for name in ("scheduler_rbac", "api_server_rbac", "task_service_account", "pull_secrets", "pod_security",
+                 "dry_run_pod", "finalizers"):
+        assert found[name].status is Status.SKIP and found[name].detail == "runtime = lite: no Kubernetes"
+    assert {n: found[n].status for n in ("config", "ladder", "mint_key", "audience", "exchange_url")} == dict.fromkeys(
+        ("config", "ladder", "mint_key", "audience", "exchange_url"), Status.OK)
+    assert found["exchange_url"].detail.startswith(f"{stack.base_url}/leoflow serves leoflow")  # [api] base_url
+
+
+def test_a_leftover_finalizer_is_named_in_the_cli_table(stack, cluster, core):
+    """A deleting task pod that still holds leoflow's finalizer and whose attempt has no ledger row: the table
+    (no ``--json``) warns naming it, and the doctor still exits 0 (a warning)."""
+    from leoflow_airflow.runtime.kubernetes.pod import PodAttempt, build_pod
+    from leoflow_airflow.settings import load_kubernetes
+
+    from .conftest import release_leoflow_pods
+
+    env = _scheduler_env(stack, cluster)
+    kube = load_kubernetes(lambda s, k, f: env.get(f"AIRFLOW__{s.upper()}__{k.upper()}", f))
+    pod = build_pod(PodAttempt(ti_id=str(uuid.uuid4()), try_number=1, attempt_epoch=1, dag_id="d", task_id="t",
+                               run_id="r"), kube)
+    name = core.create_namespaced_pod(cluster["ns"], pod).metadata.name
+    try:
+        core.delete_namespaced_pod(name, cluster["ns"])
+        wait_for(lambda: core.read_namespaced_pod(name, cluster["ns"]).metadata.deletion_timestamp, 30,
+                 what="the pod deleting")
+        r = subprocess.run([str(Path(sys.executable).parent / "airflow"), "leoflow", "doctor"], env=env,
+                           capture_output=True, text=True, timeout=180, cwd=stack.home)
+        assert r.returncode == 0, r.stdout + r.stderr
+        line = next(ln for ln in r.stdout.splitlines() if ln.startswith("WARN    finalizers"))
+        assert f"1 pod(s) in {cluster['ns']} hold leoflow's finalizer though their attempt is settled: " \
+               f"{name} (no ledger row)" in line
+        assert "fix: a running leoflow scheduler releases them" in r.stdout
+        assert r.stdout.rstrip().endswith("exit 0")
+    finally:
+        release_leoflow_pods(core, cluster["ns"])
