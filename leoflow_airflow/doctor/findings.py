@@ -24,6 +24,7 @@ __all__ = [
     "CHECKS",
     "Finding",
     "HealthReply",
+    "KUBERNETES_CHECKS",
     "LocalMint",
     "Status",
     "VerifyReply",

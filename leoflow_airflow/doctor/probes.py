@@ -51,7 +51,7 @@ def run(options: DoctorOptions) -> list[Finding]:
     out = [F.config_finding(None), F.ladder_finding(ladder.evaluate(ladder.read_values(parsed)))]
     kube = parsed.kubernetes if parsed.runtime == "kubernetes" else None
     local = _local_mint(kube)
-    urls, source = _api_server_urls(options, kube)
+    urls, source = _api_server_urls(options, parsed.kubernetes.exchange_url)
     if not urls:
         mint, aud = F.mint_findings(local, None)
         out += [mint, aud, F.skip("exchange_url", "no api-server URL known: set [api] base_url")]
@@ -88,17 +88,16 @@ def _local_mint(kube: Any) -> F.LocalMint:
     return F.LocalMint(shared=shared, error=error, audience=audience, leoflow=view)
 
 
-def _api_server_urls(options: DoctorOptions, kube: Any) -> tuple[list[str], str]:
-    """The ``/leoflow`` base URLs to probe and the key they came from (for the fix text)."""
+def _api_server_urls(options: DoctorOptions, exchange_url: str) -> tuple[list[str], str]:
+    """The ``/leoflow`` base URLs to probe and the key they came from (for the fix text): ``--api-server-url``,
+    else ``exchange_url`` (``[leoflow] exchange_url``, already derived from ``[api] base_url`` on Kubernetes),
+    else ``[api] base_url`` + ``/leoflow``, else none."""
     if options.api_server_urls:
         return [u.rstrip("/") for u in options.api_server_urls], "--api-server-url"
-    if kube is not None:
-        return [kube.exchange_url], "[leoflow] exchange_url"
+    if exchange_url:
+        return [exchange_url.rstrip("/")], "[leoflow] exchange_url"
     from airflow.configuration import conf
 
-    explicit = (conf.get("leoflow", "exchange_url", fallback="") or "").strip()
-    if explicit:
-        return [explicit.rstrip("/")], "[leoflow] exchange_url"
     base = (conf.get("api", "base_url", fallback="") or "").strip()
     return ([base.rstrip("/") + "/leoflow"] if base else []), "[api] base_url"
 

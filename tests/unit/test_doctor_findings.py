@@ -193,3 +193,40 @@ def test_a_probe_token_is_refused_by_the_execution_apis_claims_model():
     assert claims["exp"] - claims["iat"] == probe_token.PROBE_VALID_SECONDS
     with pytest.raises(ValidationError):
         TIClaims.model_validate(claims)
+
+
+# --------------------------------------------------------------------------- the api-server's verify route
+
+
+@pytest.fixture
+def verify(monkeypatch):
+    """POST a body to ``/v1/doctor/verify`` of leoflow's app (in-process, its lifespan with an exchange that
+    is off); the api-server's config: secret ``SECRET``, Airflow's default execution audience, runtime lite."""
+    from fastapi.testclient import TestClient
+
+    from leoflow_airflow.api.app import create_app
+    from leoflow_airflow.api.exchange import ExchangeService
+
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", SECRET)
+    monkeypatch.delenv("AIRFLOW__EXECUTION_API__JWT_AUDIENCE", raising=False)
+    monkeypatch.setenv("AIRFLOW__LEOFLOW__RUNTIME", "lite")
+    with TestClient(create_app(exchange_factory=lambda: ExchangeService(None))) as http:
+        yield lambda body: http.post(probe_token.VERIFY_PATH, json=body)
+
+
+def test_the_verify_route_answers_only_a_reason(verify):
+    good = probe_token.mint_probe(_generator(SECRET, "urn:airflow.apache.org:task"))
+    r = verify({"token": good})
+    assert r.status_code == 200 and r.headers["cache-control"] == "no-store"
+    assert r.json()["reason"] == "verified" and r.json()["leoflow"] == {"runtime": "lite"}
+    assert verify({"token": probe_token.mint_probe(_generator("t" * 86, "urn:airflow.apache.org:task"))}).json() \
+        .keys() == {"reason", "version"}  # a stranger learns the reason, nothing of the config
+    assert verify({"token": probe_token.mint_probe(_generator(SECRET, "urn:x"))}).json()["accepted_audiences"] == [
+        "urn:airflow.apache.org:task"]
+    assert verify({"nothing": 1}).json()["reason"] == "malformed"
+
+
+def test_the_verify_route_says_no_key_when_the_api_server_has_none(verify, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "")
+    token = probe_token.mint_probe(_generator(SECRET, "urn:airflow.apache.org:task"))
+    assert verify({"token": token}).json()["reason"] == "no_key"
