@@ -28,6 +28,7 @@ from leoflow_airflow.doctor.findings import Status
 from leoflow_airflow.doctor.probes import DoctorOptions, run
 
 from .conftest import PSA_RESTRICTED, wait_for
+from .exchange_wiring import sa_kubeconfig
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow]
 
@@ -62,17 +63,6 @@ def _scheduler_rules(*, patch: bool = True) -> list[client.V1PolicyRule]:
     verbs = ["create", "get", "list", "watch", "delete"] + (["patch"] if patch else [])
     return [client.V1PolicyRule(api_groups=[""], resources=["pods"], verbs=verbs),
             client.V1PolicyRule(api_groups=[""], resources=["serviceaccounts"], verbs=["get"])]
-
-
-def _kubeconfig(core, k8s_env, ns: str, sa: str, path: Path) -> Path:
-    """A kubeconfig authenticating as ServiceAccount ``ns/sa`` with a TokenRequest token (1 h)."""
-    token = core.create_namespaced_service_account_token(sa, ns, client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
-    cfg = json.loads(Path(k8s_env.kubeconfig).read_text())
-    cfg["users"] = [{"name": sa, "user": {"token": token}}]
-    cfg["contexts"] = [{"name": "k8senv", "context": {"cluster": "k8senv", "user": sa}}]
-    path.write_text(json.dumps(cfg))
-    return path
 
 
 def _allowed(api, ns: str, sa: str, verb: str, resource: str, group: str = "", *, where: str = "") -> bool:
@@ -124,9 +114,9 @@ def cluster(api, core, k8s_env, tmp_path_factory):
         d = tmp_path_factory.mktemp("doctor-kube")
         yield {
             "ns": ns, "loose": loose,
-            "scheduler": _kubeconfig(core, k8s_env, ns, SCHEDULER_SA, d / "scheduler.kubeconfig"),
-            "no_patch": _kubeconfig(core, k8s_env, ns, NO_PATCH_SA, d / "no-patch.kubeconfig"),
-            "api": _kubeconfig(core, k8s_env, ns, API_SA, d / "api.kubeconfig"),
+            "scheduler": sa_kubeconfig(core, k8s_env, ns, SCHEDULER_SA, d / "scheduler.kubeconfig"),
+            "no_patch": sa_kubeconfig(core, k8s_env, ns, NO_PATCH_SA, d / "no-patch.kubeconfig"),
+            "api": sa_kubeconfig(core, k8s_env, ns, API_SA, d / "api.kubeconfig"),
             "api_user": f"system:serviceaccount:{ns}:{API_SA}",
         }
     finally:

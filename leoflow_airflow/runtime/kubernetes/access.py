@@ -90,23 +90,37 @@ def review_access(api_client: Any, namespace: str, rules: Sequence[Rule] = SCHED
         asked again for each rule).
     """
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
 
     authz = client.AuthorizationV1Api(api_client)
+
+    def ask(attributes: Any) -> Any:
+        body = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=attributes))
+        return authz.create_self_subject_access_review(body, _request_timeout=timeout).status
+
+    return _review_each(rules, namespace, ask, forbidden="")
+
+
+def _review_each(rules: Sequence[Rule], namespace: str, ask: Any, *, forbidden: str) -> list[AccessResult]:
+    """Call ``ask(V1ResourceAttributes) -> V1SubjectAccessReviewStatus`` for each rule in ``namespace``; the
+    first API or transport error answers its rule and the rest None (``forbidden``, when not empty, is the reason
+    given for an HTTP 403)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
     results: list[AccessResult] = []
     failure: str | None = None
     for rule in rules:
         if failure is not None:
             results.append(AccessResult(rule, None, failure))
             continue
-        body = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
-            resource_attributes=client.V1ResourceAttributes(
-                namespace=namespace, verb=rule.verb, resource=rule.resource, group=rule.group,
-                subresource=rule.subresource or None)))
+        attributes = client.V1ResourceAttributes(namespace=namespace, verb=rule.verb, resource=rule.resource,
+                                                 group=rule.group, subresource=rule.subresource or None)
         try:
-            status = authz.create_self_subject_access_review(body, _request_timeout=timeout).status
+            status = ask(attributes)
         except ApiException as exc:
-            failure = f"the review itself failed: HTTP {exc.status} {exc.reason}"
+            failure = (forbidden if forbidden and exc.status == 403
+                       else f"the review itself failed: HTTP {exc.status} {exc.reason}")
             results.append(AccessResult(rule, None, failure))
             continue
         except Exception as exc:  # noqa: BLE001 - transport errors of urllib3: the server did not answer
@@ -140,31 +154,14 @@ def review_subject_access(api_client: Any, user: str, namespace: str, rules: Seq
         identity may not create subjectaccessreviews.
     """
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
 
     authz = client.AuthorizationV1Api(api_client)
     groups = list(user_groups(user) if groups is None else groups)
-    results: list[AccessResult] = []
-    failure: str | None = None
-    for rule in rules:
-        if failure is not None:
-            results.append(AccessResult(rule, None, failure))
-            continue
+
+    def ask(attributes: Any) -> Any:
         body = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
-            user=user, groups=groups, resource_attributes=client.V1ResourceAttributes(
-                namespace=namespace, verb=rule.verb, resource=rule.resource, group=rule.group,
-                subresource=rule.subresource or None)))
-        try:
-            status = authz.create_subject_access_review(body, _request_timeout=timeout).status
-        except ApiException as exc:
-            failure = ("the doctor's identity may not create subjectaccessreviews.authorization.k8s.io (HTTP 403)"
-                       if exc.status == 403 else f"the review itself failed: HTTP {exc.status} {exc.reason}")
-            results.append(AccessResult(rule, None, failure))
-            continue
-        except Exception as exc:  # noqa: BLE001 - transport errors of urllib3: the server did not answer
-            failure = f"the API server did not answer: {type(exc).__name__}: {str(exc)[:200]}"
-            results.append(AccessResult(rule, None, failure))
-            continue
-        reason = status.reason or status.evaluation_error or ""
-        results.append(AccessResult(rule, bool(status.allowed), reason))
-    return results
+            user=user, groups=groups, resource_attributes=attributes))
+        return authz.create_subject_access_review(body, _request_timeout=timeout).status
+
+    return _review_each(rules, namespace, ask, forbidden="the doctor's identity may not create "
+                        "subjectaccessreviews.authorization.k8s.io (HTTP 403)")
