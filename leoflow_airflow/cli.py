@@ -3,6 +3,9 @@
 * ``airflow leoflow check``: parse ``[leoflow]`` and evaluate the resilience ladder; with ``runtime = kubernetes``
   also report the namespace, image, exchange URL and audience, and ask the API server what the scheduler may do
   there (``SelfSubjectAccessReview``); exit 1 on a violation, a missing permission or an unreachable API server.
+* ``airflow leoflow doctor [--json] [--api-server-url URL ...] [--api-server-user USER]``: every check a
+  working install needs, against the live config, api-servers and cluster, each miss with its fix
+  (:mod:`leoflow_airflow.doctor`); exit 1 when a check failed.
 * ``airflow leoflow attempts [--limit N]``: list the ledger's open attempts.
 * ``airflow leoflow release-pods [--namespace NS] [--dry-run]``: strip leoflow's finalizer
   (``leoflow.io/outcome-record``) from every leoflow pod of the task namespace, for an uninstall.
@@ -90,8 +93,24 @@ def _check_kubernetes(parsed: Any) -> bool:
               f"{kube.namespace} (grant them with a Role and RoleBinding)", file=sys.stderr)
         ok = False
     rules = ", ".join(str(rule) for rule in access.EXCHANGE_RULES)
-    print(f"kubernetes: the api-server's identity needs {rules} (not checked from here)")
+    print(f"kubernetes: the api-server's identity needs {rules} (`airflow leoflow doctor --api-server-user "
+          "USER` checks them)")
     return ok
+
+
+def doctor(args: Any) -> None:
+    """Run every check of :mod:`leoflow_airflow.doctor` and print the table (or ``--json``); exit 1 when a
+    finding failed, else 0."""
+    from leoflow_airflow.doctor import findings
+    from leoflow_airflow.doctor.probes import DoctorOptions, run
+
+    if args.timeout <= 0:
+        print("leoflow: --timeout must be greater than 0", file=sys.stderr)
+        sys.exit(2)
+    result = run(DoctorOptions(api_server_urls=tuple(args.api_server_url or ()),
+                               api_server_user=args.api_server_user or "", timeout=args.timeout))
+    print(findings.render_json(result) if args.json else findings.render_table(result))
+    sys.exit(findings.exit_code(result))
 
 
 def attempts(args: Any) -> None:
@@ -169,6 +188,21 @@ def get_cli_commands() -> list[GroupCommand]:
             help="leoflow executor tools",
             subcommands=[
                 ActionCommand(name="check", help="Validate [leoflow] and the resilience ladder", func=check, args=()),
+                ActionCommand(
+                    name="doctor",
+                    help="Check everything a working leoflow install needs and name the fix for each miss",
+                    func=doctor,
+                    args=(
+                        Arg(("--json",), help="print the findings as JSON", action="store_true"),
+                        Arg(("--api-server-url",), action="append", default=None,
+                            help="an api-server's /leoflow base URL to probe (repeatable; default: [leoflow] "
+                                 "exchange_url, else [api] base_url + /leoflow)"),
+                        Arg(("--api-server-user",), default=None,
+                            help="the api-server's Kubernetes user, e.g. system:serviceaccount:airflow:"
+                                 "airflow-api-server, to check its RBAC with SubjectAccessReview"),
+                        Arg(("--timeout",), type=float, default=10.0, help="seconds per HTTP or API call"),
+                    ),
+                ),
                 ActionCommand(
                     name="attempts",
                     help="List the open attempts of the ledger",

@@ -7,6 +7,9 @@ Routes authenticate themselves (Airflow applies no auth to plugin apps):
   auth manager; ``GET /leoflow/ui/timeline``: the page that reads it (:mod:`leoflow_airflow.api.ui`).
 - ``POST /leoflow/v1/exchange``: the token exchange (:mod:`leoflow_airflow.api.exchange`; wire contract
   :mod:`leoflow_agent.exchange`), authenticated by the projected ServiceAccount token in its body.
+- ``POST /leoflow/v1/doctor/verify``: ``airflow leoflow doctor``'s mint-key probe
+  (:mod:`leoflow_airflow.doctor.probe_token`): verifies a probe token as the Execution API would and answers
+  only a reason; read-only, and it verifies nothing but probe tokens.
 
 The app is built at import (Airflow's plugin manager needs the object) but holds nothing then: the exchange's
 JWT generator, Kubernetes client and ledger engine are built in its lifespan, which the api-server runs in
@@ -31,6 +34,8 @@ from leoflow_airflow.api.ui import LedgerHolder
 
 if TYPE_CHECKING:
     from leoflow_airflow.ledger.store import LedgerStore
+from leoflow_airflow.api.exchange import RETRY_AFTER_SECONDS, ExchangeService, Refused, parse_request
+from leoflow_airflow.doctor import probe_token
 
 log = logging.getLogger(__name__)
 
@@ -103,4 +108,56 @@ def create_app(*, exchange_factory: Callable[[], ExchangeService] | None = None,
         from leoflow_airflow.api.ui import create_router
 
         app.include_router(create_router(ledger))
+    @app.post(probe_token.VERIFY_PATH)
+    async def doctor_verify(request: Request) -> JSONResponse:
+        body = await _read_body(request, MAX_REQUEST_BYTES)
+        answer = await run_in_threadpool(_verify_answer, body)
+        return JSONResponse(answer, headers={"Cache-Control": "no-store"})
+
     return app
+
+
+def _verify_answer(body: bytes) -> dict[str, object]:
+    """The doctor's verify answer for a request body ``{"token": ...}`` (blocking: builds the validator from
+    Airflow's config): ``{"reason": r, "version": v}`` with ``r`` from ``probe_token.VERIFY_REASONS``; with
+    ``audience`` also ``accepted_audiences`` (this api-server's ``[execution_api] jwt_audience``), with
+    ``verified`` also ``leoflow`` (this api-server's ``[leoflow]`` runtime and, on Kubernetes, the namespace,
+    ServiceAccount and exchange audience its token exchange checks), so the doctor can compare them with the
+    scheduler's. None of it is secret; it is answered only to a caller that holds a valid probe token, except
+    the reason."""
+    from leoflow_airflow import __version__
+
+    try:
+        token = parse_request(body)
+    except Refused:
+        return {"reason": "malformed", "version": __version__}
+    try:
+        validator = probe_token.airflow_validator()
+    except Exception as exc:  # noqa: BLE001 - ValueError (no key) or OSError (unreadable key file)
+        log.warning("doctor probe: this api-server cannot validate task tokens: %s: %s", type(exc).__name__, exc)
+        return {"reason": "no_key", "version": __version__}
+    reason = probe_token.verify_probe(token, validator)
+    answer: dict[str, object] = {"reason": reason, "version": __version__}
+    if reason == "audience":
+        from airflow.configuration import conf
+
+        answer["accepted_audiences"] = conf.get_mandatory_list_value("execution_api", "jwt_audience")
+    elif reason == "verified":
+        answer["leoflow"] = _leoflow_view()
+    return answer
+
+
+def _leoflow_view() -> dict[str, str]:
+    """This api-server's ``[leoflow]`` as its token exchange reads it: ``runtime``, and with ``kubernetes`` the
+    ``namespace``, ``service_account`` and ``exchange_audience``; ``{"error": ...}`` when it does not parse."""
+    from leoflow_airflow import settings
+    from leoflow_airflow.errors import ConfigError
+
+    try:
+        kube = settings.load_exchange()
+    except ConfigError as exc:
+        return {"error": str(exc)[:300]}
+    if kube is None:
+        return {"runtime": "lite"}
+    return {"runtime": "kubernetes", "namespace": kube.namespace, "service_account": kube.service_account,
+            "exchange_audience": kube.exchange_audience}

@@ -83,18 +83,25 @@ def wire_namespace(api: client.ApiClient, core: client.CoreV1Api, namespace: str
     assert not sar_allowed(api, user, namespace, verb="list", resource="pods")
     assert not sar_allowed(api, user, namespace, verb="get", resource="secrets")
 
-    token = core.create_namespaced_service_account_token(API_SA, namespace, client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
-    cfg = json.loads(Path(k8s_env.kubeconfig).read_text())
-    cfg["users"] = [{"name": API_SA, "user": {"token": token}}]
-    cfg["contexts"] = [{"name": "k8senv", "context": {"cluster": "k8senv", "user": API_SA}}]
-    kubeconfig_path.write_text(json.dumps(cfg))
+    sa_kubeconfig(core, k8s_env, namespace, API_SA, kubeconfig_path)
 
     def unwire() -> None:
         rbac.delete_cluster_role_binding(cluster_name)
         rbac.delete_cluster_role(cluster_name)
 
     return kubeconfig_path, unwire
+
+
+def sa_kubeconfig(core: client.CoreV1Api, k8s_env, namespace: str, sa_name: str, path: Path) -> Path:
+    """Write to ``path`` (and return it) a kubeconfig of the control plane authenticating as ServiceAccount
+    ``namespace/sa_name`` with a TokenRequest token valid 1 h, so what it may do is RBAC's real answer."""
+    token = core.create_namespaced_service_account_token(sa_name, namespace, client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
+    cfg = json.loads(Path(k8s_env.kubeconfig).read_text())
+    cfg["users"] = [{"name": sa_name, "user": {"token": token}}]
+    cfg["contexts"] = [{"name": "k8senv", "context": {"cluster": "k8senv", "user": sa_name}}]
+    path.write_text(json.dumps(cfg))
+    return path
 
 
 def make_pod(core: client.CoreV1Api, namespace: str, ref: AttemptRef, *, node: str, name: str | None = None,

@@ -7,9 +7,10 @@ leoflow's finalizer off) and deletes task pods and reads the task ServiceAccount
 ``secrets``, no ``pods/exec``, no ``update``). The api-server's half
 (``create tokenreviews`` cluster-wide and ``get pods`` in the task namespace, for the token exchange; ``get
 pods/log`` there, for the log view of running tasks) belongs to another identity, so it cannot be asked from
-here: :data:`EXCHANGE_RULES` names it for the report.
+here: :data:`EXCHANGE_RULES` names it for the report, and ``airflow leoflow doctor`` asks about it with a
+``SubjectAccessReview`` for the api-server's user it is given (:func:`review_subject_access`).
 
-:func:`review_access` is the I/O; everything else is pure.
+:func:`review_access` and :func:`review_subject_access` are the I/O; everything else is pure.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EXCHANGE_RULES", "SCHEDULER_RULES", "AccessResult", "Rule", "denied", "review_access"]
+__all__ = ["EXCHANGE_RULES", "SCHEDULER_RULES", "AccessResult", "Rule", "denied", "review_access",
+           "review_subject_access", "user_groups"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,23 +90,37 @@ def review_access(api_client: Any, namespace: str, rules: Sequence[Rule] = SCHED
         asked again for each rule).
     """
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
 
     authz = client.AuthorizationV1Api(api_client)
+
+    def ask(attributes: Any) -> Any:
+        body = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=attributes))
+        return authz.create_self_subject_access_review(body, _request_timeout=timeout).status
+
+    return _review_each(rules, namespace, ask, forbidden="")
+
+
+def _review_each(rules: Sequence[Rule], namespace: str, ask: Any, *, forbidden: str) -> list[AccessResult]:
+    """Call ``ask(V1ResourceAttributes) -> V1SubjectAccessReviewStatus`` for each rule in ``namespace``; the
+    first API or transport error answers its rule and the rest None (``forbidden``, when not empty, is the reason
+    given for an HTTP 403)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
     results: list[AccessResult] = []
     failure: str | None = None
     for rule in rules:
         if failure is not None:
             results.append(AccessResult(rule, None, failure))
             continue
-        body = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
-            resource_attributes=client.V1ResourceAttributes(
-                namespace=namespace, verb=rule.verb, resource=rule.resource, group=rule.group,
-                subresource=rule.subresource or None)))
+        attributes = client.V1ResourceAttributes(namespace=namespace, verb=rule.verb, resource=rule.resource,
+                                                 group=rule.group, subresource=rule.subresource or None)
         try:
-            status = authz.create_self_subject_access_review(body, _request_timeout=timeout).status
+            status = ask(attributes)
         except ApiException as exc:
-            failure = f"the review itself failed: HTTP {exc.status} {exc.reason}"
+            failure = (forbidden if forbidden and exc.status == 403
+                       else f"the review itself failed: HTTP {exc.status} {exc.reason}")
             results.append(AccessResult(rule, None, failure))
             continue
         except Exception as exc:  # noqa: BLE001 - transport errors of urllib3: the server did not answer
@@ -114,3 +130,38 @@ def review_access(api_client: Any, namespace: str, rules: Sequence[Rule] = SCHED
         reason = status.reason or status.evaluation_error or ""
         results.append(AccessResult(rule, bool(status.allowed), reason))
     return results
+
+
+def user_groups(user: str) -> list[str]:
+    """The groups Kubernetes gives a ServiceAccount user (``system:serviceaccount:<ns>:<name>`` →
+    ``system:serviceaccounts``, ``system:serviceaccounts:<ns>``, ``system:authenticated``), so a
+    ``SubjectAccessReview`` for it sees the bindings to those groups too; ``[system:authenticated]`` for any
+    other user name. Pure."""
+    parts = user.split(":")
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"] and parts[2]:
+        return ["system:serviceaccounts", f"system:serviceaccounts:{parts[2]}", "system:authenticated"]
+    return ["system:authenticated"]
+
+
+def review_subject_access(api_client: Any, user: str, namespace: str, rules: Sequence[Rule] = EXCHANGE_RULES, *,
+                          groups: Sequence[str] | None = None, timeout: float = 10.0) -> list[AccessResult]:
+    """Ask the API server whether ``user`` (with ``groups``; default :func:`user_groups`) may do each rule in
+    ``namespace`` (a ``SubjectAccessReview`` per rule, created as ``api_client``'s identity, which needs
+    ``create subjectaccessreviews.authorization.k8s.io``).
+
+    :returns: one :class:`AccessResult` per rule, in order; never raises for an API or transport error: as
+        :func:`review_access`, the first such error answers it and the rest None, a 403 saying that the asking
+        identity may not create subjectaccessreviews.
+    """
+    from kubernetes import client
+
+    authz = client.AuthorizationV1Api(api_client)
+    groups = list(user_groups(user) if groups is None else groups)
+
+    def ask(attributes: Any) -> Any:
+        body = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+            user=user, groups=groups, resource_attributes=attributes))
+        return authz.create_subject_access_review(body, _request_timeout=timeout).status
+
+    return _review_each(rules, namespace, ask, forbidden="the doctor's identity may not create "
+                        "subjectaccessreviews.authorization.k8s.io (HTTP 403)")
