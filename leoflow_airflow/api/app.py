@@ -29,13 +29,12 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from leoflow_agent.exchange import EXCHANGE_PATH, MAX_REQUEST_BYTES
-from leoflow_airflow.api.exchange import RETRY_AFTER_SECONDS, ExchangeService
+from leoflow_airflow.api.exchange import RETRY_AFTER_SECONDS, ExchangeService, Refused, parse_request
 from leoflow_airflow.api.ui import LedgerHolder
+from leoflow_airflow.doctor import probe_token
 
 if TYPE_CHECKING:
     from leoflow_airflow.ledger.store import LedgerStore
-from leoflow_airflow.api.exchange import RETRY_AFTER_SECONDS, ExchangeService, Refused, parse_request
-from leoflow_airflow.doctor import probe_token
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +107,7 @@ def create_app(*, exchange_factory: Callable[[], ExchangeService] | None = None,
         from leoflow_airflow.api.ui import create_router
 
         app.include_router(create_router(ledger))
+
     @app.post(probe_token.VERIFY_PATH)
     async def doctor_verify(request: Request) -> JSONResponse:
         body = await _read_body(request, MAX_REQUEST_BYTES)
