@@ -118,6 +118,8 @@ def test_plugins_observe_and_every_lite_metric_arrives(tmp_path):
     assert all(s["runtime"] == "lite" and s["dag_id"] == DAG for s in settled), settled
     keys = [(s["ti_id"], s["attempt_epoch"]) for s in settled]
     assert len(keys) == len(set(keys)), "each attempt is settled once"
+    scheduler_log = (home / "process-logs" / "scheduler.log").read_text()
+    assert "a leoflow_attempt_settled hook raised" in scheduler_log  # logged, and settlement went on
 
     # --- leoflow_warm_pool_resized: the file worker of leoflow_faulty.py became ready
     warm = _lines(plugin_dir / "warm.jsonl")
