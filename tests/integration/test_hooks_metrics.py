@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from devtools.stack import AirflowStack
+from devtools.statsd import StatsdListener
 from leoflow_airflow.metrics import METRICS
-from statsd_listener import StatsdListener
 
 pytestmark = pytest.mark.airflow
 

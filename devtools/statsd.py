@@ -1,4 +1,4 @@
-"""A StatsD listener for tests: a UDP socket on 127.0.0.1 read by a thread (standard library only).
+"""A StatsD listener for tests (`StatsdListener`): a UDP socket on 127.0.0.1 read by a thread (standard library only).
 
 Airflow's StatsD logger (``[metrics] statsd_on``) sends ``<prefix>.<name>:<value>|<type>`` datagrams (several
 lines per datagram when batched); :class:`StatsdListener` keeps every one it receives, parsed.
