@@ -1,4 +1,4 @@
-"""leoflow's pod and exchange hooks, and the exchange's metrics, against the real kube-apiserver (issue 12
+"""leoflow's pod and exchange hooks, and the Kubernetes runtime's metrics, against the real kube-apiserver (issue 12
 items 4 and 6), with the test plugin (``tests/plugin_pkg``, installed by ``make venv``) switched on.
 
 Real parts as in ``test_exchange.py`` (whose ``xenv`` fixture is reused): the kube-apiserver, tokens minted by
@@ -21,6 +21,7 @@ from leoflow_airflow.runtime.kubernetes.runtime import _plugin_hook
 
 from .exchange_wiring import AUDIENCE, TASK_SA
 from .test_exchange import refused, xenv  # noqa: F401 - xenv is a fixture
+from .test_kube_runtime import make_runtime, new_ref  # noqa: F401 - make_runtime is a fixture
 
 pytestmark = pytest.mark.k8s
 
@@ -105,3 +106,22 @@ def test_a_vetoed_exchange_answers_403_and_a_raising_hook_503(xenv, tmp_path, mo
     assert xenv.exchange(request_body(token)).status_code == 200  # the same token, once the policy allows
     want = {"leoflow.exchange.denied.vetoed", "leoflow.exchange.undecided.plugin_error", "leoflow.exchange.ok"}
     assert want <= _names(statsd, want)
+
+
+def test_the_runtime_creates_the_plugins_pod_and_times_the_create(make_runtime, namespace, core, tmp_path,
+                                                                 monkeypatch, statsd):
+    """``KubernetesRuntime.launch`` (its real create path, in its worker pool) creates the pod the plugin mutated,
+    with leoflow's pins as they were, and sends ``leoflow.pod.create`` (a timer) through Airflow's Stats."""
+    monkeypatch.setenv("LEOFLOW_TEST_PLUGIN_DIR", str(tmp_path))
+    d = make_runtime(namespace)
+    ref = new_ref()
+    d.launch(ref)
+    started = d.started(ref)
+    created = core.read_namespaced_pod(started.facts["pod_name"], namespace)
+    assert created.metadata.labels["leoflow-test-plugin"] == "mutated"
+    assert created.metadata.annotations["leoflow-test-plugin/attempt"] == f"{ref.ti_id}/1/1"
+    assert created.metadata.annotations[IDENTITY_ANNOTATION] == identity_annotation(ref)
+    assert created.spec.service_account_name == d.rt.kube.service_account
+    assert created.spec.containers[0].termination_message_path == pods.TERMINATION_MESSAGE_PATH
+    assert "leoflow.pod.create" in _names(statsd, {"leoflow.pod.create"})
+    assert any(x.name == "airflow.leoflow.pod.create" and x.kind == "ms" for x in statsd.samples())
