@@ -69,6 +69,10 @@ def exchange_verdicts(attempt: AttemptInfo, *, pod_name: str, pod_uid: str, name
                       credential_id: str | None) -> list[tuple[str, ExchangeVerdict]]:
     """Call every ``leoflow_exchange`` one by one; ``[(plugin name, verdict)]`` of those that answered.
 
+    The implementations are called here rather than through ``pm.hook`` so that each verdict and each exception
+    names its plugin (pluggy's call collects results without saying whose); the order is pluggy's (last
+    registered first).
+
     :raises Exception: whatever a hook raised, with its plugin's name in a note (the exchange answers 503).
     :raises TypeError: a hook returned something else than an :class:`ExchangeVerdict` or ``None``.
     """

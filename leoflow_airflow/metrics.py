@@ -99,13 +99,20 @@ METRICS: tuple[Metric, ...] = (
 )
 """Every metric leoflow emits (README "Metrics" is rendered from this; ``tests`` assert against it)."""
 
-_BY_NAME = {m.name: m for m in METRICS}
 _warned: set[str] = set()
 
 
+_checked: set[str] = set()
+"""Names already found in :data:`METRICS` (a family has few members): the check costs a set lookup after the
+first emit of a name."""
+
+
 def _known(name: str) -> None:
+    if name in _checked:
+        return
     if not any(m.matches(name) for m in METRICS):
         raise ValueError(f"metric {name!r} is not documented in leoflow_airflow.metrics.METRICS")
+    _checked.add(name)
 
 
 def _stats():  # noqa: ANN202 - Airflow's module
@@ -156,11 +163,6 @@ def timed(name: str) -> Iterator[None]:
         yield
     finally:
         timing(name, monotonic() - start)
-
-
-def metric_name(*parts: str) -> str:
-    """Join ``parts`` with dots, each made StatsD-safe (``[A-Za-z0-9_-]``; anything else becomes ``_``)."""
-    return ".".join(re.sub(r"[^A-Za-z0-9_-]+", "_", p) for p in parts)
 
 
 def markdown_table() -> str:
