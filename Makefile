@@ -6,11 +6,12 @@ STAMP  := $(VENV)/.leoflow-installed
 
 .PHONY: demo demo-k8s test test-fast test-k8s bench bench-k8s venv clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt tests/plugin_pkg/pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found (leoflow needs Python 3.11)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -q --no-deps -e tests/plugin_pkg
 	touch $(STAMP)
 
 venv: $(STAMP)

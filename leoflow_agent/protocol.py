@@ -20,7 +20,10 @@ Executor -> zygote ("op"):
   ``retoken`` {"op","launch_id","workload"}                  a held launch's workload with a fresh token
 Zygote -> executor ("ev"):
   ``hello``   {"ev","pid","start_time"}                      once per connection
-  ``launched``{"ev","launch_id","pid","start_time"}          an agent was forked
+  ``launched``{"ev","launch_id","pid","start_time","warm"?}  an agent was forked; ``warm`` (only with file
+                                                             workers on, for a launch of a DAG file): true
+                                                             when a file worker forked it, false when cold
+  ``warm_pool`` {"ev","before","ready"}                      the number of ready file workers changed
   ``launch_failed`` {"ev","launch_id","error","retryable"?}  the fork or the message was refused, or a
                                                              held launch was killed before its fork;
                                                              ``retryable`` true: a transient fork failure
@@ -88,6 +91,7 @@ class Ev(enum.StrEnum):
     REPORTED = "reported"
     EXITED = "exited"
     STARTED = "started"
+    WARM_POOL = "warm_pool"
 
 
 class WarmOp(enum.StrEnum):

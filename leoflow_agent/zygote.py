@@ -437,7 +437,8 @@ class Zygote:
         agent["pid"] = pid
         self.agents[pid] = agent
         start = proc.start_time(pid)
-        self._send(protocol.ev_message(protocol.Ev.LAUNCHED, launch_id=launch_id, pid=pid, start_time=start))
+        self._send(protocol.ev_message(protocol.Ev.LAUNCHED, launch_id=launch_id, pid=pid, start_time=start,
+                                       **self._warm_field(msg, False)))
         return True
 
     def _track(self, msg: dict[str, Any], rfd: int, worker: warm.FileKey | None) -> dict[str, Any]:
@@ -568,7 +569,8 @@ class Zygote:
         self.agents[pid] = agent
         self.handoff.forked()
         self._send(protocol.ev_message(protocol.Ev.LAUNCHED, launch_id=agent["launch_id"], pid=pid,
-                                       start_time=start if isinstance(start, int) else proc.start_time(pid)))
+                                       start_time=start if isinstance(start, int) else proc.start_time(pid),
+                                       warm=True))
         if agent["kill"] is not None:
             self._kill({"launch_id": agent["launch_id"], "grace": agent["kill"]})
 
@@ -608,7 +610,9 @@ class Zygote:
             return
         ev = protocol.warm_ev_of(message)
         if ev is protocol.WarmEv.READY:
+            before = self._ready_workers()
             worker.ready = True
+            self._pool_changed(before)
             log.info("file worker %d ready for %s: %s DAGs, parse %s in it (%.2f s)", worker.pid,
                      worker.key.title(), message.get("dags"), "cached" if message.get("cached") else "not cached",
                      float(message.get("seconds") or 0.0))
@@ -632,7 +636,9 @@ class Zygote:
         """Stop using ``worker``: close its socket (it exits; its agents run on and are reparented to us).
         Launches handed to it and not started yet come back through their report pipes' end of stream."""
         if self.file_workers.get(worker.key) is worker:
+            before = self._ready_workers()
             del self.file_workers[worker.key]
+            self._pool_changed(before)
         if self.worker_socks.pop(worker.sock.fileno(), None) is not None:
             try:
                 self.sel.unregister(worker.sock)
@@ -641,6 +647,23 @@ class Zygote:
             worker.sock.close()
             log.info("file worker %d of %s dropped: %s (%d launches handed to it)", worker.pid, worker.key.title(),
                      why, worker.launches)
+
+    def _ready_workers(self) -> int:
+        """How many file workers are ready (the Lite warm pool's size)."""
+        return sum(1 for w in self.file_workers.values() if w.ready)
+
+    def _pool_changed(self, before: int) -> None:
+        """Tell the executor the warm pool's new size (``warm_pool``) when it differs from ``before``."""
+        ready = self._ready_workers()
+        if ready != before:
+            self._send(protocol.ev_message(protocol.Ev.WARM_POOL, before=before, ready=ready))
+
+    def _warm_field(self, msg: dict[str, Any], warm_fork: bool) -> dict[str, bool]:
+        """``{"warm": warm_fork}`` for a ``launched`` of a DAG file's launch while file workers are on, else
+        ``{}`` (a callback, or warm workers off: neither a hit nor a miss)."""
+        if self.warm_files and warm.FileKey.from_launch(msg) is not None:
+            return {"warm": warm_fork}
+        return {}
 
     def _worker_gone(self, worker: FileWorker, why: str) -> None:
         """``worker``'s process was reaped. Its live agents are ours now (reparented); one that it reaped but

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.executors.base_executor import BaseExecutor, get_execution_api_server_url
 from airflow.executors.workloads import ExecuteCallback, ExecuteTask
 
-from leoflow_airflow import ladder
+from leoflow_airflow import ladder, metrics
 from leoflow_airflow import settings as leoflow_settings
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.lifecycle import actions as act
@@ -262,7 +262,9 @@ class LeoflowExecutor(BaseExecutor):
         """Dispatch each workload and act on its :class:`Disposition` (DESIGN §3 "Dispatch")."""
         with self.ledger.pinned():
             for workload in workloads:
-                self._apply(workload, self._dispatch(workload))
+                result = self._dispatch(workload)
+                metrics.incr(f"leoflow.dispatch.{result.disposition.value}")
+                self._apply(workload, result)
 
     def _dispatch(self, workload: Any) -> DispatchResult:
         if not self._started:
@@ -296,9 +298,10 @@ class LeoflowExecutor(BaseExecutor):
         """One lifecycle cycle (events, reconcile, reap), then hand held workloads over (DESIGN §3)."""
         if not self._started:
             return
-        with self.ledger.pinned():
-            self._perform(self.life.cycle())
-        self._launch_held()
+        with metrics.timed("leoflow.executor.sync"):
+            with self.ledger.pinned():
+                self._perform(self.life.cycle())
+            self._launch_held()
 
     def _perform(self, actions: list[act.SchedulerAction]) -> None:
         """Tell Airflow what the lifecycle decided; the only place that does."""

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from leoflow_agent.exchange import MAX_REQUEST_BYTES, Grant, encode_grant
+from leoflow_airflow import metrics
 from leoflow_airflow.errors import ConfigError
 from leoflow_airflow.ledger.states import AttemptRef, AttemptState
 from leoflow_airflow.runtime.kubernetes.identity import IDENTITY_ANNOTATION, parse_identity_annotation
@@ -96,6 +97,7 @@ REFUSALS: frozenset[str] = frozenset({
     "already_exchanged",      # the attempt was exchanged before (a second exchange, or a lost race)
     "pod_not_recorded",       # the ledger recorded another pod name or UID for the attempt
     "bad_workload",           # the stored workload cannot be rebuilt (logged as an error: a leoflow defect)
+    "vetoed",                 # a plugin's leoflow_exchange hook denied it (its reason is in the detail)
 })
 """Why an exchange was refused (403). Logged with the ``error_id``; never sent to the caller."""
 
@@ -105,6 +107,7 @@ UNAVAILABLE: frozenset[str] = frozenset({
     "cannot_mint",        # no JWT generator: [api_auth] jwt_secret / jwt_private_key_path missing or unusable
     "not_configured",     # runtime = kubernetes, but the exchange's settings or Kubernetes client are unusable
     "not_yet_dispatched",  # the attempt is still claimed: its pod asked before the scheduler recorded it dispatched
+    "plugin_error",       # a plugin's leoflow_exchange hook raised: fail-closed, the agent asks again
 })
 """Why an exchange could not be decided (503). Logged with the ``error_id``; never sent to the caller."""
 
@@ -269,6 +272,7 @@ class Exchange:
             raise Refused("pod_not_recorded", f"{where}: the ledger recorded pod {attempt.pod_name} uid "
                                               f"{attempt.pod_uid}")
 
+        annotations = self._ask_plugins(attempt, pod.name, pod.uid, credential_id, where)
         try:
             workload = self.mint(attempt)
         except ValueError as exc:
@@ -281,10 +285,39 @@ class Exchange:
         if not changed:
             raise Refused("already_exchanged", f"{where}: the guarded write changed nothing (a concurrent "
                                                "exchange, or the attempt moved on)")
-        log.info("exchange: attempt %s exchanged by pod %s/%s (uid %s, credential %s)", attempt.ref,
-                 cfg.namespace, pod.name, pod.uid, credential_id)
+        log.info("exchange: attempt %s exchanged by pod %s/%s (uid %s, credential %s)%s", attempt.ref,
+                 cfg.namespace, pod.name, pod.uid, credential_id, annotations)
         ref = attempt.ref
         return Grant(workload=workload, ti_id=ref.ti_id, try_number=ref.try_number, attempt_epoch=ref.attempt_epoch)
+
+    def _ask_plugins(self, attempt: Any, pod_name: str, pod_uid: str, credential_id: str | None,
+                     where: str) -> str:
+        """Ask the plugins' ``leoflow_exchange`` hooks (:mod:`leoflow_airflow.hookspecs`) about an exchange
+        that passed every check; returns their log fields as `` key=value`` text for the grant's log line.
+
+        :raises Refused: ``vetoed``, when a hook answered a ``deny`` (the plugin and its text in the detail).
+        :raises Unavailable: ``plugin_error``, when a hook raised or answered something else (fail-closed,
+            retryable: a policy that could not decide never grants).
+        """
+        from leoflow_airflow import hooks
+        from leoflow_airflow.hookspecs import AttemptInfo
+
+        if not hooks.has_implementations("leoflow_exchange"):
+            return ""
+        ref = attempt.ref
+        info = AttemptInfo(ref.ti_id, ref.try_number, ref.attempt_epoch, attempt.dag_id, attempt.task_id,
+                           attempt.run_id, attempt.map_index, attempt.runtime)
+        try:
+            verdicts = hooks.exchange_verdicts(info, pod_name=pod_name, pod_uid=pod_uid,
+                                               namespace=self.config.namespace, credential_id=credential_id)
+        except Exception as exc:  # noqa: BLE001 - any plugin error: undecided, never a grant
+            notes = "; ".join(getattr(exc, "__notes__", ()))
+            raise Unavailable("plugin_error", f"{where}: {type(exc).__name__}: {str(exc)[:200]} ({notes})") from None
+        for plugin, verdict in verdicts:
+            if verdict.deny:
+                raise Refused("vetoed", f"{where}: plugin {plugin}: {str(verdict.deny)[:200]}")
+        fields = {f"{k}"[:64]: f"{v}"[:200] for _, verdict in verdicts for k, v in dict(verdict.log_fields).items()}
+        return "".join(f" {k}={v!r}" for k, v in sorted(fields.items()))
 
 
 @dataclass(frozen=True)
@@ -334,6 +367,7 @@ class ExchangeService:
             grant = self.exchange.exchange(token)
         except Refused as exc:
             log.warning("exchange refused: error_id=%s reason=%s %s", error_id, exc.reason, exc.detail)
+            metrics.incr(f"leoflow.exchange.denied.{exc.reason}")
             return Answer(403, {"error_id": error_id}, dict(_NO_STORE))
         except Unavailable as exc:
             # a pod that asks before its scheduler recorded the create is an expected race, not a fault
@@ -342,10 +376,13 @@ class ExchangeService:
                     error_id, exc.reason, exc.detail)
             # the race ends at the scheduler's next loop (about a second): ask again soon
             retry_after = NOT_YET_DISPATCHED_RETRY_AFTER_SECONDS if race else RETRY_AFTER_SECONDS
+            metrics.incr(f"leoflow.exchange.undecided.{exc.reason}")
             return Answer(503, {"error_id": error_id}, {**_NO_STORE, "Retry-After": str(retry_after)})
         except Exception:  # noqa: BLE001 - a defect: logged in full, answered like an undecided exchange
             log.exception("exchange failed unexpectedly: error_id=%s", error_id)
+            metrics.incr("leoflow.exchange.undecided.unexpected")
             return Answer(503, {"error_id": error_id}, {**_NO_STORE, "Retry-After": str(RETRY_AFTER_SECONDS)})
+        metrics.incr("leoflow.exchange.ok")
         return Answer(200, encode_grant(grant), dict(_NO_STORE))
 
     def close(self) -> None:

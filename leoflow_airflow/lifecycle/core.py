@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 from leoflow_agent.outcome import OutcomeRecord
 from leoflow_agent.protocol import callback_launch_id
-from leoflow_airflow import airflow_db, hosts, reconcile
+from leoflow_airflow import airflow_db, hooks, hosts, metrics, reconcile
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.dispatch.guard import guard
+from leoflow_airflow.hookspecs import AttemptInfo
 from leoflow_airflow.ledger.states import (
     LIVE_STATES,
     OPEN_STATES,
@@ -65,6 +66,7 @@ from leoflow_airflow.lifecycle.runtime import (
     MAX_DETAIL_CHARS,
     CallbackDone,
     EndKind,
+    Evidence,
     Exited,
     LaunchFailed,
     LaunchSpec,
@@ -84,6 +86,10 @@ if TYPE_CHECKING:
     from leoflow_airflow.settings import LeoflowSettings
 
 log = logging.getLogger(__name__)
+
+RECOVERIES = frozenset({Resolution.REPLAYED, Resolution.INFRA_REDRIVE, Resolution.OOM_REDRIVE,
+                        Resolution.REDISPATCHED})
+"""Resolutions that are a recovery leoflow made (``leoflow.recovery.<resolution>``)."""
 
 _S = AttemptState
 
@@ -156,6 +162,7 @@ class Lifecycle:
         # restarted scheduler re-dispatches such an attempt, and the new one is judged again (issue 10 item 1)
         self._start_ends: dict[AttemptRef, tuple[reapers.After, str]] = {}
         self._kill_ids: dict[AttemptRef, int | None] = {}  # the ledger id of each ``_killing`` entry's row
+        self._evidence: dict[AttemptRef, Evidence] = {}  # what _settle read, while it acts (the settled hook)
         # keyset cursors (issue 10 item 1): the last ledger id of the LIVE page read last (0: a new sweep starts),
         # and the last task instance id of the orphan-run reaper's page of Airflow's RUNNING rows (None: start)
         self._live_after = 0
@@ -212,8 +219,9 @@ class Lifecycle:
         lid = launch_id(ref)
         result = self.runtime.launch(LaunchSpec(lid, ref, workload, attempt.record_path, fault))
         if result.disposition != Disposition.DISPATCHED:
-            self.ledger.transition(ref, expected=[_S.CLAIMED], to=_S.CLOSED, resolution=Resolution.LAUNCH_FAILED,
-                                   detail=result.reason[:MAX_DETAIL_CHARS])
+            if self.ledger.transition(ref, expected=[_S.CLAIMED], to=_S.CLOSED, resolution=Resolution.LAUNCH_FAILED,
+                                      detail=result.reason[:MAX_DETAIL_CHARS]):
+                self._settled(attempt, Resolution.LAUNCH_FAILED, result.reason)
             return result
         self.table.add(lid, Launch(workload.key, workload, ref))
         return result
@@ -454,13 +462,21 @@ class Lifecycle:
             self._reoffer_stored(attempt, "the previous scheduler never started its agent")
 
     def _settle(self, attempt: Attempt, budget: _Budget) -> None:
-        """Act on DESIGN §2's table for one dead attempt (EXITED, or SETTLING whose settler died)."""
+        """Act on DESIGN §2's table for one dead attempt (EXITED, or SETTLING whose settler died); the evidence
+        read is kept while it acts, for the ``leoflow_attempt_settled`` hook of the close."""
+        try:
+            self._settle_one(attempt, budget)
+        finally:
+            self._evidence.pop(attempt.ref, None)
+
+    def _settle_one(self, attempt: Attempt, budget: _Budget) -> None:
         ref = attempt.ref
         current = self.ledger.current(ref.ti_id)
         if current is None or current.ref != ref:
             self._close(attempt, Resolution.MOVED_ON, "a newer epoch exists")
             return
         evidence = self.runtime.evidence(attempt)
+        self._evidence[ref] = evidence
         record, cause = evidence.record, evidence.cause
         ti = self.airflow.ti_row(attempt.dag_id, attempt.run_id, attempt.task_id, attempt.map_index)
         action = reconcile.decide(ti_id=ref.ti_id, try_number=ref.try_number, record=record, ti=ti,
@@ -684,6 +700,8 @@ class Lifecycle:
         """Guarded close; frees the attempt's slot and forgets its launch either way. True if a row changed."""
         changed = self.ledger.transition(attempt.ref, expected=expected, to=_S.CLOSED, resolution=resolution,
                                          detail=why[:MAX_DETAIL_CHARS])
+        if changed:
+            self._settled(attempt, resolution, why)
         lid = launch_id(attempt.ref)
         launch = self.table.get(lid)
         if launch is not None:
@@ -696,6 +714,25 @@ class Lifecycle:
         self._kill_ids.pop(attempt.ref, None)
         self._start_ends.pop(attempt.ref, None)
         return changed
+
+    def _settled(self, attempt: Attempt, resolution: Resolution, why: str) -> None:
+        """An attempt this process closed: count it (``leoflow.attempt.settled.*``, ``leoflow.recovery.*``) and
+        tell the plugins (``leoflow_attempt_settled``, with the evidence :meth:`_settle` read, if any). Never
+        raises: metrics and observe hooks stay off settlement's failure modes."""
+        metrics.incr(f"leoflow.attempt.settled.{resolution.value}")
+        if resolution in RECOVERIES:
+            metrics.incr(f"leoflow.recovery.{resolution.value}")
+        evidence = self._evidence.get(attempt.ref)
+        record = evidence.record if evidence is not None else None
+        cause = evidence.cause if evidence is not None else None
+        ref = attempt.ref
+        info = AttemptInfo(ref.ti_id, ref.try_number, ref.attempt_epoch, attempt.dag_id, attempt.task_id,
+                           attempt.run_id, attempt.map_index, attempt.runtime)
+        hooks.attempt_settled(info, evidence={
+            "record_state": record.state if record is not None else None,
+            "exit_code": evidence.exit_code if evidence is not None else None,
+            "cause": getattr(getattr(cause, "kind", None), "value", None),
+        }, resolution=resolution.value, detail=why[:MAX_DETAIL_CHARS])
 
     # --- reap -------------------------------------------------------------------------------------------
     def reap(self, page: LivePage, presence: Mapping[AttemptRef, Presence]) -> None:
@@ -746,6 +783,7 @@ class Lifecycle:
                 self._start_ends[action.ref] = (action.after, action.why)
             log.warning("leoflow %s reaper: killing attempt %s (SIGTERM, then SIGKILL after %.0f s): %s",
                         action.reaper, action.ref, grace, action.why)
+            metrics.incr(f"leoflow.reaper.{action.reaper}")
             self._out.append(TaskEvent(self.key_of(attempt), f"leoflow {action.reaper}", action.why))
             self.runtime.kill(attempt, grace=grace)
 
@@ -783,6 +821,9 @@ class Lifecycle:
                 continue  # claimed since the page was read: watched again
             result = self.airflow.infra_redrive(action.ti_id, f"leoflow {action.reaper}: {action.why}")
             log.warning("leoflow %s reaper: %s; re-drive: %s", action.reaper, action.why, result)
+            metrics.incr(f"leoflow.reaper.{action.reaper}")
+            if getattr(result, "name", "") == "REDRIVEN":
+                metrics.incr("leoflow.recovery.orphan_redrive")
             results.append((action.ti_id, result))
         return results
 
@@ -847,8 +888,9 @@ class Lifecycle:
                 if not gone:
                     self._out.append(Occupy(attempt.ref))  # still holds resources until it is gone
             if gone:
-                self.ledger.transition(attempt.ref, expected=OPEN_STATES, to=_S.CLOSED, resolution=Resolution.REVOKED,
-                                       detail="revoked by the scheduler")
+                if self.ledger.transition(attempt.ref, expected=OPEN_STATES, to=_S.CLOSED,
+                                          resolution=Resolution.REVOKED, detail="revoked by the scheduler"):
+                    self._settled(attempt, Resolution.REVOKED, "revoked by the scheduler")
                 self.table.pop(lid)
                 self.runtime.forget(attempt.ref)
         self._out.append(Release(key))

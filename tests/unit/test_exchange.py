@@ -477,12 +477,12 @@ def test_an_unexpected_error_is_logged_and_answered_503(world, caplog):
 
 def test_every_refusal_reason_is_reachable():
     """The closed set of reasons (logged, never sent) is exactly what the tests above produce, plus
-    ``disabled`` (below)."""
+    ``disabled`` (below) and ``vetoed`` (a plugin's veto: ``test_hooks.py``)."""
     assert REFUSALS == {
         "disabled", "malformed_request", "malformed_token", "review_rejected", "unauthenticated",
         "audience_mismatch", "wrong_service_account", "not_pod_bound", "pod_gone", "pod_replaced",
         "pod_terminating", "no_identity", "unknown_attempt", "stale_epoch", "not_kubernetes", "not_dispatched",
-        "already_exchanged", "pod_not_recorded", "bad_workload"}
+        "already_exchanged", "pod_not_recorded", "bad_workload", "vetoed"}
 
 
 # --- the app and its lifespan ---------------------------------------------------------------------------

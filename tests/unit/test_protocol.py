@@ -91,7 +91,7 @@ def test_fault_points_are_the_design_set():
 
 # --- typed messages: the wire carries enum members only ------------------------------------------------------
 WIRE_OPS = {"launch", "kill", "limit", "retoken"}
-WIRE_EVENTS = {"hello", "launched", "launch_failed", "reported", "exited", "started"}
+WIRE_EVENTS = {"hello", "launched", "launch_failed", "reported", "exited", "started", "warm_pool"}
 
 
 def test_the_enums_are_the_documented_wire_names():

@@ -4,8 +4,8 @@ the operator's pod template and the task's ``executor_config`` to a ``kubernetes
 
 Layers, as the cncf KubernetesExecutor (KE) applies them (:mod:`.merge`): the pod template, then leoflow's own
 pod, then the task's ``executor_config["pod_override"]`` (every field it sets must be in ``[leoflow]
-pod_override_allow``), then Airflow's ``pod_mutation_hook``. Then leoflow sets again what it pins, so no layer
-can change it:
+pod_override_allow``), then Airflow's ``pod_mutation_hook``, then leoflow's plugins' ``leoflow_mutate_pod``
+(:mod:`leoflow_airflow.hookspecs`). Then leoflow sets again what it pins, so no layer can change it:
 
 * name ``<dag-task slug>-<ti_id hex>-<epoch>``, one per (ti_id, epoch), a DNS-1123 label;
 * the ``app.kubernetes.io/*`` labels, leoflow's attempt labels (values made label-safe, hashed when cut) and
@@ -259,6 +259,7 @@ def build_pod(
     template: k8s.V1Pod | None = None,
     executor_config: Mapping[str, Any] | None = None,
     mutation_hook: Callable[[k8s.V1Pod], Any] | None = None,
+    plugin_hook: Callable[[k8s.V1Pod, PodAttempt], Any] | None = None,
 ) -> k8s.V1Pod:
     """Build the pod of ``attempt`` (module docstring: layers, pins).
 
@@ -267,6 +268,8 @@ def build_pod(
     :param template: the operator's pod template (``template.load_pod_template``), not modified.
     :param executor_config: the task's ``executor_config``; its ``pod_override`` (a ``V1Pod``) is merged.
     :param mutation_hook: called with the merged pod to change it in place (Airflow's ``pod_mutation_hook``).
+    :param plugin_hook: called after ``mutation_hook`` with the pod and ``attempt`` (leoflow's plugins'
+        ``leoflow_mutate_pod``, :mod:`leoflow_airflow.hookspecs`); what it changes of the pins is set again.
     :returns: a new ``V1Pod`` ready to create in ``settings.namespace``.
     :raises PodRefused: naming the field: an ``executor_config`` it cannot use, a ``pod_override`` field outside
         ``settings.pod_override_allow`` (or a container added without ``spec.containers`` allowed), a hook that
@@ -285,6 +288,12 @@ def build_pod(
             mutation_hook(pod)
         except Exception as exc:  # operator code: any error refuses this pod, as KE fails the task
             raise PodRefused("pod_mutation_hook", f"raised {type(exc).__name__}: {exc}") from exc
+        _pin(pod, attempt, settings)
+    if plugin_hook is not None:
+        try:
+            plugin_hook(pod, attempt)
+        except Exception as exc:  # a plugin's policy that could not run never lets the pod through
+            raise PodRefused("leoflow_mutate_pod", f"raised {type(exc).__name__}: {exc}") from exc
         _pin(pod, attempt, settings)
     _check_final(pod)
     return pod

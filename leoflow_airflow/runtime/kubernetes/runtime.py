@@ -66,8 +66,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from leoflow_airflow import hooks, metrics
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.errors import ConfigError, PodRefused
+from leoflow_airflow.hookspecs import AttemptInfo
 from leoflow_airflow.ledger.states import AttemptRef
 from leoflow_airflow.lifecycle.runtime import (
     CallbackDone,
@@ -388,8 +390,9 @@ class KubernetesRuntime:
         """Pool: create ``pod``; where the answer leaves it open (409 on our name, 5xx, transport), read the pod
         by name to learn whether it is ours."""
         try:
-            created = self._core.create_namespaced_pod(self.kube.namespace, pod,
-                                                       _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            with metrics.timed("leoflow.pod.create"):
+                created = self._core.create_namespaced_pod(self.kube.namespace, pod,
+                                                           _request_timeout=REQUEST_TIMEOUT_SECONDS)
         except Exception as exc:  # noqa: BLE001 - classified
             verdict = classify_exception(exc, pod_name=name)
         else:
@@ -496,7 +499,8 @@ class KubernetesRuntime:
                              ti.run_id, ti.map_index)
         try:
             pod = build_pod(attempt, self.kube, template=self._template,
-                            executor_config=getattr(ti, "executor_config", None), mutation_hook=self._hook)
+                            executor_config=getattr(ti, "executor_config", None), mutation_hook=self._hook,
+                            plugin_hook=_plugin_hook())
         except PodRefused as exc:
             return DispatchResult(Disposition.REFUSED, str(exc))
         if spec.fault is not None:  # TEST ONLY: set by [leoflow] test_fault_injection, never in production
@@ -964,6 +968,18 @@ def _pod_attempt(attempt: Attempt) -> PodAttempt:
     ref = attempt.ref
     return PodAttempt(ref.ti_id, ref.try_number, ref.attempt_epoch, attempt.dag_id, attempt.task_id,
                       attempt.run_id, attempt.map_index)
+
+
+def _plugin_hook() -> Callable[[Any, PodAttempt], None] | None:
+    """The plugins' ``leoflow_mutate_pod`` as :func:`.pod.build_pod` takes it, or None when no plugin has one."""
+    if not hooks.has_implementations("leoflow_mutate_pod"):
+        return None
+
+    def call(pod: Any, attempt: PodAttempt) -> None:
+        hooks.mutate_pod(pod, AttemptInfo(attempt.ti_id, attempt.try_number, attempt.attempt_epoch, attempt.dag_id,
+                                          attempt.task_id, attempt.run_id, attempt.map_index, "kubernetes"))
+
+    return call
 
 
 def _short(exc: BaseException) -> str:

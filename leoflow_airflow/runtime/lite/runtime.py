@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from leoflow_agent import outcome, proc, protocol
-from leoflow_airflow import hosts
+from leoflow_airflow import hooks, hosts, metrics
 from leoflow_airflow.dispatch.ahead import QueueAhead, retoken_due
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
 from leoflow_airflow.errors import ZygoteError
@@ -231,6 +231,9 @@ class LiteRuntime:
         out: list[RuntimeEvent] = []
         for ev in raw:
             kind, launch_id = protocol.ev_of(ev), ev.get("launch_id")
+            if kind is protocol.Ev.WARM_POOL:
+                _warm_pool(ev)
+                continue
             if not isinstance(launch_id, str):
                 continue
             launch = self._launches.get(launch_id)
@@ -241,6 +244,8 @@ class LiteRuntime:
                     if launch is not None:
                         launch.agent = proc.ProcessIdentity(ev["pid"], ev["start_time"])
                 out.append(Started(launch_id, facts))
+                if isinstance(ev.get("warm"), bool):
+                    metrics.incr("leoflow.warm.lite.hit" if ev["warm"] else "leoflow.warm.lite.miss")
             elif kind is protocol.Ev.LAUNCH_FAILED:
                 self._launches.pop(launch_id, None)
                 out.append(LaunchFailed(launch_id, str(ev.get("error")), ev.get("retryable") is True))
@@ -522,6 +527,20 @@ class LiteRuntime:
     def slot_freed(self, held_for: float) -> None:
         """Feed a finished attempt's slot time to the queue-ahead average."""
         self._ahead.finished(held_for)
+
+
+WARM_POOL_KEY = "lite:file_workers"
+"""The ``pool_key`` of Lite's warm pool in ``leoflow_warm_pool_resized`` (one pool: the zygote's file workers)."""
+
+
+def _warm_pool(ev: dict[str, Any]) -> None:
+    """A ``warm_pool`` event: the gauge, and the plugins' ``leoflow_warm_pool_resized`` (never raises)."""
+    before, ready = ev.get("before"), ev.get("ready")
+    if not isinstance(before, int) or not isinstance(ready, int):
+        log.error("bad warm_pool event from the zygote: %r", ev)
+        return
+    metrics.gauge("leoflow.warm.lite.file_workers", ready)
+    hooks.warm_pool_resized(WARM_POOL_KEY, before=before, after=ready)
 
 
 def _processes_of(lid: str, table: proc.ProcessTable) -> list[proc.ProcessIdentity]:
