@@ -79,6 +79,21 @@ class ExchangeEnv:
         """A task pod of ``ref`` on a kwok node (``make_pod``)."""
         return make_pod(self.core, self.namespace, ref, node=self.node, **kw)
 
+    def built_pod(self, ref: AttemptRef, plugin_hook=None) -> client.V1Pod:
+        """The pod leoflow's own builder makes for ``ref`` from :attr:`options` (plus the builder's own: an image,
+        the exchange URL, and a pod template placing the pod on a kwok node, as a user's would), with
+        ``plugin_hook`` as ``build_pod``'s, created for real; the created pod."""
+        from leoflow_airflow import settings
+        from leoflow_airflow.runtime.kubernetes.pod import PodAttempt, build_pod
+
+        values = {**self.options, "image": "leoflow.test/none:0", "exchange_url": "https://airflow.example/leoflow"}
+        kube = settings.load_kubernetes(lambda section, key, fallback: values.get(key, fallback))
+        attempt = PodAttempt(ti_id=ref.ti_id, try_number=ref.try_number, attempt_epoch=ref.attempt_epoch,
+                             dag_id="dag", task_id="task", run_id="run")
+        template = client.V1Pod(spec=client.V1PodSpec(node_name=self.node, containers=[]))
+        built = build_pod(attempt, kube, template=template, plugin_hook=plugin_hook)
+        return self.core.create_namespaced_pod(self.namespace, built)
+
     def token(self, pod: client.V1Pod, **kw) -> str:
         """A token bound to ``pod`` (``pod_token``)."""
         return pod_token(self.core, self.namespace, pod, **kw)
@@ -171,16 +186,8 @@ def test_a_pod_the_builder_made_is_exchanged_for_its_attempt(xenv):
     and a pod template placing the pod on a kwok node, as a user's would), created for real; the token the
     kubelet would project into it (TokenRequest for the pod's own ServiceAccount with the audience of the pod's
     own token volume, bound to the created pod) is exchanged for exactly this attempt."""
-    from leoflow_airflow import settings
-    from leoflow_airflow.runtime.kubernetes.pod import PodAttempt, build_pod
-
     ref = xenv.attempt()
-    values = {**xenv.options, "image": "leoflow.test/none:0", "exchange_url": "https://airflow.example/leoflow"}
-    kube = settings.load_kubernetes(lambda section, key, fallback: values.get(key, fallback))
-    attempt = PodAttempt(ti_id=ref.ti_id, try_number=ref.try_number, attempt_epoch=ref.attempt_epoch,
-                         dag_id="dag", task_id="task", run_id="run")
-    template = client.V1Pod(spec=client.V1PodSpec(node_name=xenv.node, containers=[]))
-    created = xenv.core.create_namespaced_pod(xenv.namespace, build_pod(attempt, kube, template=template))
+    created = xenv.built_pod(ref)
     [projection] = [src.service_account_token for v in created.spec.volumes if v.projected
                     for src in v.projected.sources if src.service_account_token]
     assert (created.spec.service_account_name, projection.audience) == (TASK_SA, AUDIENCE)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from kubernetes import client
 
 from devtools.statsd import StatsdListener
 from leoflow_agent.exchange import decode_grant, request_body
@@ -58,18 +57,9 @@ def test_a_mutated_pod_keeps_leoflows_pins_on_the_apiserver_and_is_exchanged(xen
     """The plugin's label reaches the pod the apiserver stored; its attempts to change the ServiceAccount, the
     token automount, runAsNonRoot, the identity annotation and the agent's arguments did not; the pod's token
     is exchanged (200, the plugin's log field on the grant's line) and ``leoflow.exchange.ok`` is counted."""
-    from leoflow_airflow import settings
-    from leoflow_airflow.runtime.kubernetes.pod import PodAttempt, build_pod
-
     monkeypatch.setenv("LEOFLOW_TEST_PLUGIN_DIR", str(tmp_path))
     ref = xenv.attempt()
-    values = {**xenv.options, "image": "leoflow.test/none:0", "exchange_url": "https://airflow.example/leoflow"}
-    kube = settings.load_kubernetes(lambda section, key, fallback: values.get(key, fallback))
-    attempt = PodAttempt(ti_id=ref.ti_id, try_number=ref.try_number, attempt_epoch=ref.attempt_epoch,
-                         dag_id="dag", task_id="task", run_id="run")
-    template = client.V1Pod(spec=client.V1PodSpec(node_name=xenv.node, containers=[]))
-    built = build_pod(attempt, kube, template=template, plugin_hook=_plugin_hook())
-    created = xenv.core.create_namespaced_pod(xenv.namespace, built)
+    created = xenv.built_pod(ref, plugin_hook=_plugin_hook())
     meta, spec = created.metadata, created.spec
     assert meta.labels["leoflow-test-plugin"] == "mutated"
     assert meta.annotations[IDENTITY_ANNOTATION] == identity_annotation(ref)
