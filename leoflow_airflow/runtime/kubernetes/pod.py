@@ -71,6 +71,7 @@ __all__ = [
     "allow_entry_problem",
     "attempt_labels",
     "build_pod",
+    "forward_environment",
     "is_attempt_pod",
     "label_value",
     "pod_name",
@@ -260,6 +261,7 @@ def build_pod(
     executor_config: Mapping[str, Any] | None = None,
     mutation_hook: Callable[[k8s.V1Pod], Any] | None = None,
     plugin_hook: Callable[[k8s.V1Pod, PodAttempt], Any] | None = None,
+    forward_env: Mapping[str, str] | None = None,
 ) -> k8s.V1Pod:
     """Build the pod of ``attempt`` (module docstring: layers, pins).
 
@@ -270,6 +272,9 @@ def build_pod(
     :param mutation_hook: called with the merged pod to change it in place (Airflow's ``pod_mutation_hook``).
     :param plugin_hook: called after ``mutation_hook`` with the pod and ``attempt`` (leoflow's plugins'
         ``leoflow_mutate_pod``, :mod:`leoflow_airflow.hookspecs`); what it changes of the pins is set again.
+    :param forward_env: variables for the agent container that every layer may override (the scheduler's
+        remote-logging settings, :func:`.logenv.logging_env`): each is added after the hooks unless the
+        container already sets that name (:func:`forward_environment`).
     :returns: a new ``V1Pod`` ready to create in ``settings.namespace``.
     :raises PodRefused: naming the field: an ``executor_config`` it cannot use, a ``pod_override`` field outside
         ``settings.pod_override_allow`` (or a container added without ``spec.containers`` allowed), a hook that
@@ -295,8 +300,21 @@ def build_pod(
         except Exception as exc:  # a plugin's policy that could not run never lets the pod through
             raise PodRefused("leoflow_mutate_pod", f"raised {type(exc).__name__}: {exc}") from exc
         _pin(pod, attempt, settings)
+    forward_environment(pod, forward_env or {})
     _check_final(pod)
     return pod
+
+
+def forward_environment(pod: k8s.V1Pod, env: Mapping[str, str]) -> None:
+    """Add ``env`` to the agent container of ``pod`` (in place), each variable only when the container does not
+    set that name already: the pod template, a ``pod_override`` or a hook that sets one (a value, or a
+    ``valueFrom`` such as a ``secretKeyRef``) wins, as a KubernetesExecutor worker's template is its whole
+    configuration (DESIGN "Task logs"). Added in ``env``'s order, after the container's own."""
+    if not env:
+        return
+    agent = pod.spec.containers[0]
+    have = {e.name for e in agent.env or []}
+    agent.env = [*(agent.env or []), *(k8s.V1EnvVar(name=k, value=v) for k, v in env.items() if k not in have)]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -199,6 +199,7 @@ class KubernetesRuntime:
         self._hook_arg = mutation_hook
         self._hook: Callable[[Any], Any] | None = None
         self._template: Any = None
+        self._forward_env: dict[str, str] = {}  # the scheduler's remote-logging settings, for every pod
         self._monotonic = monotonic
         self._environ = environ
         self._api: Any = None
@@ -240,12 +241,14 @@ class KubernetesRuntime:
         dispatch stays DEFERRED (nothing is lost) while the check is repeated every
         :data:`START_RETRY_SECONDS`.
 
-        :raises ConfigError: the pod template is malformed (``[leoflow] pod_template_file``), or the client
-            configuration cannot be loaded (``[leoflow] in_cluster`` / ``kube_config``).
+        :raises ConfigError: the pod template is malformed (``[leoflow] pod_template_file``), the client
+            configuration cannot be loaded (``[leoflow] in_cluster`` / ``kube_config``), or a ``[logging]``
+            remote-logging option the pods would get carries a credential (:func:`.logenv.logging_env`).
         """
         from leoflow_airflow.runtime.kubernetes import template
 
         self._template = template.load_pod_template(self.kube.pod_template_file)
+        self._forward_env = _remote_logging_env()
         if self._hook_arg is None:
             self._hook = template.airflow_pod_mutation_hook()
         elif callable(self._hook_arg):
@@ -500,7 +503,7 @@ class KubernetesRuntime:
         try:
             pod = build_pod(attempt, self.kube, template=self._template,
                             executor_config=getattr(ti, "executor_config", None), mutation_hook=self._hook,
-                            plugin_hook=_plugin_hook())
+                            plugin_hook=_plugin_hook(), forward_env=self._forward_env)
         except PodRefused as exc:
             return DispatchResult(Disposition.REFUSED, str(exc))
         if spec.fault is not None:  # TEST ONLY: set by [leoflow] test_fault_injection, never in production
@@ -968,6 +971,19 @@ def _pod_attempt(attempt: Attempt) -> PodAttempt:
     ref = attempt.ref
     return PodAttempt(ref.ti_id, ref.try_number, ref.attempt_epoch, attempt.dag_id, attempt.task_id,
                       attempt.run_id, attempt.map_index)
+
+
+def _remote_logging_env() -> dict[str, str]:
+    """The scheduler's ``[logging]`` remote-logging settings as every task pod gets them
+    (:func:`.logenv.logging_env` of the options of :data:`.logenv.FORWARDED_OPTIONS` as Airflow reads them:
+    ``airflow.cfg``, ``AIRFLOW__LOGGING__*``, ``_CMD``/``_SECRET``); ``{}`` when ``remote_logging`` is off.
+
+    :raises ConfigError: an option carries a credential."""
+    from airflow.configuration import conf
+
+    from leoflow_airflow.runtime.kubernetes.logenv import FORWARDED_OPTIONS, logging_env
+
+    return logging_env({o: conf.get("logging", o, fallback="") or "" for o in FORWARDED_OPTIONS})
 
 
 def _plugin_hook() -> Callable[[Any, PodAttempt], None] | None:
