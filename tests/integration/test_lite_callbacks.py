@@ -1,5 +1,7 @@
-"""Live task logs through ``get_task_log`` and ``supports_callbacks = True``: a DAG deadline's SyncCallback reaches LeoflowExecutor as an ``ExecuteCallback``
-workload and really runs (issue 2, item 3), against a real Airflow."""
+"""Live task logs through ``get_task_log``, the finished task's log through the same REST call (issue 12 item 7,
+Lite: the agent's log file in ``[logging] base_log_folder``), and ``supports_callbacks = True``: a DAG deadline's
+SyncCallback reaches LeoflowExecutor as an ``ExecuteCallback`` workload and really runs (issue 2, item 3),
+against a real Airflow."""
 
 from __future__ import annotations
 
@@ -47,3 +49,9 @@ def test_live_log_and_deadline_callback_through_leoflow(tmp_path: Path) -> None:
         assert stack.wait_for_run("leoflow_deadline", run_id, timeout=120) == "success"
         time.sleep(3)
         assert len(trace.read_text().splitlines()) == 1, "the callback ran exactly once"
+        # the finished task's log: Airflow's file task handler reads the attempt's log file, not the executor
+        body = stack._call("GET", f"/dags/leoflow_deadline/dagRuns/{run_id}/taskInstances/slow/logs/1",
+                           headers={"accept": "application/json"})
+        events = [c.get("event", "") for c in body["content"] if isinstance(c, dict)]
+        assert "leoflow-live-log-marker" in events, body
+        assert not [e for e in events if "leoflow attempt" in e], "a finished task's log is not the executor's"
