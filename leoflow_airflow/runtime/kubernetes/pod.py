@@ -28,6 +28,9 @@ pod_override_allow``), then Airflow's ``pod_mutation_hook``, then leoflow's plug
   environment names one of Airflow's own secrets is refused;
 * ``activeDeadlineSeconds`` no longer than ``[leoflow] credential_ceiling_seconds`` (a shorter one is kept).
 
+Not pinned: the scheduler's ``[logging]`` remote-logging options (``build_pod``'s ``forward_env``,
+:mod:`.logenv`), added to the agent container after the hooks unless a layer sets that variable itself.
+
 Pure: no I/O, no Airflow import. The pod template is read by :mod:`.template`, which also hands over
 Airflow's ``pod_mutation_hook``; the caller passes both in.
 """
