@@ -24,7 +24,7 @@ from leoflow_airflow.runtime.kubernetes.fields import set_paths
 from leoflow_airflow.warm.pool import Worker, WorkerState
 
 __all__ = ["ASSIGN_TIMEOUT_SECONDS", "IDLE", "ASSIGNED", "BUSY", "WarmRow", "cold_reason", "candidates",
-           "dead_anchors", "lowered_deadline", "create_deadline", "pool_worker", "warm_evidence",
+           "dead_anchors", "deadline_patch", "lowered_deadline", "create_deadline", "pool_worker", "warm_evidence",
            "warm_presence", "warm_start_progress"]
 
 IDLE, ASSIGNED, BUSY = "idle", "assigned", "busy"
@@ -121,6 +121,19 @@ def lowered_deadline(current: int | None, pod_age_seconds: float, ceiling_second
     if current is not None and current <= wanted:
         return None
     return wanted
+
+
+def deadline_patch(uid: str, current: int | None, seconds: int) -> list[dict[str, Any]]:
+    """The RFC 6902 patch that sets pod ``uid``'s ``activeDeadlineSeconds`` from ``current`` to ``seconds``: it
+    ``test``s the UID and the current value first (a pod re-created under the name, or a deadline another
+    writer lowered meanwhile, fails the patch with 422 instead of being raised)."""
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+    if current is None:
+        ops.append({"op": "add", "path": "/spec/activeDeadlineSeconds", "value": seconds})
+    else:
+        ops += [{"op": "test", "path": "/spec/activeDeadlineSeconds", "value": current},
+                {"op": "replace", "path": "/spec/activeDeadlineSeconds", "value": seconds}]
+    return ops
 
 
 # --- the attempt side -----------------------------------------------------------------------------------------
