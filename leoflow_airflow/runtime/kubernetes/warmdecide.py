@@ -75,7 +75,7 @@ def cold_reason(executor_config: Any) -> str | None:
     if override is None:
         return None
     try:
-        paths = [p for p in set_paths(override) if p not in ("apiVersion", "kind")]
+        paths = [p for p in set_paths(override) if p not in ("apiVersion", "kind", "spec.containers.name")]
     except Exception:  # noqa: BLE001 - not a V1Pod: the cold builder names the problem
         return "executor_config pod_override is not a V1Pod"
     return f"executor_config pod_override sets {paths[0]}" if paths else None
