@@ -7,10 +7,9 @@ against a real kube-apiserver and garbage collector is ``tests/k8s/test_warm_pod
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
@@ -27,7 +26,8 @@ from leoflow_airflow.runtime.kubernetes import warmdecide as wd
 from leoflow_airflow.runtime.kubernetes import warmpods
 from leoflow_airflow.runtime.kubernetes.runtime import KubernetesRuntime, label_selector
 from leoflow_airflow.runtime.kubernetes.status import pod_view
-from leoflow_airflow.warm.pool import Create, WorkerState
+from leoflow_airflow.warm.pool import WorkerState
+from tests.fakes.warm_ledger import MemoryLedger, Row
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=timezone.utc)
 V1 = "0192f0c4-1111-7222-8333-444455556666"
@@ -42,24 +42,6 @@ def load(**conf: str) -> leoflow_settings.LeoflowSettings:
 
 def ref(epoch: int = 1) -> AttemptRef:
     return AttemptRef(str(uuid.uuid4()), 1, epoch)
-
-
-@dataclass(frozen=True)
-class Row:
-    """A ``WarmWorker`` row as the contract shapes it."""
-
-    pod_uid: str
-    pod_name: str
-    dag_version_id: str = V1
-    state: str = "idle"
-    ref: AttemptRef | None = None
-    assigned_at: datetime | None = None
-    taken_at: datetime | None = None
-    registered_at: datetime = NOW - timedelta(minutes=5)
-    last_seen_at: datetime | None = None
-    attempts_taken: int = 0
-    row_version: int = 0
-    namespace: str = "default"
 
 
 def view(name: str, uid: str, *, phase: str = "Running", deleting: bool = False, labels: dict | None = None,
@@ -261,45 +243,6 @@ def test_a_pod_and_its_row_as_the_pool_sees_them():
 
 
 # --- the pool tick (stub API, in-memory ledger) ------------------------------------------------------------
-
-
-class MemoryLedger:
-    """The contract's ``WarmLedger`` methods the runtime calls, in memory (the real one is branch warm-server's)."""
-
-    def __init__(self) -> None:
-        self.rows: dict[str, Row] = {}
-        self.outcome_texts: dict[AttemptRef, str] = {}
-        self.lock = threading.Lock()
-
-    def workers(self, namespace):
-        with self.lock:
-            return list(self.rows.values())
-
-    def get(self, pod_uid):
-        return self.rows.get(pod_uid)
-
-    def assign(self, pod_uid, ref, *, row_version):
-        with self.lock:
-            row = self.rows.get(pod_uid)
-            if row is None or row.state != "idle" or row.row_version != row_version:
-                return False
-            self.rows[pod_uid] = replace(row, state="assigned", ref=ref, assigned_at=datetime.now(timezone.utc),
-                                         row_version=row.row_version + 1)
-            return True
-
-    def unassign(self, pod_uid, ref):
-        with self.lock:
-            row = self.rows.get(pod_uid)
-            if row is None or row.state != "assigned" or row.ref != ref:
-                return False
-            self.rows[pod_uid] = replace(row, state="idle", ref=None, row_version=row.row_version + 1)
-            return True
-
-    def forget(self, pod_uid):
-        return self.rows.pop(pod_uid, None) is not None
-
-    def outcomes(self, refs):
-        return {r: self.outcome_texts[r] for r in refs if r in self.outcome_texts}
 
 
 class ApiError(Exception):

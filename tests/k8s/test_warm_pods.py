@@ -1,0 +1,125 @@
+"""Kubernetes warm pods against the real kube-apiserver and kube-controller-manager of ``scripts/k8senv`` (issue 11;
+``runtime/kubernetes/warmpods.py``): the pool creates ``min_idle`` warm pods with the contract's labels, one
+ownerReference to their anchor ConfigMap and the lifetime + ceiling deadline; a lagging cache never pushes the pool
+past ``max_pool_size``; deleting the anchor makes the controller-manager's garbage collector remove every warm pod
+of it (the "lost control plane" acceptance case: no scheduler is needed for a pool to go); and the anchors of a
+scheduler job that is not alive are deleted at start, their pods following.
+
+The warm pods run on kwok nodes (the pod template binds them to ``kwok-node-0``): kwok makes them Running without
+running anything, so no agent and no plugin app are involved; the ledger is an in-memory stand-in with the
+contract's methods (branch warm-server owns the real one).
+"""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+from kubernetes.client import models as k8s
+
+from leoflow_airflow import settings as leoflow_settings
+from leoflow_airflow.runtime.kubernetes import warmpods
+from leoflow_airflow.runtime.kubernetes.informer import PodInformer
+from tests.fakes.warm_ledger import MemoryLedger
+
+from .conftest import wait_for
+
+pytestmark = pytest.mark.k8s
+
+V1 = "0192f0c4-1111-7222-8333-444455556666"
+TEMPLATE = k8s.V1Pod(spec=k8s.V1PodSpec(node_name="kwok-node-0", containers=[
+    k8s.V1Container(name="base", image="registry.example/leoflow:test")]))
+
+
+class Lagging:
+    """A warm informer that has synced but shows nothing (its watch events are late)."""
+
+    synced = True
+
+    def views(self):
+        return []
+
+
+@pytest.fixture
+def pool_for(api, k8s_env):
+    """``pool_for(namespace, job_id, informer=None, **options) -> WarmPool`` with a started warm informer of the
+    namespace (stopped at the end) and one active version ``V1``."""
+    informers: list[PodInformer] = []
+
+    def make(namespace: str, job_id: str = "41", *, informer=None, **options: str) -> warmpods.WarmPool:
+        conf = {"runtime": "kubernetes", "image": "registry.example/leoflow:test", "namespace": namespace,
+                "exchange_url": "http://127.0.0.1:9/leoflow", "in_cluster": "False",
+                "kube_config": str(k8s_env.kubeconfig), **options}
+        s = leoflow_settings.load(lambda section, key, fallback: conf.get(key, fallback))
+        if informer is None:
+            informer = PodInformer(api, namespace, warmpods.warm_selector())
+            informer.start()
+            informers.append(informer)
+            wait_for(lambda: informer.synced, 30, what="the warm informer to sync")
+        versions = [warmpods.PoolVersion(V1, "etl", "dags", "", "etl.py", active_run=True)]
+        return warmpods.WarmPool(client.CoreV1Api(api), s.kubernetes, s.warm, job_id=job_id, ledger=MemoryLedger(),
+                                 informer=informer, versions=lambda: versions, template=TEMPLATE)
+
+    yield make
+    for informer in informers:
+        informer.stop(1)
+
+
+def warm_pods(core, namespace):
+    return core.list_namespaced_pod(namespace, label_selector=warmpods.warm_selector()).items
+
+
+def test_the_pool_keeps_min_idle_warm_pods_with_labels_owner_and_deadline(pool_for, namespace, core):
+    pool = pool_for(namespace, warm_min_idle="2", warm_max_pool_size="3", warm_max_lifetime_seconds="1800")
+    report = pool.tick()
+    assert len(report.created) == 2 and not report.errors, report
+    wait_for(lambda: len([v for v in pool.informer.views() if v.phase == "Running"]) == 2, 30,
+             what="kwok to run both warm pods")
+    for _ in range(3):
+        assert pool.tick().created == []  # two Starting pods (no ledger row yet) fill min_idle
+    anchor = core.read_namespaced_config_map(warmpods.anchor_name("41", V1), namespace)
+    assert anchor.metadata.labels[warmpods.ANCHOR_LABEL] == "true"
+    assert anchor.metadata.labels[warmpods.JOB_LABEL] == "41" and anchor.metadata.labels[warmpods.VERSION_LABEL] == V1
+    pods = warm_pods(core, namespace)
+    assert len(pods) == 2
+    for pod in pods:
+        labels = pod.metadata.labels
+        assert (labels["leoflow.io/warm"], labels["leoflow.io/dag-version"], labels["leoflow.io/scheduler-job"]) == \
+            ("true", V1, "41")
+        assert labels["leoflow.io/tenant"] and "leoflow.io/ti-id" not in labels
+        (owner,) = pod.metadata.owner_references
+        assert (owner.kind, owner.name, owner.uid, owner.controller, owner.block_owner_deletion) == (
+            "ConfigMap", anchor.metadata.name, anchor.metadata.uid, True, False)
+        assert pod.spec.active_deadline_seconds == 1800 + 604800
+        assert pod.spec.containers[0].args == ["python", "-m", "leoflow_agent", "warm-pod"]
+
+
+def test_a_lagging_cache_never_pushes_the_pool_past_max_pool_size(pool_for, namespace, core):
+    pool = pool_for(namespace, informer=Lagging(), warm_min_idle="3", warm_max_pool_size="3")
+    created = []
+    for _ in range(5):  # none of its creates ever shows in the cache: the expectations hold the places
+        created += pool.tick().created
+    assert len(created) == 3
+    assert len(warm_pods(core, namespace)) == 3
+
+
+def test_deleting_the_anchor_makes_the_garbage_collector_remove_its_warm_pods(pool_for, namespace, core):
+    pool = pool_for(namespace, warm_min_idle="2", warm_max_pool_size="2")
+    assert len(pool.tick().created) == 2
+    wait_for(lambda: len(warm_pods(core, namespace)) == 2, 10, what="two warm pods")
+    core.delete_namespaced_config_map(warmpods.anchor_name("41", V1), namespace)  # the scheduler is gone
+    wait_for(lambda: not warm_pods(core, namespace), 60, what="the garbage collector to remove the warm pods")
+
+
+def test_the_anchors_of_a_dead_scheduler_job_are_deleted_at_start_and_their_pods_follow(pool_for, namespace,
+                                                                                       core):
+    dead = pool_for(namespace, job_id="900", warm_min_idle="1", warm_max_pool_size="1")
+    alive = pool_for(namespace, job_id="901", warm_min_idle="1", warm_max_pool_size="1")
+    assert len(dead.tick().created) == 1 and len(alive.tick().created) == 1
+    wait_for(lambda: len(warm_pods(core, namespace)) == 2, 10, what="one warm pod per job")
+    successor = pool_for(namespace, job_id="902", warm_min_idle="1")
+    deleted = successor.sweep_dead_anchors(lambda jobs: {"901"} & jobs)  # Airflow: job 900 is not alive
+    assert deleted == [warmpods.anchor_name("900", V1)]
+    names = {cm.metadata.name for cm in core.list_namespaced_config_map(namespace).items}
+    assert warmpods.anchor_name("901", V1) in names and warmpods.anchor_name("900", V1) not in names
+    wait_for(lambda: {p.metadata.labels["leoflow.io/scheduler-job"] for p in warm_pods(core, namespace)} == {"901"},
+             60, what="the dead job's warm pod to be garbage collected")
