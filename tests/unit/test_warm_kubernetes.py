@@ -371,6 +371,18 @@ def test_the_pool_creates_min_idle_pods_under_one_anchor_and_a_lagging_cache_nev
     assert {p.metadata.owner_references[0].uid for p in core.pods.values()} == {anchor_uid}
 
 
+def test_the_tenant_cap_counts_every_version_of_a_tenant_once_its_pods_show_in_the_cache():
+    core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
+    pool = make_pool(core, ledger, informer, warm_min_idle="2", warm_max_pool_size="2", warm_tenant_cap="3")
+    pool._versions = lambda: [warmpods.PoolVersion(V1, "etl", "dags", "", "etl.py", active_run=True),
+                              warmpods.PoolVersion(V2, "etl2", "dags", "", "etl2.py", active_run=True)]
+    assert len(pool.tick(NOW).created) == 3
+    informer.show(core, phase="Pending")  # the pods' tenant label is label-safe: read back as the tenant
+    for _ in range(3):
+        assert pool.tick(NOW).created == []
+    assert len(core.pods) == 3
+
+
 def test_the_pool_never_deletes_a_worker_that_holds_an_attempt():
     core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
     pool = make_pool(core, ledger, informer, warm_min_idle="1", warm_max_pool_size="1")
@@ -379,7 +391,6 @@ def test_the_pool_never_deletes_a_worker_that_holds_an_attempt():
     (name,) = core.pods
     ledger.rows["uid-" + name] = Row("uid-" + name, name)
     pool._versions = lambda: []  # the version drains: its idle worker goes, unless it was assigned meanwhile
-    pool.rows = []
     ledger.assign("uid-" + name, ref(), row_version=0)
     decided = pool.tick(NOW)
     assert decided.deleted == [] and name in core.pods
@@ -439,7 +450,7 @@ def _ready_worker(rt, core, ledger, informer):
     (name,) = core.pods
     ledger.rows["uid-" + name] = Row("uid-" + name, name, last_seen_at=NOW)
     idle(rt)
-    rt.warm.rows, rt.warm.rows_read_at = ledger.workers("default"), time.monotonic()
+    rt.warm.set_rows(ledger.workers("default"), time.monotonic())
     return name
 
 
@@ -459,13 +470,13 @@ def test_an_attempt_goes_to_an_idle_warm_pod_and_its_presence_follows_the_ledger
     assert ledger.rows["uid-" + name].state == "assigned" and ledger.rows["uid-" + name].ref == spec.ref
     attempt = SimpleNamespace(ref=spec.ref, pod_name=name, pod_uid="uid-" + name)
     idle(rt)
-    rt.warm.rows_read_at = rt._warm_launches[spec.launch_id].assigned_at - 1
+    rt.warm.set_rows(ledger.workers("default"), rt._warm_launches[spec.launch_id].assigned_at - 1)
     assert rt.observe([attempt])[spec.ref] is Presence.UNKNOWN  # rows read before the assignment: cannot tell
-    rt.warm.rows, rt.warm.rows_read_at = ledger.workers("default"), time.monotonic()
+    rt.warm.set_rows(ledger.workers("default"), time.monotonic())
     assert rt.observe([attempt])[spec.ref] is Presence.LIVE
     assert rt.start_progress([attempt])[spec.ref].state is StartState.STARTING
     ledger.rows["uid-" + name] = replace(ledger.rows["uid-" + name], state="idle", ref=None)  # released
-    rt.warm.rows, rt.warm.rows_read_at = ledger.workers("default"), time.monotonic()
+    rt.warm.set_rows(ledger.workers("default"), time.monotonic())
     assert rt.observe([attempt])[spec.ref] is Presence.GONE
     (patched, ops), = core.patches  # the deadline, lowered to the pod's age + the credential ceiling
     assert patched == name and ops[-1]["path"] == "/spec/activeDeadlineSeconds"
@@ -514,7 +525,7 @@ def test_an_assignment_never_taken_is_taken_back_and_reads_gone(warm_runtime):
     rt.launch(spec)
     row = ledger.rows["uid-" + name]
     ledger.rows["uid-" + name] = replace(row, assigned_at=datetime.now(timezone.utc) - timedelta(seconds=61))
-    rt.warm.rows, rt.warm.rows_read_at = ledger.workers("default"), time.monotonic()
+    rt.warm.set_rows(ledger.workers("default"), time.monotonic())
     attempt = SimpleNamespace(ref=spec.ref, pod_name=name, pod_uid="uid-" + name)
     assert spec.ref not in rt.start_progress([attempt])
     assert ledger.rows["uid-" + name].state == "idle"
@@ -527,7 +538,7 @@ def test_a_killed_warm_attempt_deletes_its_worker_pod(warm_runtime):
     spec = warm_spec()
     rt.launch(spec)
     ledger.rows["uid-" + name] = replace(ledger.rows["uid-" + name], state="busy", taken_at=NOW)
-    rt.warm.rows, rt.warm.rows_read_at = ledger.workers("default"), time.monotonic()
+    rt.warm.set_rows(ledger.workers("default"), time.monotonic())
     attempt = SimpleNamespace(ref=spec.ref, pod_name=name, pod_uid="uid-" + name)
     assert rt.kill(attempt, grace=5) is Presence.LIVE
     deadline = time.monotonic() + 5

@@ -956,8 +956,7 @@ class KubernetesRuntime:
     def _warm_row(self, uid: str, w: _WarmLaunch) -> tuple[Any, bool]:
         """The last tick's ledger row of pod ``uid`` and whether that read started after ``w``'s assignment."""
         assert self.warm is not None
-        rows, read_at = self.warm.read_rows()
-        row = next((r for r in rows if r.pod_uid == uid), None)
+        row, read_at = self.warm.row(uid)
         return row, w.assigned_at is None or read_at >= w.assigned_at
 
     def _warm_view(self, name: str, uid: str, now: float) -> tuple[PodView | None, bool]:

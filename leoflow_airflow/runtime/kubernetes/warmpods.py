@@ -325,6 +325,7 @@ class WarmPool:
         """The ledger rows of the namespace as the last tick read them (placement reads them)."""
         self.rows_read_at = float("-inf")
         """``monotonic()`` when :attr:`rows` were read (started reading)."""
+        self._by_uid: dict[str, Any] = {}
 
     @property
     def namespace(self) -> str:
@@ -387,11 +388,15 @@ class WarmPool:
         by_uid = {r.pod_uid: r for r in rows}
         mine = [v for v in views if v.label(JOB_LABEL) == label_value(self.job_id)]
         self.expectations.observe(v.name for v in mine)
+        # a pod's tenant label is label_value(tenant): read it back as the targets name it, so a tenant's
+        # footprint is counted under one key
+        tenants = {label_value(t.tenant): t.tenant for t in targets}
         workers = []
         for v in mine:
             version = v.label(VERSION_LABEL) or ""
+            label = v.label(TENANT_LABEL) or ""
             workers.append(warmdecide.pool_worker(
-                v, by_uid.get(v.uid), version=version, tenant=v.label(TENANT_LABEL) or "", now=now,
+                v, by_uid.get(v.uid), version=version, tenant=tenants.get(label, label), now=now,
                 max_attempts=self.warm.warm_max_attempts, max_lifetime=self.warm.warm_max_lifetime_seconds))
         return warm_pool.PoolSnapshot(targets=targets, workers=tuple(workers),
                                       pending=self.expectations.pending(self._monotonic()),
@@ -406,8 +411,7 @@ class WarmPool:
             pvs = {pv.version: pv for pv in self._versions()}
             started = self._monotonic()
             rows = list(self.ledger.workers(self.namespace))
-            with self._lock:
-                self.rows, self.rows_read_at = rows, started
+            self.set_rows(rows, started)
         except Exception as exc:  # noqa: BLE001 - a DB hiccup: next tick
             log.warning("warm pods: could not read the targets or the ledger: %s", _short(exc))
             report.errors.append(_short(exc))
@@ -499,6 +503,18 @@ class WarmPool:
                     report.forgotten.append(row.pod_name)
             except Exception as exc:  # noqa: BLE001
                 report.errors.append(f"forget {row.pod_name}: {_short(exc)}")
+
+    def row(self, pod_uid: str) -> tuple[Any, float]:
+        """The last tick's ledger row of ``pod_uid`` (None: none) and when the rows' read started; any thread."""
+        with self._lock:
+            return self._by_uid.get(pod_uid), self.rows_read_at
+
+    def set_rows(self, rows: list[Any], read_at: float) -> None:
+        """Keep ``rows`` (the ledger's warm rows of the namespace, read from ``read_at``, ``monotonic()``) for
+        placement and the attempt side; any thread."""
+        with self._lock:
+            self.rows, self.rows_read_at = list(rows), read_at
+            self._by_uid = {r.pod_uid: r for r in rows}
 
     def read_rows(self) -> tuple[list[Any], float]:
         """The last tick's ledger rows and when their read started (``monotonic()``); any thread."""
