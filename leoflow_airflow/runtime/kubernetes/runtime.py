@@ -659,8 +659,10 @@ class KubernetesRuntime:
             return None
         rows, _ = self.warm.read_rows()
         held = self._warm_held_uids()
-        views = {v.name: v for v in self.warm_informer.views()}
-        for row in warmdecide.candidates([r for r in rows if r.pod_uid not in held], views, str(version))[:3]:
+        mine = [r for r in rows if r.pod_uid not in held and r.state == warmdecide.IDLE
+                and r.dag_version_id == str(version)]
+        views = {r.pod_name: v for r in mine if (v := self.warm_informer.get(r.pod_name)) is not None}
+        for row in warmdecide.candidates(mine, views, str(version))[:3]:
             try:
                 won = self._warm_ledger.assign(row.pod_uid, spec.ref, row_version=row.row_version)
             except Exception as exc:  # noqa: BLE001 - the ledger failed: cold

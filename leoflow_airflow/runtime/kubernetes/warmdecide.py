@@ -20,6 +20,7 @@ from leoflow_agent import outcome
 from leoflow_airflow.ledger.states import AttemptRef
 from leoflow_airflow.lifecycle.runtime import Evidence, Presence, StartProgress, StartState
 from leoflow_airflow.runtime.kubernetes import status
+from leoflow_airflow.runtime.kubernetes.decide import _operation
 from leoflow_airflow.runtime.kubernetes.fields import set_paths
 from leoflow_airflow.warm.pool import Worker, WorkerState
 
@@ -127,12 +128,12 @@ def deadline_patch(uid: str, current: int | None, seconds: int) -> list[dict[str
     """The RFC 6902 patch that sets pod ``uid``'s ``activeDeadlineSeconds`` from ``current`` to ``seconds``: it
     ``test``s the UID and the current value first (a pod re-created under the name, or a deadline another
     writer lowered meanwhile, fails the patch with 422 instead of being raised)."""
-    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+    path = "/spec/activeDeadlineSeconds"
+    ops: list[dict[str, Any]] = [_operation("test", "/metadata/uid", value=uid)]
     if current is None:
-        ops.append({"op": "add", "path": "/spec/activeDeadlineSeconds", "value": seconds})
+        ops.append(_operation("add", path, value=seconds))
     else:
-        ops += [{"op": "test", "path": "/spec/activeDeadlineSeconds", "value": current},
-                {"op": "replace", "path": "/spec/activeDeadlineSeconds", "value": seconds}]
+        ops += [_operation("test", path, value=current), _operation("replace", path, value=seconds)]
     return ops
 
 
