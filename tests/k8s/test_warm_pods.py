@@ -5,6 +5,10 @@ past ``max_pool_size``; deleting the anchor makes the controller-manager's garba
 of it (the "lost control plane" acceptance case: no scheduler is needed for a pool to go); and the anchors of a
 scheduler job that is not alive are deleted at start, their pods following.
 
+Last, the runtime itself: an attempt is placed on a registered idle warm pod (``Started`` with its name and UID),
+the pod's ``activeDeadlineSeconds`` is PATCHed down to its age + the credential ceiling by the real API server,
+and a kill deletes the warm pod, after which the attempt reads GONE.
+
 The warm pods run on kwok nodes (the pod template binds them to ``kwok-node-0``): kwok makes them Running without
 running anything, so no agent and no plugin app are involved; the ledger is an in-memory stand-in with the
 contract's methods (branch warm-server owns the real one).
@@ -12,14 +16,23 @@ contract's methods (branch warm-server owns the real one).
 
 from __future__ import annotations
 
+import time
+import uuid
+from datetime import datetime, timezone
+from types import SimpleNamespace
+
 import pytest
 from kubernetes import client
 from kubernetes.client import models as k8s
 
 from leoflow_airflow import settings as leoflow_settings
+from leoflow_airflow.dispatch.disposition import Disposition
+from leoflow_airflow.ledger.states import AttemptRef
+from leoflow_airflow.lifecycle.runtime import Exited, LaunchSpec, Presence, Started, launch_id
 from leoflow_airflow.runtime.kubernetes import warmpods
 from leoflow_airflow.runtime.kubernetes.informer import PodInformer
-from tests.fakes.warm_ledger import MemoryLedger
+from leoflow_airflow.runtime.kubernetes.runtime import KubernetesRuntime
+from tests.fakes.warm_ledger import MemoryLedger, Row
 
 from .conftest import wait_for
 
@@ -123,3 +136,72 @@ def test_the_anchors_of_a_dead_scheduler_job_are_deleted_at_start_and_their_pods
     assert warmpods.anchor_name("901", V1) in names and warmpods.anchor_name("900", V1) not in names
     wait_for(lambda: {p.metadata.labels["leoflow.io/scheduler-job"] for p in warm_pods(core, namespace)} == {"901"},
              60, what="the dead job's warm pod to be garbage collected")
+
+
+def test_the_runtime_places_an_attempt_on_a_warm_pod_lowers_its_deadline_and_a_kill_deletes_it(
+        k8s_env, namespace, core, tmp_path):
+    template = tmp_path / "pod.yaml"
+    template.write_text("spec:\n  nodeName: kwok-node-0\n  containers:\n  - name: base\n")
+    conf = {"runtime": "kubernetes", "image": "registry.example/leoflow:test", "namespace": namespace,
+            "exchange_url": "http://127.0.0.1:9/leoflow", "in_cluster": "False",
+            "kube_config": str(k8s_env.kubeconfig), "pod_template_file": str(template),
+            "warm_min_idle": "1", "warm_max_pool_size": "1"}
+    s = leoflow_settings.load(lambda section, key, fallback: conf.get(key, fallback))
+    ledger = MemoryLedger()
+    versions = [warmpods.PoolVersion(V1, "etl", "dags", "", "etl.py", active_run=True)]
+    rt = KubernetesRuntime(s, mutation_hook=False, warm_ledger_factory=lambda: ledger, warm_versions=lambda: versions,
+                           jobs_alive=lambda jobs: set())
+    rt.job_id = 77
+    rt.start()
+    events: list = []
+
+    def poll():
+        events.extend(rt.poll())
+
+    try:
+        wait_for(lambda: rt.admit() is None, 30, what="the runtime to admit launches")
+
+        def running_warm_pod():
+            poll()
+            views = [v for v in rt.warm_informer.views() if v.phase == "Running"]
+            return views[0] if views else None
+
+        pod = wait_for(running_warm_pod, 30, interval=0.05, what="a Running warm pod")
+        now = datetime.now(timezone.utc)
+        ledger.rows[pod.uid] = Row(pod.uid, pod.name, registered_at=now, last_seen_at=now, namespace=namespace)
+        wait_for(lambda: poll() or rt.warm.row(pod.uid)[0] is not None, 10, interval=0.05,
+                 what="a tick to read the registered row")
+
+        ref = AttemptRef(str(uuid.uuid4()), 1, 1)
+        ti = SimpleNamespace(dag_id="etl", task_id="t", run_id="r", map_index=-1, executor_config=None,
+                             dag_version_id=uuid.UUID(V1))
+        assert rt.launch(LaunchSpec(launch_id(ref), ref, SimpleNamespace(ti=ti))).disposition is \
+            Disposition.DISPATCHED
+        wait_for(lambda: poll() or any(isinstance(e, Started) for e in events), 10, interval=0.05,
+                 what="Started")
+        started = next(e for e in events if isinstance(e, Started))
+        assert started.facts == {"pod_name": pod.name, "pod_uid": pod.uid}
+        ceiling = s.kubernetes.credential_ceiling_seconds
+        created_with = 3600 + ceiling
+
+        def lowered():
+            got = core.read_namespaced_pod(pod.name, namespace).spec.active_deadline_seconds
+            return got if got < created_with else None
+
+        deadline = wait_for(lowered, 10, what="the deadline PATCH")
+        assert ceiling <= deadline <= ceiling + 120  # the pod's age (seconds) + the ceiling, never raised
+
+        ledger.rows[pod.uid] = Row(pod.uid, pod.name, state="busy", ref=ref, registered_at=now, taken_at=now,
+                                   namespace=namespace)
+        attempt = SimpleNamespace(ref=ref, pod_name=pod.name, pod_uid=pod.uid)
+        wait_for(lambda: poll() or rt.observe([attempt])[ref] is Presence.LIVE, 10, interval=0.05,
+                 what="the attempt to read LIVE on its busy warm pod")
+        assert rt.kill(attempt, grace=0) is Presence.LIVE
+        wait_for(lambda: not [p for p in warm_pods(core, namespace) if p.metadata.uid == pod.uid], 30,
+                 what="the killed attempt's warm pod to be deleted")
+        wait_for(lambda: poll() or rt.observe([attempt])[ref] is Presence.GONE, 15, interval=0.05,
+                 what="the attempt to read GONE")
+        wait_for(lambda: poll() or any(isinstance(e, Exited) and e.launch_id == launch_id(ref) for e in events), 10,
+                 interval=0.05, what="Exited")
+    finally:
+        rt.stop(timeout=5)

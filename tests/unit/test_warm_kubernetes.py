@@ -317,6 +317,7 @@ class FakeInformer:
         self.synced = True
         self.last_error = None
         self.pods: dict[str, object] = {}
+        self.buried: dict[str, object] = {}
 
     def show(self, core: FakeCore, phase: str = "Running") -> None:
         self.pods = {n: view(n, p.metadata.uid, phase=phase, labels=p.metadata.labels, created=NOW)
@@ -332,7 +333,8 @@ class FakeInformer:
         return self.pods.get(name)
 
     def tombstone(self, name, uid):
-        return None
+        view = self.buried.get(name)
+        return view if view is not None and view.uid == uid else None
 
     def views(self):
         return list(self.pods.values())
@@ -544,4 +546,9 @@ def test_a_killed_warm_attempt_deletes_its_worker_pod(warm_runtime):
     deadline = time.monotonic() + 5
     while name not in core.deleted:
         assert time.monotonic() < deadline
+        time.sleep(0.01)
+    informer.buried[name] = informer.pods.pop(name)  # the watch's DELETED: its last view (Running) is a tombstone
+    deadline = time.monotonic() + 5
+    while rt.observe([attempt])[spec.ref] is not Presence.GONE:  # once a live read found it gone (404)
+        assert time.monotonic() < deadline, rt.observe([attempt])
         time.sleep(0.01)

@@ -989,6 +989,8 @@ class KubernetesRuntime:
             now = self._monotonic()
         row, fresh = self._warm_row(uid, w)
         view, gone = self._warm_view(name, uid, now)
+        if gone and view is not None and not view.terminal:
+            view = None  # a tombstone's last view says nothing of a pod a live read found gone
         return warmdecide.warm_presence(row, view, ref, row_fresh=fresh, pod_confirmed_gone=gone)
 
     def start_progress(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, StartProgress]:
