@@ -480,6 +480,10 @@ def test_an_attempt_goes_to_an_idle_warm_pod_and_its_presence_follows_the_ledger
     ledger.rows["uid-" + name] = replace(ledger.rows["uid-" + name], state="idle", ref=None)  # released
     rt.warm.set_rows(ledger.workers("default"), time.monotonic())
     assert rt.observe([attempt])[spec.ref] is Presence.GONE
+    deadline = time.monotonic() + 5
+    while not core.patches:  # the deadline PATCH runs on the request pool
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     (patched, ops), = core.patches  # the deadline, lowered to the pod's age + the credential ceiling
     assert patched == name and ops[-1]["path"] == "/spec/activeDeadlineSeconds"
     assert 604800 + 120 <= ops[-1]["value"] <= 604800 + 130 < 604800 + 3600
