@@ -385,6 +385,23 @@ def test_the_tenant_cap_counts_every_version_of_a_tenant_once_its_pods_show_in_t
     assert len(core.pods) == 3
 
 
+def test_the_pool_tells_the_plugins_when_a_versions_ready_warm_pods_change(monkeypatch):
+    calls = []
+    monkeypatch.setattr("leoflow_airflow.hooks.warm_pool_resized",
+                        lambda key, *, before, after: calls.append((key, before, after)))
+    core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
+    pool = make_pool(core, ledger, informer, warm_min_idle="1", warm_max_pool_size="1")
+    pool.tick(NOW)
+    informer.show(core)
+    pool.tick(NOW)
+    assert calls == []  # created and Running, not registered: not ready yet
+    (name,) = core.pods
+    ledger.rows["uid-" + name] = Row("uid-" + name, name, registered_at=NOW)
+    pool.tick(NOW)
+    pool.tick(NOW)
+    assert calls == [(f"kubernetes:{V1}", 0, 1)]
+
+
 def test_the_pool_never_deletes_a_worker_that_holds_an_attempt():
     core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
     pool = make_pool(core, ledger, informer, warm_min_idle="1", warm_max_pool_size="1")

@@ -326,6 +326,7 @@ class WarmPool:
         self.rows_read_at = float("-inf")
         """``monotonic()`` when :attr:`rows` were read (started reading)."""
         self._by_uid: dict[str, Any] = {}
+        self._ready: dict[str, int] = {}  # version -> ready warm pods at the last synced tick
 
     @property
     def namespace(self) -> str:
@@ -418,7 +419,9 @@ class WarmPool:
             return report
         targets = resolve((pv.info() for pv in pvs.values()), self.defaults, self.overrides)
         views = list(self.informer.views()) if self.informer.synced else []
-        report.actions = warm_pool.decide(self.snapshot(targets, views, rows, now), now, self.pool_settings)
+        snapshot = self.snapshot(targets, views, rows, now)
+        self._resized(snapshot)
+        report.actions = warm_pool.decide(snapshot, now, self.pool_settings)
         by_name = {v.name: v for v in views}
         for action in report.actions:
             try:
@@ -430,6 +433,22 @@ class WarmPool:
         for line in report.errors:
             log.warning("warm pods: %s", line)
         return report
+
+    def _resized(self, snapshot: warm_pool.PoolSnapshot) -> None:
+        """Fire the plugins' ``leoflow_warm_pool_resized`` for every version whose ready (idle, registered) warm
+        pods changed since the last synced tick, ``pool_key`` ``kubernetes:<dag_version_id>`` (never raises)."""
+        if not snapshot.synced:
+            return
+        from leoflow_airflow import hooks
+
+        ready: dict[str, int] = {}
+        for w in snapshot.workers:
+            ready[w.version] = ready.get(w.version, 0) + (w.state is warm_pool.WorkerState.IDLE)
+        for version in sorted(set(ready) | set(self._ready)):
+            before, after = self._ready.get(version, 0), ready.get(version, 0)
+            if before != after:
+                hooks.warm_pool_resized(f"kubernetes:{version}", before=before, after=after)
+        self._ready = {v: n for v, n in ready.items() if n}
 
     def _act(self, action: Any, pvs: Mapping[str, PoolVersion], views: Mapping[str, PodView],
              report: TickReport) -> None:
