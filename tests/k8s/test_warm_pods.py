@@ -123,19 +123,34 @@ def test_deleting_the_anchor_makes_the_garbage_collector_remove_its_warm_pods(po
     wait_for(lambda: not warm_pods(core, namespace), 60, what="the garbage collector to remove the warm pods")
 
 
-def test_the_anchors_of_a_dead_scheduler_job_are_deleted_at_start_and_their_pods_follow(pool_for, namespace,
-                                                                                       core):
-    dead = pool_for(namespace, job_id="900", warm_min_idle="1", warm_max_pool_size="1")
+def test_the_anchors_of_a_dead_scheduler_job_are_deleted_at_start_and_their_idle_pods_follow(pool_for, namespace,
+                                                                                            core):
+    """Job 900 is not alive: its anchor goes and its idle warm pod with it, while its pod that holds an attempt
+    is moved under the successor's anchor and keeps running; job 901 is alive: untouched."""
+    dead = pool_for(namespace, job_id="900", warm_min_idle="2", warm_max_pool_size="2")
     alive = pool_for(namespace, job_id="901", warm_min_idle="1", warm_max_pool_size="1")
-    assert len(dead.tick().created) == 1 and len(alive.tick().created) == 1
-    wait_for(lambda: len(warm_pods(core, namespace)) == 2, 10, what="one warm pod per job")
+    assert len(dead.tick().created) == 2 and len(alive.tick().created) == 1
+    wait_for(lambda: len([p for p in warm_pods(core, namespace) if p.status.phase == "Running"]) == 3, 30,
+             what="three Running warm pods")
+    busy, idle = sorted((p for p in warm_pods(core, namespace)
+                         if p.metadata.labels["leoflow.io/scheduler-job"] == "900"), key=lambda p: p.metadata.name)
     successor = pool_for(namespace, job_id="902", warm_min_idle="1")
+    successor.ledger.rows[busy.metadata.uid] = Row(busy.metadata.uid, busy.metadata.name, state="busy",
+                                                   ref=AttemptRef(str(uuid.uuid4()), 1, 1), namespace=namespace)
     deleted = successor.sweep_dead_anchors(lambda jobs: {"901"} & jobs)  # Airflow: job 900 is not alive
     assert deleted == [warmpods.anchor_name("900", V1)]
     names = {cm.metadata.name for cm in core.list_namespaced_config_map(namespace).items}
     assert warmpods.anchor_name("901", V1) in names and warmpods.anchor_name("900", V1) not in names
-    wait_for(lambda: {p.metadata.labels["leoflow.io/scheduler-job"] for p in warm_pods(core, namespace)} == {"901"},
-             60, what="the dead job's warm pod to be garbage collected")
+    assert warmpods.anchor_name("902", V1) in names  # the busy pod's new owner
+    wait_for(lambda: idle.metadata.uid not in {p.metadata.uid for p in warm_pods(core, namespace)}, 60,
+             what="the dead job's idle warm pod to be garbage collected")
+    time.sleep(2)  # the garbage collector had its chance at the busy pod too
+    kept = core.read_namespaced_pod(busy.metadata.name, namespace)
+    assert kept.metadata.uid == busy.metadata.uid and kept.metadata.deletion_timestamp is None
+    assert kept.metadata.labels["leoflow.io/scheduler-job"] == "902"
+    (owner,) = kept.metadata.owner_references
+    assert (owner.name, owner.controller) == (warmpods.anchor_name("902", V1), True)
+    assert {p.metadata.labels["leoflow.io/scheduler-job"] for p in warm_pods(core, namespace)} == {"901", "902"}
 
 
 def test_the_runtime_places_an_attempt_on_a_warm_pod_lowers_its_deadline_and_a_kill_deletes_it(

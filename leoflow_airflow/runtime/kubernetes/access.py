@@ -48,7 +48,8 @@ SCHEDULER_RULES: tuple[Rule, ...] = (
     Rule("watch", "pods", "the pod informer's watch"),
     Rule("delete", "pods", "revoke_task, terminate() and the retention GC (UID precondition)"),
     Rule("patch", "pods", "release leoflow's finalizer once the attempt is settled (UID-tested JSON patch); "
-         "lower a warm pod's activeDeadlineSeconds when it takes an attempt"),
+         "lower a warm pod's activeDeadlineSeconds when it takes an attempt; move a dead scheduler's busy warm pod under "
+         "this scheduler's anchor"),
     Rule("get", "serviceaccounts", "start() checks the task ServiceAccount exists"),
     Rule("create", "configmaps", "warm pods: one anchor ConfigMap per (scheduler job, DAG version) owns its pool"),
     Rule("list", "configmaps", "warm pods: start() finds the anchors of scheduler jobs that are not alive"),

@@ -15,7 +15,9 @@ for attempts, which the scheduler hands it through the ledger (``WarmLedger.assi
   is owned by (``controller: true``, ``blockOwnerDeletion: false``), so deleting it makes Kubernetes' garbage
   collector delete the pool (k8s-runtime-facts §6.6-6.7): a lost scheduler's pools go with its anchors, which the
   next scheduler deletes at start (:meth:`WarmPool.sweep_dead_anchors`: a job Airflow's ``Job.is_alive`` says is
-  not alive), and a drained version's anchor is deleted on :class:`~leoflow_airflow.warm.pool.Retire`;
+  not alive), after moving the live pods whose ledger rows hold an attempt under its own anchors (a running
+  attempt survives its scheduler's restart, as on a task pod); a drained version's anchor is deleted on
+  :class:`~leoflow_airflow.warm.pool.Retire`;
 * :class:`WarmPool`: one **tick** (on the runtime's request pool, never on the scheduler loop): snapshot = this
   job's warm pods from the warm informer + the ledger's rows → :func:`leoflow_airflow.warm.pool.decide` → creates
   (with :class:`~leoflow_airflow.warm.expectations.Expectations`, so a lagging cache never overshoots a cap),
@@ -342,12 +344,52 @@ class WarmPool:
         listed = self.core.list_namespaced_config_map(self.namespace, label_selector=f"{ANCHOR_LABEL}=true",
                                                       _request_timeout=self._timeout)
         anchors = [(cm.metadata.name, (cm.metadata.labels or {}).get(JOB_LABEL, "")) for cm in listed.items]
+        versions = {cm.metadata.name: (cm.metadata.labels or {}).get(VERSION_LABEL, "") for cm in listed.items}
         jobs = {job for _, job in anchors if job and job != self.job_id}
         dead = warmdecide.dead_anchors(anchors, alive(jobs) if jobs else set(), self.job_id)
+        holding: dict[str, Any] | None = None
         for name in dead:
+            job = dict(anchors)[name]
+            if versions.get(name):
+                if holding is None:
+                    holding = {r.pod_uid: r for r in self.ledger.workers(self.namespace)
+                               if r.state in (warmdecide.ASSIGNED, warmdecide.BUSY)}
+                self._adopt_holding(job, versions[name], holding)
             self._delete_anchor(name)
             log.info("warm pods: deleted anchor %s of a scheduler job that is not alive (its pods go with it)", name)
         return dead
+
+    def _adopt_holding(self, job: str, version: str, holding: Mapping[str, Any]) -> None:
+        """Before a dead job's anchor goes: move each of its live warm pods of ``version`` whose ledger row holds
+        an attempt under this job's anchor (ownerReference and ``leoflow.io/scheduler-job``, one UID-tested JSON
+        patch), so the garbage collector does not kill a running attempt because its scheduler restarted (a task
+        pod outlives its scheduler too); this pool then never deletes it while it is busy and reaps it once
+        terminal. Idle pods are left to go with the anchor."""
+        from leoflow_airflow.runtime.kubernetes.decide import _operation
+        from leoflow_airflow.runtime.kubernetes.finalizer import JSON_PATCH
+
+        selector = f"{warm_selector()},{JOB_LABEL}={job},{VERSION_LABEL}={version}"
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector,
+                                             _request_timeout=self._timeout).items
+        for pod in pods:
+            if pod.metadata.uid not in holding or (pod.status and pod.status.phase in ("Succeeded", "Failed")):
+                continue
+            uid = self._ensure_anchor(version, TickReport())
+            if uid is None:
+                continue
+            owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": anchor_name(self.job_id, version), "uid": uid,
+                     "controller": True, "blockOwnerDeletion": False}
+            patch = [_operation("test", "/metadata/uid", value=pod.metadata.uid),
+                     _operation("replace", "/metadata/ownerReferences", value=[owner]),
+                     _operation("replace", "/metadata/labels/" + JOB_LABEL.replace("/", "~1"),
+                                value=label_value(self.job_id))]
+            try:
+                self.core.patch_namespaced_pod(pod.metadata.name, self.namespace, patch,
+                                               _request_timeout=self._timeout, _content_type=JSON_PATCH)
+                log.info("warm pods: adopted %s (it holds an attempt) from dead scheduler job %s", pod.metadata.name,
+                         job)
+            except Exception as exc:  # noqa: BLE001 - 404/422: gone or another pod; else it goes with the anchor
+                log.warning("warm pods: could not adopt %s from job %s: %s", pod.metadata.name, job, _short(exc))
 
     def _ensure_anchor(self, version: str, report: TickReport) -> str | None:
         """The uid of this job's anchor of ``version``, created when missing (409: read back); None on error."""
