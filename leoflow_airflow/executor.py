@@ -165,6 +165,8 @@ class LeoflowExecutor(BaseExecutor):
         self.life.job_id = self.job_id
         self.life.ownership = self._ownership()
         runtime = self.life.runtime
+        if hasattr(runtime, "job_id"):  # the Kubernetes runtime's warm pods are per scheduler job
+            runtime.job_id = self.job_id
         runtime.start()
         self._started = True
         self.log.info("leoflow started: runtime=%s, runtime_dir=%s, parallelism=%d", runtime.kind,

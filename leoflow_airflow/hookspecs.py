@@ -152,10 +152,10 @@ def leoflow_attempt_settled(attempt: AttemptInfo, evidence: Mapping[str, Any], r
 def leoflow_warm_pool_resized(pool_key: str, before: int, after: int) -> None:
     """Observe a warm pool's size change (scheduler side).
 
-    Fired today by the **Lite** runtime only: its zygote tells the scheduler whenever the number of ready file
-    workers changes, and ``pool_key`` is ``lite:file_workers``. (The Kubernetes warm pool decisions in
-    :mod:`leoflow_airflow.warm` are not wired to a runtime yet; when they are, they fire this hook with the
-    pool's key.) Observe only: exceptions are logged, the return value is ignored.
+    Fired by the **Lite** runtime whenever the number of ready file workers changes (``pool_key``
+    ``lite:file_workers``), and by the **Kubernetes** runtime's warm pool tick whenever the number of idle,
+    registered warm pods of a DAG version changes (``pool_key`` ``kubernetes:<dag_version_id>``; on the
+    runtime's request pool thread). Observe only: exceptions are logged, the return value is ignored.
 
     :param pool_key: which pool.
     :param before, after: its ready size before and after the change (>= 0).

@@ -91,6 +91,9 @@ METRICS: tuple[Metric, ...] = (
            "Lite attempts forked by a ready file worker (warm; needs `[leoflow] lite_warm_files` > 0)."),
     Metric("leoflow.warm.lite.miss", "counter", _LITE,
            "Lite attempts forked cold by the zygote while file workers are on (no ready worker for the file)."),
+    Metric("leoflow.warm.kubernetes.<result>", "counter", _KUBE,
+           "Kubernetes attempts by placement while warm pods are on: `hit` (assigned to an idle warm pod) or "
+           "`miss` (a cold pod: no idle warm pod of its DAG version, or its executor_config asks for one)."),
     Metric("leoflow.pod.create", "timer", _KUBE,
            "Latency of one pod create call to the API server (success or not)."),
     Metric("leoflow.exchange.<result>", "counter", _KUBE,

@@ -101,6 +101,20 @@ def _field_paths(v: str) -> str | None:
             "`spec.containers.resources`)") if bad else None
 
 
+WARM_ISOLATIONS = ("read-only-root", "shared")
+"""The values of ``[leoflow] warm_isolation`` (the agent's ``LEOFLOW_WARM_ISOLATION``)."""
+
+
+def _warm_pools(v: str) -> str | None:
+    from leoflow_airflow.warm.targets import parse_overrides
+
+    try:
+        parse_overrides(v)
+    except ConfigError as exc:
+        return exc.reason
+    return None
+
+
 def _ceiling(v: int) -> str | None:
     if v == 0 or v >= MIN_CREDENTIAL_CEILING_SECONDS:
         return None
@@ -263,6 +277,33 @@ OPTIONS: tuple[Option, ...] = (
     Option("exchange_timeout_seconds", "float", "5", "Seconds each Kubernetes call of one token exchange "
            "(TokenReview, then the pod GET) may take on the api-server; a call that does not answer in time makes "
            "the exchange answer 503 (try again), never hold the request open.", _positive),
+    Option("warm_min_idle", "integer", "0", "Kubernetes warm pods (README \"Warm pods on Kubernetes\"): warm pods "
+           "kept ready per active DAG version (a version with a queued or running dag run; with warm_prewarm also an "
+           "unpaused DAG's current version). A ready warm pod has parsed the DAG file and takes an attempt in-band, "
+           "without a pod start. 0 = warm pods off for every DAG warm_pools does not name.", _non_negative),
+    Option("warm_max_pool_size", "integer", "4", "Warm pods of one DAG version at most, busy ones included (a "
+           "value below the version's min_idle counts as min_idle).", _non_negative),
+    Option("warm_tenant_cap", "integer", "0", "Warm pods of one tenant (its team under Airflow's multi-team mode, "
+           "else its DAG bundle) across all its versions, at most. 0 = no cap.", _non_negative),
+    Option("warm_prewarm", "boolean", "False", "Keep warm pods for an unpaused DAG's current version before any "
+           "run of it exists (they yield to active runs under warm_tenant_cap)."),
+    Option("warm_pools", "string", "", "Per-DAG warm pool sizes, a JSON object of dag_id globs (fnmatch, first "
+           "match wins) to any of `min_idle`, `max_pool_size`, `prewarm`, e.g. "
+           "`{\"etl_*\": {\"min_idle\": 2, \"max_pool_size\": 4}, \"huge_*\": {\"min_idle\": 0}}`; what an "
+           "entry leaves out comes from the warm_* defaults. Empty: none.", _warm_pools),
+    Option("warm_max_attempts", "integer", "50", "Attempts one warm pod runs before it exits (a fresh one "
+           "replaces it).", _positive),
+    Option("warm_max_lifetime_seconds", "float", "3600", "Seconds after which a warm pod takes no new attempt "
+           "and exits; its activeDeadlineSeconds is this plus credential_ceiling_seconds (none when the ceiling is "
+           "0), and is lowered to pod age + credential_ceiling_seconds when it takes an attempt.", _positive),
+    Option("warm_idle_ttl_seconds", "float", "600", "Seconds a warm pod waits with no attempt before it exits by "
+           "itself (the pool replaces it while its version still needs one).", _positive),
+    Option("warm_start_timeout_seconds", "float", "300", "Seconds a warm pod may take from its create to its "
+           "registration (image pull, DAG file parse) before the pool deletes it as broken.", _positive),
+    Option("warm_isolation", "string", "read-only-root", "Between two attempts of one warm pod: `read-only-root` "
+           "(each attempt gets its own HOME and TMPDIR on the pod's scratch emptyDir, removed after it; /tmp and "
+           "/dev/shm are emptied) or `shared` (nothing is swept).",
+           lambda v: None if v in WARM_ISOLATIONS else "must be `read-only-root` or `shared`"),
     Option("test_fault_injection", "boolean", "False", "TEST ONLY: honour the per-attempt fault-injection "
            "point (docs/DESIGN.md §3). Never enable in production."),
     Option("test_fault_plan", "string", "", "TEST ONLY (with test_fault_injection): a JSON file mapping "
@@ -328,6 +369,47 @@ class KubernetesSettings:
 
 
 KUBERNETES_KEYS: tuple[str, ...] = tuple(KubernetesSettings.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class WarmSettings:
+    """The ``[leoflow] warm_*`` options: Kubernetes warm pods (issue 11; each option's text is in
+    :data:`OPTIONS`). The defaults are the options' defaults: warm pods off (``warm_min_idle`` 0)."""
+
+    warm_min_idle: int = 0
+    """Warm pods kept ready per active DAG version (count; 0: off unless ``warm_pools`` names the DAG)."""
+    warm_max_pool_size: int = 4
+    """Warm pods of one version at most (count)."""
+    warm_tenant_cap: int = 0
+    """Warm pods of one tenant at most (count; 0: no cap)."""
+    warm_prewarm: bool = False
+    """Keep a pool for an unpaused DAG's current version before any run of it."""
+    warm_pools: str = ""
+    """The per-DAG overrides, JSON text (:func:`leoflow_airflow.warm.targets.parse_overrides` accepted it)."""
+    warm_max_attempts: int = 50
+    """Attempts one warm pod runs before it exits (≥ 1)."""
+    warm_max_lifetime_seconds: float = 3600.0
+    """Seconds a warm pod serves (> 0)."""
+    warm_idle_ttl_seconds: float = 600.0
+    """Seconds a warm pod waits idle before it exits (> 0)."""
+    warm_start_timeout_seconds: float = 300.0
+    """Seconds from a warm pod's create to its registration before the pool deletes it (> 0)."""
+    warm_isolation: str = "read-only-root"
+    """``read-only-root`` or ``shared`` (:data:`WARM_ISOLATIONS`)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any DAG can get a warm pool: ``warm_min_idle`` > 0 or a ``warm_pools`` override with
+        ``min_idle`` > 0."""
+        if self.warm_min_idle > 0:
+            return True
+        from leoflow_airflow.warm.targets import parse_overrides
+
+        return any((o.min_idle or 0) > 0 for o in parse_overrides(self.warm_pools))
+
+
+WARM_KEYS: tuple[str, ...] = tuple(WarmSettings.__dataclass_fields__)
+"""The ``[leoflow]`` options that belong to :class:`WarmSettings` (``LeoflowSettings.warm``)."""
 """The ``[leoflow]`` options that belong to :class:`KubernetesSettings` (``LeoflowSettings.kubernetes``)."""
 
 
@@ -398,6 +480,9 @@ class LeoflowSettings:
     """JSON file of fault points keyed ``dag_id/run_id/task_id/try_number/attempt_epoch``."""
     test_host: str
     """The host stamp to use instead of the real one (only with ``test_fault_injection``)."""
+    # --- warm pods (Kubernetes)
+    warm: WarmSettings = WarmSettings()
+    """The ``warm_*`` options (:class:`WarmSettings`; default: warm pods off)."""
 
 
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
@@ -444,7 +529,8 @@ def _load(get: Callable[[str, str, str], str]) -> LeoflowSettings:
     for name in ("agent_env_passthrough", "zygote_preload", "agent_env_deny", "pod_override_allow"):
         values[name] = _split_names(values[name])
     kube = KubernetesSettings(**{k: values.pop(k) for k in KUBERNETES_KEYS})
-    return LeoflowSettings(**values, kubernetes=kube)
+    warm = WarmSettings(**{k: values.pop(k) for k in WARM_KEYS})
+    return LeoflowSettings(**values, kubernetes=kube, warm=warm)
 
 
 def check_api_access(kube: KubernetesSettings) -> None:

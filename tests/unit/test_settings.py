@@ -43,7 +43,8 @@ def test_defaults_parse(monkeypatch, tmp_path):
 def test_every_option_has_a_field_and_a_default_that_parses():
     """OPTIONS and LeoflowSettings (with its KubernetesSettings group) agree, and each default is valid on its
     own."""
-    fields = (set(settings.LeoflowSettings.__dataclass_fields__) - {"kubernetes"}) | set(settings.KUBERNETES_KEYS)
+    fields = (set(settings.LeoflowSettings.__dataclass_fields__) - {"kubernetes", "warm"}) | \
+        set(settings.KUBERNETES_KEYS) | set(settings.WARM_KEYS)
     assert {o.name for o in settings.OPTIONS} == fields
     for opt in settings.OPTIONS:
         settings._parse(opt, opt.default)

@@ -47,8 +47,15 @@ SCHEDULER_RULES: tuple[Rule, ...] = (
     Rule("list", "pods", "the pod informer's (re)list"),
     Rule("watch", "pods", "the pod informer's watch"),
     Rule("delete", "pods", "revoke_task, terminate() and the retention GC (UID precondition)"),
-    Rule("patch", "pods", "release leoflow's finalizer once the attempt is settled (UID-tested JSON patch)"),
+    Rule("patch", "pods", "release leoflow's finalizer once the attempt is settled (UID-tested JSON patch); "
+         "lower a warm pod's activeDeadlineSeconds when it takes an attempt; move a dead scheduler's busy warm pod under "
+         "this scheduler's anchor"),
     Rule("get", "serviceaccounts", "start() checks the task ServiceAccount exists"),
+    Rule("create", "configmaps", "warm pods: one anchor ConfigMap per (scheduler job, DAG version) owns its pool"),
+    Rule("list", "configmaps", "warm pods: start() finds the anchors of scheduler jobs that are not alive"),
+    Rule("watch", "configmaps", "warm pods: anchors (reserved for a watch-fed anchor cache)"),
+    Rule("delete", "configmaps", "warm pods: a drained pool's anchor, and a dead scheduler's (the garbage "
+         "collector then removes their pods)"),
 )
 """What the scheduler needs in the task namespace (least privilege, scheduler side)."""
 

@@ -43,6 +43,18 @@ and the pod is terminal or deleting (:func:`.decide.release_due`): at once for t
 closed (:meth:`forget`), and by a sweep of the cache every :data:`COLLECT_INTERVAL_SECONDS` for every other pod
 (a predecessor's settled attempts, a failed release), so no settled pod keeps it.
 
+Warm pods (issue 11; :mod:`.warmpods`, :mod:`.warmdecide`; ``[leoflow] warm_min_idle`` or ``warm_pools``): a
+second informer watches the warm pods; every :data:`WARM_TICK_SECONDS` :meth:`poll` submits one pool tick
+(:meth:`.warmpods.WarmPool.tick`) to the request pool, single-flight, and :meth:`start` submits the sweep of dead
+schedulers' anchors. :meth:`launch` places an attempt on an idle registered worker of its ``dag_version_id``
+(no ``executor_config`` asking for anything: :func:`.warmdecide.cold_reason`) with the guarded
+``WarmLedger.assign``, answers ``Started`` with the warm pod's name and UID (through :meth:`poll`) and submits
+the deadline PATCH (:func:`.warmdecide.lowered_deadline`); anything else is a cold pod as before. A warm
+attempt's presence, evidence and start progress come from its ledger row and its pod
+(:func:`.warmdecide.warm_presence`, :func:`~.warmdecide.warm_evidence`, :func:`~.warmdecide.warm_start_progress`:
+an assignment not taken within 60 s is taken back and reads GONE); a kill deletes its worker pod (a worker never
+outlives a killed attempt); warm pods are never collected here (the pool reaps them).
+
 Callbacks (``ExecuteCallback``: deadline callbacks) do not get a pod: they run on the scheduler's host as a
 local child process (:mod:`.callback`: ``BaseExecutor.run_workload``), the workload JSON handed over on its
 stdin from an unlinked 0600 temporary file (never argv or the environment), the environment filtered as
@@ -81,9 +93,10 @@ from leoflow_airflow.lifecycle.runtime import (
     RuntimeFacts,
     Started,
     StartProgress,
+    StartState,
     launch_id,
 )
-from leoflow_airflow.runtime.kubernetes import decide, status
+from leoflow_airflow.runtime.kubernetes import decide, status, warmdecide, warmpods
 from leoflow_airflow.runtime.kubernetes.classify import Verdict, VerdictKind, classify_exception
 from leoflow_airflow.runtime.kubernetes.finalizer import Release, ReleaseOutcome, release_finalizer
 from leoflow_airflow.runtime.kubernetes.launches import PodLaunch, PodLaunches
@@ -116,6 +129,30 @@ kill); later, the sweep does."""
 STUCK_REASONS = decide.STUCK_REASONS
 """Waiting reasons of the agent container that do not pass by themselves: logged once per pod as an error, and
 the attempt rejected (:func:`.decide.start_progress`)."""
+
+
+WARM_TICK_SECONDS = 2.0
+"""Seconds between two warm pool ticks (each one reads the targets and the ledger's warm rows, then acts)."""
+
+
+@dataclass
+class _WarmLaunch:
+    """A warm attempt this runtime knows: its pod ``name``/``uid``, when it was assigned (``monotonic()``; None:
+    adopted), and whether it was taken back (``revoked``: GONE) or reported ``exited``."""
+
+    ref: AttemptRef
+    name: str
+    uid: str
+    assigned_at: float | None = None
+    revoked: bool = False
+    exited: bool = False
+
+
+@dataclass(frozen=True)
+class _Ticked:
+    """A warm pool tick (or the start sweep) returned: the next may be submitted."""
+
+    what: str
 
 
 POLL_TURN_SHARE = 0.1
@@ -180,6 +217,9 @@ class KubernetesRuntime:
         (:func:`.template.airflow_pod_mutation_hook`). Pass ``False`` for none.
     :param monotonic: the clock of back-offs and intervals (seconds).
     :param environ: the environment callback children start from (filtered; default ``os.environ``).
+    :param warm_ledger_factory: ``() -> WarmLedger`` (default ``WarmLedger.from_airflow()``); warm pods only.
+    :param warm_versions: ``() -> [PoolVersion]`` (default :func:`.warmpods.airflow_versions`).
+    :param jobs_alive: ``(job ids) -> the alive ones`` (default: Airflow's ``Job.is_alive`` of each job row).
     """
 
     kind = "kubernetes"
@@ -190,7 +230,10 @@ class KubernetesRuntime:
                  api_client_factory: Callable[[], Any] | None = None,
                  informer_factory: Callable[[Any, str, str], PodInformer] | None = None,
                  mutation_hook: Callable[[Any], Any] | bool | None = None,
-                 monotonic: Callable[[], float] = time.monotonic, environ: Mapping[str, str] | None = None) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, environ: Mapping[str, str] | None = None,
+                 warm_ledger_factory: Callable[[], Any] | None = None,
+                 warm_versions: Callable[[], list[warmpods.PoolVersion]] | None = None,
+                 jobs_alive: Callable[[set[str]], set[str]] | None = None) -> None:
         self.settings = settings
         self.kube = settings.kubernetes
         self._server = server
@@ -231,6 +274,17 @@ class KubernetesRuntime:
         self._next_collect = 0.0
         self._started = False
         self._stopped = False
+        self.job_id: int | None = None
+        """This scheduler's Airflow job id (the executor sets it before :meth:`start`); warm pods need it."""
+        self._warm_ledger_factory = warm_ledger_factory
+        self._warm_versions = warm_versions
+        self._jobs_alive = jobs_alive
+        self.warm: warmpods.WarmPool | None = None
+        self.warm_informer: PodInformer | None = None
+        self._warm_ledger: Any = None
+        self._warm_launches: dict[str, _WarmLaunch] = {}  # launch id -> the warm attempt
+        self._warm_busy = False  # a tick (or the start sweep) is on the pool
+        self._next_warm_tick = 0.0
 
     # --- the runtime itself ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -267,8 +321,68 @@ class KubernetesRuntime:
             self.informer = PodInformer(self._api, self.kube.namespace, label_selector(),
                                         request_timeout_seconds=REQUEST_TIMEOUT_SECONDS)
         self.informer.start()
+        self._start_warm()
         self._started = True
         self._start_check()
+
+    def _start_warm(self) -> None:
+        """Start warm pods when ``[leoflow] warm_*`` asks for any (module docstring): the warm ledger, the warm
+        informer, the pool, and the sweep of dead schedulers' anchors on the pool. Without a job id or a warm
+        ledger the runtime runs cold only, and says so once."""
+        warm = self.settings.warm
+        if not warm.enabled:
+            return
+        if self.job_id is None:
+            log.error("leoflow warm pods are configured but this runtime has no scheduler job id: cold pods only")
+            return
+        try:
+            if self._warm_ledger_factory is not None:
+                self._warm_ledger = self._warm_ledger_factory()
+            else:
+                from leoflow_airflow.ledger.warm import WarmLedger  # type: ignore[import-not-found]
+
+                self._warm_ledger = WarmLedger.from_airflow()
+        except Exception as exc:  # noqa: BLE001 - the ledger is missing or unreachable: cold pods only
+            log.error("leoflow warm pods: the warm ledger cannot be used (%s): cold pods only", _short(exc))
+            return
+        if self._informer_factory is not None:
+            self.warm_informer = self._informer_factory(self._api, self.kube.namespace, warmpods.warm_selector())
+        else:
+            from leoflow_airflow.runtime.kubernetes.informer import PodInformer
+
+            self.warm_informer = PodInformer(self._api, self.kube.namespace, warmpods.warm_selector(),
+                                             request_timeout_seconds=REQUEST_TIMEOUT_SECONDS)
+        self.warm_informer.start()
+        self.warm = warmpods.WarmPool(
+            self._core, self.kube, warm, job_id=str(self.job_id), ledger=self._warm_ledger,
+            informer=self.warm_informer, versions=self._warm_versions, template=self._template,
+            mutation_hook=self._hook, held=self._warm_held_uids, request_timeout=REQUEST_TIMEOUT_SECONDS,
+            monotonic=self._monotonic, forward_env=self._forward_env)
+        self._warm_busy = True
+        if not self._submit(self._warm_sweep_job):
+            self._warm_busy = False
+
+    def _warm_held_uids(self) -> set[str]:
+        """Pod UIDs of warm attempts this runtime placed or adopted and has not forgotten (any thread: a copy)."""
+        return {w.uid for w in list(self._warm_launches.values())}
+
+    def _warm_sweep_job(self) -> _Ticked:
+        """Pool: delete the anchors of scheduler jobs that are not alive (:meth:`.warmpods.WarmPool.sweep_dead_anchors`)."""
+        assert self.warm is not None
+        try:
+            self.warm.sweep_dead_anchors(self._jobs_alive or _airflow_jobs_alive)
+        except Exception as exc:  # noqa: BLE001 - logged; the next start sweeps again
+            log.warning("leoflow warm pods: the sweep of dead schedulers' anchors failed: %s", _short(exc))
+        return _Ticked("sweep")
+
+    def _warm_tick_job(self) -> _Ticked:
+        """Pool: one warm pool tick."""
+        assert self.warm is not None
+        report = self.warm.tick()
+        if report.created or report.deleted or report.reaped or report.retired:
+            log.info("leoflow warm pods: created %s, deleted %s, reaped %s, retired %s", report.created,
+                     report.deleted, report.reaped, report.retired)
+        return _Ticked("tick")
 
     def _make_api_client(self) -> Any:
         if self._api_client_factory is not None:
@@ -307,6 +421,8 @@ class KubernetesRuntime:
     def _shutdown(self, *, wait_informer: float) -> None:
         if self.informer is not None:
             self.informer.stop(wait_informer)
+        if self.warm_informer is not None:
+            self.warm_informer.stop(wait_informer)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -320,13 +436,18 @@ class KubernetesRuntime:
         def job() -> None:
             try:
                 result = fn(*args)
-                if isinstance(result, (_Read, _Deleted, _Released)):
+                if isinstance(result, _Ticked):
+                    self._warm_busy = False  # a plain assignment: the scheduler thread reads it
+                elif isinstance(result, (_Read, _Deleted, _Released)):
                     self._facts.put(result)
                 elif result is not None:
                     self._results.put(result)
             except Exception as exc:  # noqa: BLE001 - every job answers; a bug must not lose the fact
                 log.exception("leoflow Kubernetes request %s failed unexpectedly", getattr(fn, "__name__", fn))
-                self._results.put(("error", args, exc))
+                if getattr(fn, "__name__", "") in ("_warm_tick_job", "_warm_sweep_job"):
+                    self._warm_busy = False
+                else:
+                    self._results.put(("error", args, exc))
 
         try:
             future = self._pool.submit(job)
@@ -498,6 +619,10 @@ class KubernetesRuntime:
         """Build the attempt's pod and submit its create (module docstring); REFUSED at once for a pod that
         cannot be built (the reason names the field); DEFERRED when the runtime cannot take it now."""
         ti = spec.workload.ti
+        if self.warm is not None and spec.fault is None:
+            placed = self._launch_warm(spec)
+            if placed is not None:
+                return placed
         attempt = PodAttempt(spec.ref.ti_id, spec.ref.try_number, spec.ref.attempt_epoch, ti.dag_id, ti.task_id,
                              ti.run_id, ti.map_index)
         try:
@@ -521,6 +646,69 @@ class KubernetesRuntime:
             del self._launches[spec.launch_id]
             return DispatchResult(Disposition.DEFERRED, "the Kubernetes runtime is stopping")
         return DispatchResult(Disposition.DISPATCHED)
+
+    def _launch_warm(self, spec: LaunchSpec) -> DispatchResult | None:
+        """Place ``spec`` on an idle warm worker (module docstring): DISPATCHED with a ``Started`` queued for
+        :meth:`poll` and the deadline PATCH submitted; None when it goes cold (its ``executor_config`` asks for
+        something, no idle Running worker of its version, every assignment lost its race, the ledger failed)."""
+        assert self.warm is not None
+        ti = spec.workload.ti
+        version = getattr(ti, "dag_version_id", None)
+        if version is None or self.warm_informer is None or not self.warm_informer.synced or self._stopped:
+            return None
+        if (why := warmdecide.cold_reason(getattr(ti, "executor_config", None))) is not None:
+            log.debug("attempt %s goes to a cold pod: %s", spec.ref, why)
+            metrics.incr("leoflow.warm.kubernetes.miss")
+            return None
+        rows, _ = self.warm.read_rows()
+        held = self._warm_held_uids()
+        mine = [r for r in rows if r.pod_uid not in held and r.state == warmdecide.IDLE
+                and r.dag_version_id == str(version)]
+        views = {r.pod_name: v for r in mine if (v := self.warm_informer.get(r.pod_name)) is not None}
+        for row in warmdecide.candidates(mine, views, str(version))[:3]:
+            try:
+                won = self._warm_ledger.assign(row.pod_uid, spec.ref, row_version=row.row_version)
+            except Exception as exc:  # noqa: BLE001 - the ledger failed: cold
+                log.warning("attempt %s: warm assignment failed (%s): a cold pod", spec.ref, _short(exc))
+                return None
+            if not won:
+                continue
+            self._warm_launches[spec.launch_id] = _WarmLaunch(spec.ref, row.pod_name, row.pod_uid,
+                                                              assigned_at=self._monotonic())
+            self._results.put(Started(spec.launch_id, {"pod_name": row.pod_name, "pod_uid": row.pod_uid}))
+            self._submit(self._deadline_job, row.pod_name, row.pod_uid)
+            log.info("attempt %s: assigned to warm pod %s", spec.ref, row.pod_name)
+            metrics.incr("leoflow.warm.kubernetes.hit")
+            return DispatchResult(Disposition.DISPATCHED)
+        metrics.incr("leoflow.warm.kubernetes.miss")
+        return None
+
+    def _deadline_job(self, name: str, uid: str) -> None:
+        """Pool: lower warm pod ``name``'s ``activeDeadlineSeconds`` to its age + the credential ceiling
+        (:func:`.warmdecide.lowered_deadline`; never raised), by a UID- and value-tested JSON patch."""
+        from leoflow_airflow.runtime.kubernetes.finalizer import JSON_PATCH
+
+        ceiling = self.kube.credential_ceiling_seconds
+        if ceiling <= 0:
+            return
+        try:
+            resp = self._core.read_namespaced_pod(name, self.kube.namespace, _preload_content=False,
+                                                  _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            obj = json.loads(resp.data)
+            if (obj.get("metadata") or {}).get("uid") != uid:
+                return
+            current = (obj.get("spec") or {}).get("activeDeadlineSeconds")
+            view = status.pod_view(obj)
+            start = view.started_at if view is not None else None
+            age = (datetime.now(timezone.utc) - start).total_seconds() if start is not None else 0.0
+            seconds = warmdecide.lowered_deadline(current, age, ceiling)
+            if seconds is None:
+                return
+            self._core.patch_namespaced_pod(name, self.kube.namespace,
+                                            warmdecide.deadline_patch(uid, current, seconds),
+                                            _request_timeout=REQUEST_TIMEOUT_SECONDS, _content_type=JSON_PATCH)
+        except Exception as exc:  # noqa: BLE001 - logged: the create deadline still bounds the pod
+            log.warning("warm pod %s: could not lower its activeDeadlineSeconds: %s", name, _short(exc))
 
     def launch_callback(self, launch_id: str, workload: Any) -> DispatchResult:
         """Run a callback workload as a local child (module docstring); DISPATCHED, or DEFERRED when it could
@@ -570,6 +758,16 @@ class KubernetesRuntime:
                 log.error("attempt %s: pod %s cannot start its agent container: %s: %s (fix the image or "
                           "[leoflow] image / the pod template; unless it passes, the task instance fails with it)",
                           launch.ref, launch.name, view.waiting_reason, view.waiting_message or "")
+        if self.warm is not None and not self._warm_busy and not self._stopped and now >= self._next_warm_tick:
+            self._next_warm_tick = now + WARM_TICK_SECONDS
+            self._warm_busy = True
+            if not self._submit(self._warm_tick_job):
+                self._warm_busy = False
+        for lid, w in list(self._warm_launches.items()):
+            if not w.exited and w.assigned_at is not None and \
+                    self._warm_presence(w.name, w.uid, w.ref) is Presence.GONE:
+                w.exited = True
+                events.append(Exited(lid, None))
         for lid, proc in list(self._callbacks.items()):
             code = proc.poll()
             if code is not None:
@@ -601,6 +799,8 @@ class KubernetesRuntime:
                 return events
             if isinstance(item, decide.CreateResult):
                 events.extend(self._created(item))
+            elif isinstance(item, Started):  # a warm assignment (launch())
+                events.append(item)
             else:  # ("error", args, exc): a bug in a job; a create's launch must not wait forever
                 for launch_id_ in [a for a in item[1] if isinstance(a, str) and a in self._launches]:
                     if self._launches[launch_id_].creating:
@@ -737,12 +937,64 @@ class KubernetesRuntime:
         self._absorb()
         now = self._monotonic()
         for attempt in attempts:
+            if (w := self._warm_of(attempt)) is not None:
+                out[attempt.ref] = self._warm_presence(w.name, w.uid, attempt.ref, now)
+                continue
             name, uid, launch = self._where(attempt)
             if launch is not None and launch.creating:
                 out[attempt.ref] = Presence.UNKNOWN
                 continue
             out[attempt.ref] = self._presence(name, uid, attempt.ref, now)[0]
         return out
+
+    # --- warm attempts ---------------------------------------------------------------------------------
+    def _warm_of(self, attempt: Attempt) -> _WarmLaunch | None:
+        """The warm attempt ``attempt`` is (this runtime's placement, or a ledger row naming a warm pod: adopted),
+        or None for a cold one. With warm pods off, a warm attempt is watched as a cold one (its pod's end)."""
+        w = self._warm_launches.get(launch_id(attempt.ref))
+        if w is not None:
+            return w
+        if self.warm is None or not warmpods.is_warm_name(attempt.pod_name) or not attempt.pod_uid:
+            return None
+        return _WarmLaunch(attempt.ref, attempt.pod_name or "", attempt.pod_uid)
+
+    def _warm_row(self, uid: str, w: _WarmLaunch) -> tuple[Any, bool]:
+        """The last tick's ledger row of pod ``uid`` and whether that read started after ``w``'s assignment."""
+        assert self.warm is not None
+        row, read_at = self.warm.row(uid)
+        return row, w.assigned_at is None or read_at >= w.assigned_at
+
+    def _warm_view(self, name: str, uid: str, now: float) -> tuple[PodView | None, bool]:
+        """The freshest view of warm pod ``name`` with ``uid`` (the warm cache, its tombstone, the last confirming
+        read) and whether a confirming read found it gone (404, or another UID under the name). Asks for a read
+        when the cache does not hold it."""
+        assert self.warm_informer is not None
+        view = self.warm_informer.get(name)
+        if view is not None and view.uid == uid:
+            return view, False
+        read = self._reads.get(name)
+        if read is None or now - read.at >= READ_REUSE_SECONDS:
+            self._request_read(name)
+        tomb = self.warm_informer.tombstone(name, uid)
+        if read is not None and read.view is not None and read.view.uid == uid:
+            return read.view, False
+        return tomb, read is not None
+
+    def _warm_presence(self, name: str, uid: str, ref: AttemptRef, now: float | None = None) -> Presence:
+        """The presence of warm attempt ``ref`` on pod ``name``/``uid`` (:func:`.warmdecide.warm_presence`)."""
+        if self.warm is None or self.warm_informer is None or not self.warm_informer.synced:
+            return Presence.UNKNOWN
+        w = self._warm_launches.get(launch_id(ref)) or _WarmLaunch(ref, name, uid)
+        if w.revoked:
+            return Presence.GONE
+        if now is None:
+            self._absorb()
+            now = self._monotonic()
+        row, fresh = self._warm_row(uid, w)
+        view, gone = self._warm_view(name, uid, now)
+        if gone and view is not None and not view.terminal:
+            view = None  # a tombstone's last view says nothing of a pod a live read found gone
+        return warmdecide.warm_presence(row, view, ref, row_fresh=fresh, pod_confirmed_gone=gone)
 
     def start_progress(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, StartProgress]:
         """How far each attempt's pod got toward running its agent (:func:`.decide.start_progress` of the view
@@ -757,6 +1009,10 @@ class KubernetesRuntime:
         self._absorb()
         tick = self._monotonic()
         for attempt in attempts:
+            if (w := self._warm_of(attempt)) is not None:
+                if (progress := self._warm_progress(w, now)) is not None:
+                    out[attempt.ref] = progress
+                continue
             name, uid, _ = self._where(attempt)
             presence, view = self._presence(name, uid, attempt.ref, tick)
             if view is not None:
@@ -774,6 +1030,28 @@ class KubernetesRuntime:
         self._start_seen = {k: v for k, v in self._start_seen.items() if k not in asked} | seen
         return out
 
+    def _warm_progress(self, w: _WarmLaunch, now: datetime) -> StartProgress | None:
+        """A warm attempt's start progress (:func:`.warmdecide.warm_start_progress`); an assignment not taken in
+        time is taken back here (``WarmLedger.unassign``, guarded): it then reads GONE with no record."""
+        if w.revoked:
+            return None
+        row, fresh = self._warm_row(w.uid, w)
+        if not fresh:
+            return StartProgress(StartState.STARTING, since=now)
+        progress, unassign = warmdecide.warm_start_progress(row, w.ref, now)
+        if unassign:
+            try:
+                taken_back = self._warm_ledger.unassign(w.uid, w.ref)
+            except Exception as exc:  # noqa: BLE001 - next time
+                log.warning("attempt %s: could not take back its warm assignment: %s", w.ref, _short(exc))
+                return StartProgress(StartState.STARTING, since=now)
+            if taken_back:
+                w.revoked = True
+                self._warm_launches.setdefault(launch_id(w.ref), w)
+                log.warning("attempt %s: warm pod %s did not take it within %.0f s; taken back and re-dispatched",
+                            w.ref, w.name, warmdecide.ASSIGN_TIMEOUT_SECONDS)
+        return progress
+
     def locate(self, attempt: Attempt) -> RuntimeFacts | None:
         """The pod of an attempt with no recorded pod, from the cache: its deterministic name, holding this
         attempt's identity annotation → ``{pod_name, pod_uid}``; else None."""
@@ -789,6 +1067,8 @@ class KubernetesRuntime:
         """The record in the pod's termination message (the cached view, its tombstone, or the last confirming
         read), decoded against the attempt's identity (:func:`.status.pod_evidence`); never raises."""
         self._absorb()
+        if (w := self._warm_of(attempt)) is not None:
+            return self._warm_evidence(w)
         name, uid, _ = self._where(attempt)
         view = None
         if self.informer is not None:
@@ -812,11 +1092,47 @@ class KubernetesRuntime:
             log.exception("reading the evidence of %s failed", attempt.ref)
             return Evidence(None, None)
 
+    def _warm_evidence(self, w: _WarmLaunch) -> Evidence:
+        """A warm attempt's evidence (:func:`.warmdecide.warm_evidence`): the in-band record from the ledger, then
+        the pod's termination message when it is this attempt's, then the pod's end. Never raises."""
+        try:
+            text = self._warm_ledger.outcomes([w.ref]).get(w.ref)
+        except Exception as exc:  # noqa: BLE001 - the pod may still hold the record
+            log.warning("attempt %s: could not read its in-band record: %s", w.ref, _short(exc))
+            text = None
+        view = None
+        if self.warm_informer is not None:
+            view, _ = self._warm_view(w.name, w.uid, self._monotonic())
+        try:
+            return warmdecide.warm_evidence(text, view, w.ref)
+        except Exception:  # noqa: BLE001 - evidence never raises
+            log.exception("reading the evidence of warm attempt %s failed", w.ref)
+            return Evidence(None, None)
+
+    def _warm_kill(self, w: _WarmLaunch, grace: float) -> Presence:
+        """Kill a warm attempt: an assignment not taken yet is taken back (nothing ran: GONE); else its worker pod
+        is deleted (UID precondition), so the worker never outlives the killed attempt."""
+        presence = self._warm_presence(w.name, w.uid, w.ref)
+        if presence is Presence.GONE:
+            return Presence.GONE
+        try:
+            if self._warm_ledger.unassign(w.uid, w.ref):
+                w.revoked = True
+                self._warm_launches.setdefault(launch_id(w.ref), w)
+                return Presence.GONE
+        except Exception as exc:  # noqa: BLE001 - delete the pod then
+            log.warning("attempt %s: could not take back its warm assignment: %s", w.ref, _short(exc))
+        self._request_delete(w.name, w.uid, grace, f"kill of warm attempt {w.ref}")
+        log.info("attempt %s: deleting its warm pod %s uid %s (grace %.0f s)", w.ref, w.name, w.uid, grace)
+        return Presence.LIVE
+
     def kill(self, attempt: Attempt, *, grace: float) -> Presence:
         """Delete the attempt's pod: ``grace_period_seconds=grace`` and a UID precondition, on the pool; never
         waits. GONE when the pod is terminal or confirmed gone, or when nothing of the attempt exists (a create
         still in flight is marked: its pod is deleted the moment the create answers); else LIVE (its end comes
-        through :meth:`poll` / :meth:`observe`)."""
+        through :meth:`poll` / :meth:`observe`). A warm attempt: :meth:`_warm_kill`."""
+        if (w := self._warm_of(attempt)) is not None:
+            return self._warm_kill(w, grace)
         name, uid, launch = self._where(attempt)
         if uid is None:
             if launch is not None and launch.creating:
@@ -847,7 +1163,9 @@ class KubernetesRuntime:
 
     def forget(self, ref: AttemptRef) -> None:
         """Drop what is remembered of ``ref`` (its launch and the confirming read of its pod); its pod's finalizer
-        is released by the next :meth:`collect` once the row is closed and the pod terminal or deleting."""
+        is released by the next :meth:`collect` once the row is closed and the pod terminal or deleting. A warm
+        attempt's pod is left to its pool (it serves the next attempt, or the pool reaps it)."""
+        self._warm_launches.pop(launch_id(ref), None)
         launch = self._launches.pop(launch_id(ref), None)
         if launch is not None and not launch.creating:
             self._reads.pop(launch.name, None)
@@ -859,7 +1177,11 @@ class KubernetesRuntime:
                 self._start_seen.pop(launch.uid, None)
 
     def adopt(self, attempt: Attempt) -> None:
-        """Watch a predecessor's pod: its end is reported as ``Exited`` like our own."""
+        """Watch a predecessor's pod: its end is reported as ``Exited`` like our own (a warm attempt: its row's
+        release, or its pod's end)."""
+        if (w := self._warm_of(attempt)) is not None:
+            self._warm_launches.setdefault(launch_id(attempt.ref), w)
+            return
         name, uid, launch = self._where(attempt)
         if launch is None:
             self._launches[launch_id(attempt.ref)] = _Launch(attempt.ref, name, uid)
@@ -955,6 +1277,21 @@ class KubernetesRuntime:
 
     def slot_freed(self, held_for: float) -> None:
         """Nothing to learn from it here."""
+
+
+def _airflow_jobs_alive(job_ids: set[str]) -> set[str]:
+    """The ids among ``job_ids`` (text; non-numeric ones are not Airflow jobs: dead) whose Airflow ``Job`` row is
+    alive (``Job.is_alive``: state running and a recent heartbeat)."""
+    from sqlalchemy import select
+
+    from airflow.jobs.job import Job
+    from airflow.utils.session import create_session
+
+    numeric = sorted({int(j) for j in job_ids if j.isdigit()})
+    if not numeric:
+        return set()
+    with create_session(scoped=False) as session:
+        return {str(job.id) for job in session.scalars(select(Job).where(Job.id.in_(numeric))) if job.is_alive()}
 
 
 def _holds_finalizer(view: PodView | None, uid: str) -> bool:

@@ -92,6 +92,8 @@ class PodView:
     :param unschedulable: the message of condition ``PodScheduled`` status ``"False"`` reason ``Unschedulable``
         (the scheduler's "0/3 nodes are available: …"; the reason itself when it has none), None otherwise.
     :param unschedulable_since: that condition's ``lastTransitionTime`` (aware UTC) or None.
+    :param labels: ``metadata.labels`` as sorted ``(key, value)`` pairs (:meth:`label` reads one).
+    :param created_at: ``metadata.creationTimestamp`` (aware UTC) or None.
     :param deletion_grace: ``metadata.deletionGracePeriodSeconds`` (seconds the kubelet was given to stop the
         pod) while it is being deleted, else None.
     """
@@ -120,6 +122,15 @@ class PodView:
     unschedulable: str | None = None
     unschedulable_since: datetime | None = None
     deletion_grace: int | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    created_at: datetime | None = None
+
+    def label(self, key: str) -> str | None:
+        """The value of label ``key``, or None."""
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return None
 
     @property
     def terminal(self) -> bool:
@@ -257,6 +268,9 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
             unschedulable=unschedulable,
             unschedulable_since=unschedulable_since,
             deletion_grace=_int(meta.get("deletionGracePeriodSeconds")),
+            labels=tuple(sorted((k, v) for k, v in _map(meta.get("labels")).items()
+                                if isinstance(k, str) and isinstance(v, str))),
+            created_at=_time(meta.get("creationTimestamp")),
         )
     except Exception:  # noqa: BLE001 - the contract: a malformed object is "no view", whatever it is
         return None
