@@ -150,6 +150,17 @@ class Postgres:
         finally:
             engine.dispose()
 
+    def query(self, database: str, sql: str) -> list[tuple]:
+        """The rows of one read-only statement on ``database`` of this server (a benchmark's progress check)."""
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(self.url_for(database))
+        try:
+            with engine.connect() as conn:
+                return [tuple(row) for row in conn.execute(sqlalchemy.text(sql))]
+        finally:
+            engine.dispose()
+
     def postmaster_pid(self) -> int | None:
         """Pid of the server's postmaster, or ``None`` when it cannot be found.
 

@@ -68,6 +68,14 @@ KE_REQUIREMENTS = ("apache-airflow==3.3.2", "apache-airflow-providers-cncf-kuber
 async PostgreSQL URL from the sync one)."""
 DAGS = {"bench_fanout": 50, "bench_chain": 20}
 PARALLELISM = 32
+EXECUTORS = ("leoflow-warm", "leoflow", "ke")
+"""``leoflow-warm``: leoflow with warm pods (issue 11); ``leoflow``: a cold pod per attempt; ``ke``: the cncf
+KubernetesExecutor."""
+WARM_POOLS = {"bench_fanout": {"min_idle": PARALLELISM, "max_pool_size": DAGS["bench_fanout"], "prewarm": True},
+              "bench_chain": {"min_idle": 2, "max_pool_size": 2, "prewarm": True}}
+"""``[leoflow] warm_pools`` of the ``leoflow-warm`` stack: the fan-out gets one warm pod per slot, the chain (one
+task at a time) two. Both are prewarmed (their DAGs are unpaused before any run) and measured once full."""
+WARM_FILL_TIMEOUT_SECONDS = 600.0
 LOOP_RE = re.compile(r"Ran scheduling loop in ([0-9.]+) ms")
 
 
@@ -233,6 +241,28 @@ def measure(stack: AirflowStack, watch: PodWatch, namespace: str, sched_pid: int
     }
 
 
+def idle_workers(pg: Postgres, database: str) -> dict[str, int]:
+    """``{dag_id: registered idle warm workers of its latest version}`` from the stack's database."""
+    rows = pg.query(database, "select v.dag_id, count(w.pod_uid) from dag_version v "
+                              "join leoflow_warm_worker w on cast(w.dag_version_id as text) = cast(v.id as text) "
+                              "where w.state = 'idle' and v.version_number = (select max(version_number) "
+                              "from dag_version x where x.dag_id = v.dag_id) group by v.dag_id")
+    return {dag_id: int(n) for dag_id, n in rows}
+
+
+def wait_pools_full(pg: Postgres, database: str, dags: list[str], timeout: float) -> float:
+    """Wait until each DAG of ``dags`` has its :data:`WARM_POOLS` ``min_idle`` idle workers; the seconds taken.
+    Raises ``TimeoutError`` with the counts seen."""
+    t0 = time.monotonic()
+    seen: dict[str, int] = {}
+    while time.monotonic() - t0 < timeout:
+        seen = idle_workers(pg, database)
+        if all(seen.get(d, 0) >= WARM_POOLS[d]["min_idle"] for d in dags if d in WARM_POOLS):
+            return time.monotonic() - t0
+        time.sleep(1.0)
+    raise TimeoutError(f"warm pools not full after {timeout:.0f}s: {seen}")
+
+
 def scheduler_pid(stack: AirflowStack) -> int:
     """The pid of the stack's scheduler process (its popen: ``procs.spawn`` order api-server, scheduler, ...)."""
     return stack._popens[stack._names.index("scheduler")].pid  # noqa: SLF001 - the stack has no accessor
@@ -241,15 +271,18 @@ def scheduler_pid(stack: AirflowStack) -> int:
 def run_executor(executor: str, pg: Postgres, template_db: str, work: Path, kube: KubeStack, watch: PodWatch,
                  ke_python: Path | None, ke_namespace: str, *, dags: list[str], timeout: float,
                  log: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """A fresh stack for ``executor`` ("leoflow" or "ke") on a fresh database; its DAGs one by one."""
-    database = f"kbench_{executor}"
+    """A fresh stack for ``executor`` (one of :data:`EXECUTORS`) on a fresh database; its DAGs one by one
+    (``leoflow-warm``: once its warm pools are full)."""
+    database = f"kbench_{executor.replace('-', '_')}"
     pg.execute(f"DROP DATABASE IF EXISTS {database}")
     pg.execute(f"CREATE DATABASE {database} TEMPLATE {template_db}")
     env = {**PINNED, "AIRFLOW__LOGGING__NAMESPACE_LEVELS": "airflow.jobs.scheduler_job_runner=DEBUG"}
     home = work / database
     common = dict(parallelism=PARALLELISM, dags_folder=BENCH_DAGS, sql_alchemy_conn=pg.url_for(database),
                   extra_env=env)
-    if executor == "leoflow":
+    if executor in ("leoflow", "leoflow-warm"):
+        if executor == "leoflow-warm":
+            env["AIRFLOW__LEOFLOW__WARM_POOLS"] = json.dumps(WARM_POOLS)
         stack = AirflowStack(home, **common)
         kube.configure(stack)
         namespace = kube.namespace
@@ -266,6 +299,9 @@ def run_executor(executor: str, pg: Postgres, template_db: str, work: Path, kube
         for dag_id in dags:
             stack.unpause(dag_id)
         time.sleep(3.0)
+        if executor == "leoflow-warm":
+            facts["warm_fill_s"] = wait_pools_full(pg, database, dags, WARM_FILL_TIMEOUT_SECONDS)
+            log(f"  warm pools full in {facts['warm_fill_s']:.0f}s")
         pid = scheduler_pid(stack)
         for dag_id in dags:
             row = measure(stack, watch, namespace, pid, executor=executor, dag_id=dag_id, timeout=timeout)
@@ -293,27 +329,28 @@ FIELDS = (("q2r_p50_s", "queued->running p50 s", "{:.2f}"), ("q2r_p95_s", "queue
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    """Side by side per DAG: leoflow, KE, KE/leoflow."""
+    """Side by side per DAG: leoflow warm, leoflow cold, KE, then the ratios warm/KE and cold/KE (issue 11's bars:
+    queued-to-running p50 warm/KE at most 0.10, the fan-out's wall warm/KE at most 0.33)."""
     lines = []
     for dag_id in DAGS:
         by = {r["executor"]: r for r in rows if r["dag_id"] == dag_id}
         if not by:
             continue
         lines.append(f"{dag_id} ({DAGS[dag_id]} tasks, parallelism {PARALLELISM})")
-        lines.append(f"  {'':24s} {'leoflow':>10s} {'KE':>10s} {'KE/leoflow':>10s}")
+        lines.append(f"  {'':24s} {'warm':>10s} {'cold':>10s} {'KE':>10s} {'warm/KE':>10s} {'cold/KE':>10s}")
         for key, label, fmt in FIELDS:
-            a, b = by.get("leoflow", {}).get(key), by.get("ke", {}).get(key)
-            sa = fmt.format(a) if a is not None else "-"
-            sb = fmt.format(b) if b is not None else "-"
-            ratio = f"{_ratio(b, a):.2f}" if a is not None and b is not None else "-"
-            lines.append(f"  {label:24s} {sa:>10s} {sb:>10s} {ratio:>10s}")
+            values = [by.get(e, {}).get(key) for e in EXECUTORS]
+            cells = [fmt.format(v) if v is not None else "-" for v in values]
+            ke = values[2]
+            ratios = [f"{_ratio(v, ke):.2f}" if v is not None and ke is not None else "-" for v in values[:2]]
+            lines.append(f"  {label:24s} " + " ".join(f"{c:>10s}" for c in [*cells, *ratios]))
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison (module docstring); 0 when every run succeeded."""
     parser = argparse.ArgumentParser(prog="python -m bench.kube_compare", description=__doc__.split("\n")[0])
-    parser.add_argument("--executors", nargs="+", choices=["leoflow", "ke"], default=["leoflow", "ke"])
+    parser.add_argument("--executors", nargs="+", choices=list(EXECUTORS), default=list(EXECUTORS))
     parser.add_argument("--dags", nargs="+", choices=list(DAGS), default=list(DAGS))
     parser.add_argument("--ke-venv", type=Path, default=KE_VENV_DEFAULT,
                         help=f"the KubernetesExecutor venv (made when missing; default {KE_VENV_DEFAULT})")

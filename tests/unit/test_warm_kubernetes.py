@@ -106,7 +106,12 @@ def test_a_warm_pod_is_a_hardened_task_pod_with_the_warm_pins():
     assert env["LEOFLOW_WARM_ISOLATION"] == "read-only-root" and env["LEOFLOW_EXCHANGE_URL"] == "http://x/leoflow"
     scratch = next(v for v in pod.spec.volumes if v.name == "leoflow-scratch")
     assert scratch.empty_dir is not None
-    assert {m.mount_path for m in agent.volume_mounts} == {"/var/run/secrets/leoflow", env["LEOFLOW_WARM_SCRATCH"]}
+    assert {m.mount_path for m in agent.volume_mounts} == {"/var/run/secrets/leoflow", env["LEOFLOW_WARM_SCRATCH"],
+                                                          "/tmp", "/dev/shm"}
+    # read-only-root: the agent empties /tmp and /dev/shm between attempts, so they are the pod's own volumes
+    volumes = {v.name: v for v in pod.spec.volumes}
+    assert volumes["leoflow-tmp"].empty_dir is not None and volumes["leoflow-shm"].empty_dir.medium == "Memory"
+    assert agent.security_context.read_only_root_filesystem is True
     assert pod.spec.security_context.run_as_non_root and agent.security_context.capabilities.drop == ["ALL"]
     assert pod.spec.automount_service_account_token is False
 
