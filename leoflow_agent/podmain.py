@@ -261,7 +261,7 @@ class ExchangeResult:
     requests sent; ``detail`` a short text for the log (a status and the answer's ``error_id``, an error class;
     never a token)."""
 
-    grant: Grant | None
+    grant: Grant | Any | None
     reason: outcome.Reason | None
     exit_code: int
     tries: int
@@ -314,9 +314,16 @@ def exchange_with_retries(
     sleep: Callable[[float], None] = time.sleep,
     rng: Callable[[], float] = random.random,
     started: float | None = None,
+    url: str | None = None,
+    decode: Callable[[bytes], Any] = decode_grant,
 ) -> ExchangeResult:
     """Exchange the pod's token until granted, refused, or the deadline (:func:`exchange_deadline_seconds` of
     ``config.ceiling_seconds``, counted from ``started``, a ``monotonic()`` time, default now).
+
+    ``url`` (default ``config.exchange_endpoint``) and ``decode`` (default :func:`decode_grant`; raises
+    :class:`GrantError` for a body it refuses) let a warm pod's registration (``leoflow_agent.warmpod``,
+    ``POST …/v1/warm/register``, the same request body) reuse this retry schedule; ``ExchangeResult.grant``
+    then holds what ``decode`` returned.
 
     Each try re-reads the token file (``read_token``; an unreadable or empty file ends it at once:
     ``agent_start_failed``, :data:`EXIT_CONFIG`) and sends one request, its timeout at most
@@ -330,7 +337,7 @@ def exchange_with_retries(
     transient = _transient_errors()
     start = monotonic() if started is None else started
     deadline = start + exchange_deadline_seconds(config.ceiling_seconds)
-    url = config.exchange_endpoint
+    url = config.exchange_endpoint if url is None else url
     failures = tries = 0
     while True:
         try:
@@ -350,7 +357,7 @@ def exchange_with_retries(
             verdict = classify_status(status)
             if verdict is Verdict.GRANTED:
                 try:
-                    return ExchangeResult(decode_grant(body), None, EXIT_OK, tries, "granted")
+                    return ExchangeResult(decode(body), None, EXIT_OK, tries, "granted")
                 except GrantError as exc:
                     return ExchangeResult(None, outcome.Reason.AGENT_START_FAILED, EXIT_START_FAILED, tries,
                                           f"the exchange's 200 answer is no grant: {exc}")
