@@ -281,3 +281,42 @@ def test_a_failed_outcome_post_is_logged_and_never_raises(answer, caplog):
     text = caplog.text
     assert "not sent in-band" in text or "refused in-band" in text
     assert CREDENTIAL not in text
+
+
+# --- the per-attempt watchdog ---------------------------------------------------------------------------------
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_watchdog_kills_the_attempts_whole_tree_at_the_ceiling(tmp_path):
+    """A real child in its own session with a grandchild that left it (``setsid``): both are gone once the
+    ceiling (1 s here) passed, and the wait reports the kill."""
+    import subprocess
+    import time
+
+    marker = tmp_path / "grandchild.pid"
+    child = subprocess.Popen(["sh", "-c", f"setsid sleep 60 & echo $! > {marker}; sleep 60"],
+                             start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not (marker.exists() and marker.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(marker.read_text())
+    t0 = time.monotonic()
+    code, killed = warmpod._wait_child(child.pid, 1)
+    assert killed and code == -9 and 0.9 <= time.monotonic() - t0 < 10
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(grandchild)
+
+
+def test_without_a_ceiling_the_wait_returns_the_childs_exit_code():
+    import subprocess
+
+    child = subprocess.Popen(["sh", "-c", "exit 3"])
+    assert warmpod._wait_child(child.pid, 0) == (3, False)
