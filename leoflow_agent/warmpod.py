@@ -31,7 +31,10 @@ imports and the parse. What it does, in order:
    parent is a child subreaper, so a task process that left the child's session is reparented to it and found),
    and the attempt's files are swept (:func:`sweep`, isolation below). A worker never runs two attempts at once:
    it awaits only while no child lives;
-6. **self-limits** with no control plane (:func:`decide_limits`): after ``LEOFLOW_WARM_MAX_ATTEMPTS`` attempts,
+6. **SIGTERM** (the pod is deleted): while an attempt runs it is passed on to the attempt's child, whose
+   supervisor ends the task as a cold pod's would, and the worker exits 0 once the attempt is over and swept;
+   while idle the worker exits 0 at once;
+7. **self-limits** with no control plane (:func:`decide_limits`): after ``LEOFLOW_WARM_MAX_ATTEMPTS`` attempts,
    past ``LEOFLOW_WARM_MAX_LIFETIME_SECONDS`` since it started, or idle (no attempt running or ended) for
    ``LEOFLOW_WARM_IDLE_TTL_SECONDS``, it exits 0 (the pod Succeeds). An attempt that started before a limit is
    never cut by it: the limits are checked between attempts only (the pod's ``activeDeadlineSeconds`` bounds the
@@ -834,9 +837,57 @@ def run_warm_pod(config: WarmConfig, *, termination_path: str = podmain.TERMINAT
         close()
 
 
+class _Stopped(BaseException):
+    """SIGTERM arrived while no attempt ran (a ``BaseException``: no ``except Exception`` of the await swallows
+    it)."""
+
+
+class _Termination:
+    """The parent's SIGTERM handler (the pod is being deleted; dumb-init forwards the kubelet's SIGTERM).
+
+    While an attempt runs (:attr:`busy`) the signal is passed on to its child (:attr:`child`), whose supervisor
+    then ends the task as a cold pod's agent would, and the worker stops once the attempt is over; while none
+    runs it stops at once (:class:`_Stopped`). SIGTERM is blocked around the fork so the child's pid is known
+    before the handler can run."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.child: int | None = None
+        self.requested = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        import signal
+
+        self.requested = True
+        if not self.busy:
+            raise _Stopped()
+        if self.child is not None:
+            try:
+                os.kill(self.child, signal.SIGTERM)
+            except OSError:
+                pass
+
+
 def _serve(config: WarmConfig, registration: Registration, post: Post, *, termination_path: str, started: float,
            monotonic: Callable[[], float], decode_workload: Callable[[str], Any], server: str) -> int:
-    """The await loop (module docstring, steps 4 to 6); returns the exit code."""
+    """The await loop (module docstring, steps 4 to 7) under the SIGTERM handler (:class:`_Termination`);
+    returns the exit code."""
+    import signal
+
+    termination = _Termination()
+    signal.signal(signal.SIGTERM, termination)
+    try:
+        return _await_loop(config, registration, post, termination=termination, termination_path=termination_path,
+                           started=started, monotonic=monotonic, decode_workload=decode_workload, server=server)
+    except _Stopped:
+        log.info("warm pod: stopped by SIGTERM while idle")
+        return podmain.EXIT_OK
+
+
+def _await_loop(config: WarmConfig, registration: Registration, post: Post, *, termination: _Termination,
+                termination_path: str, started: float, monotonic: Callable[[], float],
+                decode_workload: Callable[[str], Any], server: str) -> int:
+    """:func:`_serve`'s loop."""
     attempts = failures = 0
     idle_since = monotonic()
     await_url = config.endpoint(WARM_AWAIT_PATH)
@@ -845,6 +896,9 @@ def _serve(config: WarmConfig, registration: Registration, post: Post, *, termin
         state = LimitState(started, attempts, idle_since, config.max_attempts, config.max_lifetime_seconds,
                            config.idle_ttl_seconds)
         stop = decide_limits(state, monotonic())
+        if termination.requested:
+            log.info("warm pod: stopped by SIGTERM after %d attempts", attempts)
+            return podmain.EXIT_OK
         if stop is not None:
             log.info("warm pod: stops after %d attempts (%s)", attempts, stop)
             return podmain.EXIT_OK
@@ -882,14 +936,21 @@ def _serve(config: WarmConfig, registration: Registration, post: Post, *, termin
         assert assignment is not None
         failures = 0
         attempts += 1
-        _run_one(config, registration, assignment, attempts, termination_path=termination_path,
-                 decode_workload=decode_workload, server=server)
+        termination.busy = True
+        try:
+            _run_one(config, registration, assignment, attempts, termination=termination,
+                     termination_path=termination_path, decode_workload=decode_workload, server=server)
+        finally:
+            termination.busy, termination.child = False, None
         idle_since = monotonic()
 
 
 def _run_one(config: WarmConfig, registration: Registration, assignment: Assignment, number: int, *,
-             termination_path: str, decode_workload: Callable[[str], Any], server: str) -> None:
+             termination: _Termination, termination_path: str, decode_workload: Callable[[str], Any],
+             server: str) -> None:
     """Fork the child of attempt ``number``, wait for it (the watchdog), kill its leftovers, sweep."""
+    import signal
+
     from leoflow_agent import proc
 
     log.info("warm pod: attempt %d is %r", number, assignment)
@@ -901,13 +962,19 @@ def _run_one(config: WarmConfig, registration: Registration, assignment: Assignm
         env = {}
     sys.stdout.flush()
     sys.stderr.flush()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     pid = os.fork()
     if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         proc.exit_child(lambda: run_attempt_child(config, registration, assignment, env=env,
                                                   termination_path=termination_path,
                                                   decode_workload=decode_workload, server=server),
                         f"the attempt child of {assignment!r}")
+    termination.child = pid
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     code, killed = _wait_child(pid, config.pod.ceiling_seconds)
+    termination.child = None
     leftovers = _kill_leftovers(pid)
     log.info("warm pod: attempt %d ended: exit code %d%s%s", number, code,
              " (killed at the credential ceiling)" if killed else "",

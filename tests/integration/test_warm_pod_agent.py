@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -50,11 +51,12 @@ class PluginApp:
     """The plugin app's warm routes, played over HTTP on 127.0.0.1 (a ``ThreadingHTTPServer`` in a thread).
 
     Every request is kept in :attr:`events` as ``(route, details)``. ``assignments`` are handed out one per await
-    in order; with none left an await answers 204 after ``hold`` seconds. ``ti_state(ti_id)`` is read when an
+    in order; with none left an await answers 204 after 0.5 s, or 401 ``unknown_credential`` when ``retire``. ``ti_state(ti_id)`` is read when an
     outcome record arrives (the task instance's state in Airflow's database at that moment)."""
 
-    def __init__(self, assignments: list[dict], ti_state) -> None:
+    def __init__(self, assignments: list[dict], ti_state, *, retire: bool = False) -> None:
         self.assignments = list(assignments)
+        self.retire = retire
         self.events: list[tuple[str, dict]] = []
         self.problems: list[str] = []
         self.ti_state = ti_state
@@ -88,6 +90,8 @@ class PluginApp:
                     app.events.append(("await", {"body": body.decode()}))
                     if app.assignments:
                         return self._answer(200, app.assignments.pop(0))
+                    if app.retire:
+                        return self._answer(401, {"error": "unknown_credential", "error_id": "0123abcd"})
                     time.sleep(0.5)
                     return self._answer(204)
                 if self.path == "/leoflow" + warmpod.OUTCOME_PATH:
@@ -164,6 +168,47 @@ def _queue_attempts(stack: AirflowStack, run_id: str) -> list[dict]:
     return answers
 
 
+def _agent_env(stack: AirflowStack, app: PluginApp, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The agent's environment: the stack's Airflow config, the cold pod's variables and the warm ones."""
+    token = tmp_path / "token"
+    token.write_text(PROJECTED_TOKEN + "\n")
+    return {**stack.env(), "LEOFLOW_EXCHANGE_URL": app.url, "LEOFLOW_TOKEN_FILE": str(token),
+            "LEOFLOW_CREDENTIAL_CEILING_SECONDS": "300", "LEOFLOW_WARM_BUNDLE": "leoflow-dags",
+            "LEOFLOW_WARM_DAG_FILE": DAG_FILE.name, **extra}
+
+
+AGENT = [sys.executable, "-m", "leoflow_agent", "warm-pod", "--termination-message-path"]
+
+
+def test_a_retired_worker_and_a_sigterm_while_idle_each_end_it_with_exit_0(stack, tmp_path):
+    """An await answered 401 (its row deleted: retired) ends the worker at once with exit 0; so does a SIGTERM
+    while it waits for an attempt (the pod deleted). Neither touches the termination message."""
+    term = tmp_path / "termination-log"
+    with PluginApp([], lambda ti_id: None, retire=True) as app:
+        retired = subprocess.run([*AGENT, str(term)], env=_agent_env(stack, app, tmp_path), capture_output=True,
+                                 text=True, timeout=120)
+    assert retired.returncode == 0, retired.stderr[-3000:]
+    assert [route for route, _ in app.events] == ["register", "await"]
+    assert "retired by the control plane (HTTP 401)" in retired.stdout + retired.stderr
+    log = tmp_path / "agent.log"
+    with PluginApp([], lambda ti_id: None) as app, open(log, "w") as out_file:
+        agent = subprocess.Popen([*AGENT, str(term)], env=_agent_env(stack, app, tmp_path), stdout=out_file,
+                                 stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while sum(route == "await" for route, _ in app.events) < 2 and time.monotonic() < deadline:
+                assert agent.poll() is None, log.read_text()[-3000:]
+                time.sleep(0.1)
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(timeout=30)
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+    out = log.read_text()
+    assert agent.returncode == 0 and "stopped by SIGTERM while idle" in out, out[-3000:]
+    assert not term.exists()
+
+
 def test_a_warm_pod_agent_runs_two_attempts_from_one_parse_and_sweeps_between_them(stack, tmp_path):
     run_id = stack.trigger(DAG_ID)
     assignments = _queue_attempts(stack, run_id)
@@ -174,8 +219,6 @@ def test_a_warm_pod_agent_runs_two_attempts_from_one_parse_and_sweeps_between_th
             row = conn.execute("SELECT state FROM task_instance WHERE id=?", (uuid.UUID(ti_id).hex,)).fetchone()
         return row["state"] if row else None
 
-    token = tmp_path / "token"
-    token.write_text(PROJECTED_TOKEN + "\n")
     private_tmp, private_shm, scratch = tmp_path / "tmp", tmp_path / "shm", tmp_path / "scratch"
     for d in (private_tmp, private_shm, scratch):
         d.mkdir()
@@ -183,16 +226,13 @@ def test_a_warm_pod_agent_runs_two_attempts_from_one_parse_and_sweeps_between_th
     (private_shm / "sem.before").write_text("x")
     parse_log, probe, term = tmp_path / "parses", tmp_path / "probe.jsonl", tmp_path / "termination-log"
     with PluginApp(assignments, ti_state) as app:
-        env = {**stack.env(),
-               "LEOFLOW_EXCHANGE_URL": app.url, "LEOFLOW_TOKEN_FILE": str(token),
-               "LEOFLOW_CREDENTIAL_CEILING_SECONDS": "300", "LEOFLOW_WARM_BUNDLE": "leoflow-dags",
-               "LEOFLOW_WARM_DAG_FILE": DAG_FILE.name, "LEOFLOW_WARM_MAX_ATTEMPTS": "2",
+        env = _agent_env(stack, app, tmp_path, **{
+               "LEOFLOW_WARM_MAX_ATTEMPTS": "2",
                "LEOFLOW_WARM_MAX_LIFETIME_SECONDS": "600", "LEOFLOW_WARM_IDLE_TTL_SECONDS": "120",
                "LEOFLOW_WARM_ISOLATION": "read-only-root", "LEOFLOW_WARM_SCRATCH": str(scratch),
                "LEOFLOW_WARM_SWEEP_ROOTS": f"{private_tmp}:{private_shm}",
-               "LEOFLOW_TEST_PARSE_LOG": str(parse_log), "LEOFLOW_TEST_PROBE": str(probe)}
-        agent = subprocess.run([sys.executable, "-m", "leoflow_agent", "warm-pod", "--termination-message-path",
-                                str(term)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+               "LEOFLOW_TEST_PARSE_LOG": str(parse_log), "LEOFLOW_TEST_PROBE": str(probe)})
+        agent = subprocess.run([*AGENT, str(term)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
     log = agent.stdout + agent.stderr
     (tmp_path / "agent.log").write_text(log)  # kept by pytest for a failure's post-mortem
     assert agent.returncode == 0, log[-5000:]
