@@ -64,6 +64,7 @@ __all__ = [
     "RETRY_AFTER_CAP_SECONDS",
     "TERMINATION_MESSAGE_PATH",
     "ExchangeResult",
+    "agent_main",
     "PodConfig",
     "PodConfigError",
     "Verdict",
@@ -490,15 +491,23 @@ def _start(grant: Grant) -> tuple[Any, str]:
 def main(environ: Mapping[str, str] | None = None, *, termination_path: str = TERMINATION_MESSAGE_PATH) -> int:
     """Entry point of ``python -m leoflow_agent pod``: log to stderr, read the environment, :func:`run_pod`.
     An unusable environment writes an ``agent_start_failed`` record (no identity) and returns :data:`EXIT_CONFIG`."""
+    return agent_main(config_from_env, run_pod, environ, termination_path=termination_path)
+
+
+def agent_main(read_config: Callable[[Mapping[str, str]], Any], run: Callable[..., int],
+               environ: Mapping[str, str] | None, *, termination_path: str) -> int:
+    """What every pod agent's entry point does (this module's :func:`main`, ``leoflow_agent.warmpod.main``): log
+    to stderr, ``config = read_config(environ or os.environ)``, return ``run(config,
+    termination_path=termination_path)``. A :class:`PodConfigError` from ``read_config`` is logged, leaves an
+    ``agent_start_failed`` record (no identity) as the termination message and returns :data:`EXIT_CONFIG`."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     env = os.environ if environ is None else environ
     try:
-        config = config_from_env(env)
+        config = read_config(env)
     except PodConfigError as exc:
         log.error("leoflow agent: %s", exc)
-        budget = outcome.TERMINATION_MESSAGE_BUDGET
-        _write_record(termination_path, outcome.agent_start_failed(None), budget)
+        _write_record(termination_path, outcome.agent_start_failed(None), outcome.TERMINATION_MESSAGE_BUDGET)
         return EXIT_CONFIG
-    return run_pod(config, termination_path=termination_path)
+    return run(config, termination_path=termination_path)

@@ -73,8 +73,6 @@ import enum
 import json
 import logging
 import os
-import random
-import shutil
 import stat
 import sys
 import time
@@ -260,28 +258,17 @@ def config_from_env(environ: Mapping[str, str]) -> WarmConfig:
         raise WarmConfigError(f"{ENV_WARM_DAG_FILE} must be the DAG file's path relative to its bundle, "
                               f"got {dag_file[:200]!r}")
 
-    def integer(name: str, default: int) -> int:
+    def positive(name: str, default: Any, convert: Callable[[str], Any], what: str) -> Any:
+        """``convert`` of the variable ``name`` (absent: ``default``); refused unless finite and > 0."""
         raw = text(name)
         if not raw:
             return default
         try:
-            value = int(raw)
+            value = convert(raw)
         except ValueError:
-            raise WarmConfigError(f"{name} must be an integer >= 1, got {raw[:50]!r}") from None
-        if value < 1:
-            raise WarmConfigError(f"{name} must be an integer >= 1, got {value}")
-        return value
-
-    def seconds(name: str, default: float) -> float:
-        raw = text(name)
-        if not raw:
-            return default
-        try:
-            value = float(raw)
-        except ValueError:
-            raise WarmConfigError(f"{name} must be a number of seconds > 0, got {raw[:50]!r}") from None
-        if not value > 0 or value == float("inf"):
-            raise WarmConfigError(f"{name} must be a finite number of seconds > 0, got {raw[:50]!r}")
+            value = None
+        if value is None or not 0 < value < float("inf"):
+            raise WarmConfigError(f"{name} must be {what}, got {raw[:50]!r}")
         return value
 
     isolation = text(ENV_WARM_ISOLATION) or ISOLATION_SHARED
@@ -309,9 +296,11 @@ def config_from_env(environ: Mapping[str, str]) -> WarmConfig:
                                   "the sweep between attempts would delete it")
         normalised.append(root)
     return WarmConfig(pod=pod, bundle=bundle, bundle_version=text(ENV_WARM_BUNDLE_VERSION) or None,
-                      dag_file=dag_file, max_attempts=integer(ENV_WARM_MAX_ATTEMPTS, DEFAULT_MAX_ATTEMPTS),
-                      max_lifetime_seconds=seconds(ENV_WARM_MAX_LIFETIME, DEFAULT_MAX_LIFETIME_SECONDS),
-                      idle_ttl_seconds=seconds(ENV_WARM_IDLE_TTL, DEFAULT_IDLE_TTL_SECONDS),
+                      dag_file=dag_file, max_attempts=positive(ENV_WARM_MAX_ATTEMPTS, DEFAULT_MAX_ATTEMPTS, int, "an integer >= 1"),
+                      max_lifetime_seconds=positive(ENV_WARM_MAX_LIFETIME, DEFAULT_MAX_LIFETIME_SECONDS, float,
+                                                    "a finite number of seconds > 0"),
+                      idle_ttl_seconds=positive(ENV_WARM_IDLE_TTL, DEFAULT_IDLE_TTL_SECONDS, float,
+                                                "a finite number of seconds > 0"),
                       isolation=isolation, scratch=scratch, sweep_roots=tuple(normalised))
 
 
@@ -995,14 +984,4 @@ def main(environ: Mapping[str, str] | None = None, *,
     """Entry point of ``python -m leoflow_agent warm-pod``: log to stderr, read the environment,
     :func:`run_warm_pod`. An unusable environment writes an ``agent_start_failed`` record (no identity) and
     returns :data:`leoflow_agent.podmain.EXIT_CONFIG`."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    env = os.environ if environ is None else environ
-    try:
-        config = config_from_env(env)
-    except podmain.PodConfigError as exc:
-        log.error("leoflow warm agent: %s", exc)
-        podmain._write_record(termination_path, outcome.agent_start_failed(None), outcome.TERMINATION_MESSAGE_BUDGET)
-        return podmain.EXIT_CONFIG
-    return run_warm_pod(config, termination_path=termination_path)
+    return podmain.agent_main(config_from_env, run_warm_pod, environ, termination_path=termination_path)

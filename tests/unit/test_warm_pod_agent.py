@@ -320,3 +320,15 @@ def test_without_a_ceiling_the_wait_returns_the_childs_exit_code():
 
     child = subprocess.Popen(["sh", "-c", "exit 3"])
     assert warmpod._wait_child(child.pid, 0) == (3, False)
+
+
+def test_importing_the_wire_names_imports_nothing_but_the_standard_library():
+    """The control plane imports the constants; the pod image runs the module: no Airflow, httpx or pydantic
+    at import time."""
+    import subprocess
+    import sys
+
+    code = ("import sys, leoflow_agent.warmpod; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'airflow', 'httpx', 'pydantic', 'sqlalchemy'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
