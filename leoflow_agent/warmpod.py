@@ -29,11 +29,14 @@ imports and the parse. What it does, in order:
    child; a per-attempt watchdog kills the child's whole process tree after the credential ceiling
    (:data:`leoflow_agent.podmain.ENV_CEILING`; 0: none). Then whatever of the attempt still runs is killed (the
    parent is a child subreaper, so a task process that left the child's session is reparented to it and found),
-   and the attempt's files are swept (:func:`sweep`, isolation below). A worker never runs two attempts at once:
+   and the attempt's files are swept (:func:`sweep`, isolation below). An attempt killed by the watchdog writes
+   no record; the termination message may then still hold the previous attempt's record, which its identity
+   (``ti_id``, ``try_number``, ``attempt_epoch``) tells apart. A worker never runs two attempts at once:
    it awaits only while no child lives;
 6. **SIGTERM** (the pod is deleted): while an attempt runs it is passed on to the attempt's child, whose
-   supervisor ends the task as a cold pod's would, and the worker exits 0 once the attempt is over and swept;
-   while idle the worker exits 0 at once;
+   supervisor passes it on to the task as in a cold pod (Airflow 3.3 runs the operator's ``on_kill`` and lets the
+   task go on; the kubelet's grace period then bounds it), and the worker takes no other attempt: it exits 0 once
+   this one is over and swept. While idle it exits 0 at once;
 7. **self-limits** with no control plane (:func:`decide_limits`): after ``LEOFLOW_WARM_MAX_ATTEMPTS`` attempts,
    past ``LEOFLOW_WARM_MAX_LIFETIME_SECONDS`` since it started, or idle (no attempt running or ended) for
    ``LEOFLOW_WARM_IDLE_TTL_SECONDS``, it exits 0 (the pod Succeeds). An attempt that started before a limit is
@@ -238,7 +241,7 @@ def config_from_env(environ: Mapping[str, str]) -> WarmConfig:
         :data:`ENV_WARM_MAX_LIFETIME` or :data:`ENV_WARM_IDLE_TTL` not a finite number > 0;
         :data:`ENV_WARM_ISOLATION` not one of :data:`ISOLATION_MODES`; ``read-only-root`` without
         :data:`ENV_WARM_SCRATCH`; a scratch directory or sweep root that is not absolute; the scratch directory
-        inside a sweep root (the sweep would delete it); a sweep root that is ``/``.
+        or the token file inside a sweep root (the sweep would delete it); a sweep root that is ``/``.
     """
     try:
         pod = podmain.config_from_env(environ)
@@ -291,6 +294,9 @@ def config_from_env(environ: Mapping[str, str]) -> WarmConfig:
         root = os.path.normpath(root)
         if root == "/":
             raise WarmConfigError(f"{ENV_WARM_SWEEP_ROOTS} must not hold / (the sweep empties each root)")
+        if _inside(os.path.normpath(pod.token_file), root):
+            raise WarmConfigError(f"{podmain.ENV_TOKEN_FILE} ({pod.token_file}) must not be inside the sweep root "
+                                  f"{root}: the sweep between attempts would delete it")
         if scratch is not None and _inside(scratch, root):
             raise WarmConfigError(f"{ENV_WARM_SCRATCH} ({scratch}) must not be inside the sweep root {root}: "
                                   "the sweep between attempts would delete it")

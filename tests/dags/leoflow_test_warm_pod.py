@@ -4,7 +4,8 @@ Its top level appends the parsing process's pid to ``$LEOFLOW_TEST_PARSE_LOG`` w
 environment sets it, not the dag-processor's), so the test counts how often the agent's processes parsed the file.
 Each task appends one JSON line to ``$LEOFLOW_TEST_PROBE``: what it found in the first sweep root
 (``$LEOFLOW_WARM_SWEEP_ROOTS``) before leaving a file there, its ``HOME`` and ``TMPDIR``, and whether its own
-process parsed this file.
+process parsed this file. With ``$LEOFLOW_TEST_HOLD`` set, a task first writes its pid to ``<that path>.pid``
+and waits while the file ``$LEOFLOW_TEST_HOLD`` exists.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 
 from airflow.sdk import dag, get_current_context, task
 
@@ -29,6 +31,12 @@ def leoflow_test_warm_pod():
     def probe() -> None:
         """Look at the sweep root, leave files in it, in ``HOME`` and in ``TMPDIR``; append the probe line."""
         task_id = get_current_context()["ti"].task_id
+        hold = os.environ.get("LEOFLOW_TEST_HOLD")
+        if hold:
+            with open(f"{hold}.pid", "w") as f:
+                f.write(str(os.getpid()))
+            while os.path.exists(hold):
+                time.sleep(0.1)
         root = os.environ["LEOFLOW_WARM_SWEEP_ROOTS"].split(":")[0]
         found = sorted(os.listdir(root))
         with open(os.path.join(root, f"left-by-{task_id}"), "w") as f:

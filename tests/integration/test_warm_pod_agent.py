@@ -271,3 +271,51 @@ def test_a_warm_pod_agent_runs_two_attempts_from_one_parse_and_sweeps_between_th
         assert line["home"].startswith(str(scratch)) and line["tmp_file"].startswith(line["tmpdir"] + "/"), line
     assert list(scratch.iterdir()) == [], "each attempt's HOME/TMPDIR is removed after it"
     assert list(private_tmp.iterdir()) == [] and list(private_shm.iterdir()) == []
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_sigterm_during_an_attempt_reaches_it_and_the_worker_takes_no_other(stack, tmp_path):
+    """The pod is deleted while an attempt runs: the SIGTERM reaches the attempt's supervisor, which passes it on
+    to the task (Airflow 3.3 then runs the operator's ``on_kill`` and lets the task go on, as in a cold pod, whose
+    kubelet SIGKILLs it after the grace period). The worker takes no other attempt: once this one ends (the test
+    lets the task finish) and its record is sent, it exits 0 without another await."""
+    run_id = stack.trigger(DAG_ID)
+    assignments = _queue_attempts(stack, run_id)
+    hold = tmp_path / "hold"
+    hold.write_text("hold")
+    log = tmp_path / "agent.log"
+    with PluginApp(assignments, lambda ti_id: None) as app, open(log, "w") as out_file:
+        env = _agent_env(stack, app, tmp_path, LEOFLOW_TEST_HOLD=str(hold),
+                         LEOFLOW_WARM_SWEEP_ROOTS=str(tmp_path / "tmp"), LEOFLOW_TEST_PROBE=str(tmp_path / "probe"))
+        (tmp_path / "tmp").mkdir()
+        agent = subprocess.Popen([*AGENT, str(tmp_path / "termination-log")], env=env, stdout=out_file,
+                                 stderr=subprocess.STDOUT)
+        try:
+            pid_file = Path(f"{hold}.pid")
+            deadline = time.monotonic() + 120
+            while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+                assert agent.poll() is None, log.read_text()[-3000:]
+                time.sleep(0.1)
+            task_pid = int(pid_file.read_text())
+            agent.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while "Received signal, forwarding to task subprocess" not in log.read_text():
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.1)
+            assert agent.poll() is None, "the worker must wait for its attempt"
+            hold.unlink()
+            agent.wait(timeout=60)
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+    out = log.read_text()
+    assert agent.returncode == 0 and "stopped by SIGTERM after 1 attempts" in out, out[-3000:]
+    assert not _alive(task_pid)
+    assert [route for route, _ in app.events] == ["register", "await", "outcome"], app.events

@@ -102,6 +102,7 @@ def test_absent_limits_and_isolation_read_as_the_defaults():
     ({"LEOFLOW_WARM_SWEEP_ROOTS": "/tmp:relative"}, "LEOFLOW_WARM_SWEEP_ROOTS"),
     ({"LEOFLOW_WARM_SWEEP_ROOTS": "/tmp:/"}, "LEOFLOW_WARM_SWEEP_ROOTS"),
     ({"LEOFLOW_WARM_SWEEP_ROOTS": "/scratch"}, "LEOFLOW_WARM_SCRATCH"),
+    ({"LEOFLOW_TOKEN_FILE": "/tmp/token"}, "LEOFLOW_TOKEN_FILE"),
 ])
 def test_a_bad_environment_is_refused_naming_the_variable(change, named):
     with pytest.raises(WarmConfigError, match=named):
