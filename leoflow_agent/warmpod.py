@@ -803,6 +803,12 @@ def run_warm_pod(config: WarmConfig, *, termination_path: str = podmain.TERMINAT
 
         key = config.file_key()
         try:
+            from setproctitle import setproctitle
+
+            setproctitle(f"leoflow-agent warm pod: {key.title()}")
+        except ImportError:
+            pass
+        try:
             prepared = warm.prepare(key)
         except BaseException as exc:  # noqa: BLE001 - a DAG file's top level may raise anything, even SystemExit
             log.error("warm pod: %s cannot be prepared: %r", key.title(), exc)
