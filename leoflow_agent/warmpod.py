@@ -241,7 +241,8 @@ def config_from_env(environ: Mapping[str, str]) -> WarmConfig:
         :data:`ENV_WARM_MAX_LIFETIME` or :data:`ENV_WARM_IDLE_TTL` not a finite number > 0;
         :data:`ENV_WARM_ISOLATION` not one of :data:`ISOLATION_MODES`; ``read-only-root`` without
         :data:`ENV_WARM_SCRATCH`; a scratch directory or sweep root that is not absolute; the scratch directory
-        or the token file inside a sweep root (the sweep would delete it); a sweep root that is ``/``.
+        or the token file inside a sweep root in ``read-only-root`` isolation (the sweep would delete it); a sweep
+        root that is ``/``.
     """
     try:
         pod = podmain.config_from_env(environ)
@@ -294,15 +295,17 @@ def config_from_env(environ: Mapping[str, str]) -> WarmConfig:
         root = os.path.normpath(root)
         if root == "/":
             raise WarmConfigError(f"{ENV_WARM_SWEEP_ROOTS} must not hold / (the sweep empties each root)")
-        if _inside(os.path.normpath(pod.token_file), root):
+        swept = isolation == ISOLATION_READ_ONLY_ROOT  # shared: nothing is swept, the roots do not matter
+        if swept and _inside(os.path.normpath(pod.token_file), root):
             raise WarmConfigError(f"{podmain.ENV_TOKEN_FILE} ({pod.token_file}) must not be inside the sweep root "
                                   f"{root}: the sweep between attempts would delete it")
-        if scratch is not None and _inside(scratch, root):
+        if swept and scratch is not None and _inside(scratch, root):
             raise WarmConfigError(f"{ENV_WARM_SCRATCH} ({scratch}) must not be inside the sweep root {root}: "
                                   "the sweep between attempts would delete it")
         normalised.append(root)
     return WarmConfig(pod=pod, bundle=bundle, bundle_version=text(ENV_WARM_BUNDLE_VERSION) or None,
-                      dag_file=dag_file, max_attempts=positive(ENV_WARM_MAX_ATTEMPTS, DEFAULT_MAX_ATTEMPTS, int, "an integer >= 1"),
+                      dag_file=dag_file,
+                      max_attempts=positive(ENV_WARM_MAX_ATTEMPTS, DEFAULT_MAX_ATTEMPTS, int, "an integer >= 1"),
                       max_lifetime_seconds=positive(ENV_WARM_MAX_LIFETIME, DEFAULT_MAX_LIFETIME_SECONDS, float,
                                                     "a finite number of seconds > 0"),
                       idle_ttl_seconds=positive(ENV_WARM_IDLE_TTL, DEFAULT_IDLE_TTL_SECONDS, float,

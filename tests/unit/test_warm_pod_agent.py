@@ -71,6 +71,9 @@ def test_config_from_env():
     assert (key.bundle, key.version, key.path) == ("dags", None, "sub/my_dag.py")
     assert config_from_env({**GOOD_ENV, "LEOFLOW_WARM_BUNDLE_VERSION": "v7"}).bundle_version == "v7"
     assert config_from_env({**GOOD_ENV, "LEOFLOW_WARM_SWEEP_ROOTS": "/a/tmp:/b/"}).sweep_roots == ("/a/tmp", "/b")
+    shared = {**GOOD_ENV, "LEOFLOW_WARM_ISOLATION": "shared", "LEOFLOW_TOKEN_FILE": "/tmp/t",
+              "LEOFLOW_WARM_SCRATCH": ""}
+    assert config_from_env(shared).isolation == "shared", "nothing is swept: the sweep roots do not matter"
 
 
 def test_absent_limits_and_isolation_read_as_the_defaults():
