@@ -52,7 +52,8 @@ class PluginApp:
 
     Every request is kept in :attr:`events` as ``(route, details)``. ``assignments`` are handed out one per await
     in order; with none left an await answers 204 after 0.5 s, or 401 ``unknown_credential`` when ``retire``.
-    ``ti_state(ti_id)`` is read when an outcome record arrives (the task instance's state in Airflow's database at that moment)."""
+    ``ti_state(ti_id)`` is read when an outcome record arrives (the task instance's state in Airflow's database
+    at that moment)."""
 
     def __init__(self, assignments: list[dict], ti_state, *, retire: bool = False) -> None:
         self.assignments = list(assignments)
