@@ -1,5 +1,6 @@
 """``python -m leoflow_agent serve --socket PATH``: start the Lite zygote (DESIGN §3).
 ``python -m leoflow_agent pod``: the agent of one Kubernetes task pod (:mod:`leoflow_agent.podmain`).
+``python -m leoflow_agent warm-pod``: the agent of one Kubernetes warm pod (:mod:`leoflow_agent.warmpod`).
 
 Nothing secret is accepted on this command line: Lite workloads and tokens arrive over the socket only, and a
 task pod's agent reads only public settings from its environment and trades its projected token for the workload.
@@ -26,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     pod.add_argument("--termination-message-path", default=None,
                      help="where the outcome record goes (default: /dev/termination-log, the pinned "
                           "terminationMessagePath); for running the agent outside a pod")
+    warm = sub.add_parser("warm-pod", help="serve attempts of one DAG version in this Kubernetes warm pod "
+                                           "(settings from LEOFLOW_* env)")
+    warm.add_argument("--termination-message-path", default=None,
+                      help="where the last attempt's outcome record goes (default: /dev/termination-log); for "
+                           "running the agent outside a pod")
     args = parser.parse_args(argv)
     if args.command == "serve":
         from leoflow_agent.zygote import serve_main
@@ -37,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         from leoflow_agent import podmain
 
         return podmain.main(termination_path=args.termination_message_path or podmain.TERMINATION_MESSAGE_PATH)
+    if args.command == "warm-pod":
+        from leoflow_agent import podmain, warmpod
+
+        return warmpod.main(termination_path=args.termination_message_path or podmain.TERMINATION_MESSAGE_PATH)
     return 2
 
 

@@ -67,6 +67,7 @@ __all__ = [
     "PodConfig",
     "PodConfigError",
     "Verdict",
+    "agent_main",
     "backoff_delay",
     "classify_status",
     "config_from_env",
@@ -261,7 +262,7 @@ class ExchangeResult:
     requests sent; ``detail`` a short text for the log (a status and the answer's ``error_id``, an error class;
     never a token)."""
 
-    grant: Grant | None
+    grant: Grant | Any | None
     reason: outcome.Reason | None
     exit_code: int
     tries: int
@@ -314,9 +315,16 @@ def exchange_with_retries(
     sleep: Callable[[float], None] = time.sleep,
     rng: Callable[[], float] = random.random,
     started: float | None = None,
+    url: str | None = None,
+    decode: Callable[[bytes], Any] = decode_grant,
 ) -> ExchangeResult:
     """Exchange the pod's token until granted, refused, or the deadline (:func:`exchange_deadline_seconds` of
     ``config.ceiling_seconds``, counted from ``started``, a ``monotonic()`` time, default now).
+
+    ``url`` (default ``config.exchange_endpoint``) and ``decode`` (default :func:`decode_grant`; raises
+    :class:`GrantError` for a body it refuses) let a warm pod's registration (``leoflow_agent.warmpod``,
+    ``POST …/v1/warm/register``, the same request body) reuse this retry schedule; ``ExchangeResult.grant``
+    then holds what ``decode`` returned.
 
     Each try re-reads the token file (``read_token``; an unreadable or empty file ends it at once:
     ``agent_start_failed``, :data:`EXIT_CONFIG`) and sends one request, its timeout at most
@@ -330,7 +338,7 @@ def exchange_with_retries(
     transient = _transient_errors()
     start = monotonic() if started is None else started
     deadline = start + exchange_deadline_seconds(config.ceiling_seconds)
-    url = config.exchange_endpoint
+    url = config.exchange_endpoint if url is None else url
     failures = tries = 0
     while True:
         try:
@@ -350,7 +358,7 @@ def exchange_with_retries(
             verdict = classify_status(status)
             if verdict is Verdict.GRANTED:
                 try:
-                    return ExchangeResult(decode_grant(body), None, EXIT_OK, tries, "granted")
+                    return ExchangeResult(decode(body), None, EXIT_OK, tries, "granted")
                 except GrantError as exc:
                     return ExchangeResult(None, outcome.Reason.AGENT_START_FAILED, EXIT_START_FAILED, tries,
                                           f"the exchange's 200 answer is no grant: {exc}")
@@ -483,15 +491,23 @@ def _start(grant: Grant) -> tuple[Any, str]:
 def main(environ: Mapping[str, str] | None = None, *, termination_path: str = TERMINATION_MESSAGE_PATH) -> int:
     """Entry point of ``python -m leoflow_agent pod``: log to stderr, read the environment, :func:`run_pod`.
     An unusable environment writes an ``agent_start_failed`` record (no identity) and returns :data:`EXIT_CONFIG`."""
+    return agent_main(config_from_env, run_pod, environ, termination_path=termination_path)
+
+
+def agent_main(read_config: Callable[[Mapping[str, str]], Any], run: Callable[..., int],
+               environ: Mapping[str, str] | None, *, termination_path: str) -> int:
+    """What every pod agent's entry point does (this module's :func:`main`, ``leoflow_agent.warmpod.main``): log
+    to stderr, ``config = read_config(environ or os.environ)``, return ``run(config,
+    termination_path=termination_path)``. A :class:`PodConfigError` from ``read_config`` is logged, leaves an
+    ``agent_start_failed`` record (no identity) as the termination message and returns :data:`EXIT_CONFIG`."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     env = os.environ if environ is None else environ
     try:
-        config = config_from_env(env)
+        config = read_config(env)
     except PodConfigError as exc:
         log.error("leoflow agent: %s", exc)
-        budget = outcome.TERMINATION_MESSAGE_BUDGET
-        _write_record(termination_path, outcome.agent_start_failed(None), budget)
+        _write_record(termination_path, outcome.agent_start_failed(None), outcome.TERMINATION_MESSAGE_BUDGET)
         return EXIT_CONFIG
-    return run_pod(config, termination_path=termination_path)
+    return run(config, termination_path=termination_path)
