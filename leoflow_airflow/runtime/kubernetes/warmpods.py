@@ -54,6 +54,16 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client import models as k8s
 
+from leoflow_agent.warmpod import (
+    ENV_WARM_BUNDLE,
+    ENV_WARM_BUNDLE_VERSION,
+    ENV_WARM_DAG_FILE,
+    ENV_WARM_IDLE_TTL,
+    ENV_WARM_ISOLATION,
+    ENV_WARM_MAX_ATTEMPTS,
+    ENV_WARM_MAX_LIFETIME,
+    ENV_WARM_SCRATCH,
+)
 from leoflow_airflow.runtime.kubernetes import warmdecide
 from leoflow_airflow.runtime.kubernetes.identity import IDENTITY_ANNOTATION
 from leoflow_airflow.runtime.kubernetes.pod import (
@@ -78,16 +88,6 @@ __all__ = ["ANCHOR_LABEL", "JOB_LABEL", "TENANT_LABEL", "VERSION_LABEL", "WARM_A
            "is_warm_name", "warm_pod_name", "warm_selector"]
 
 log = logging.getLogger(__name__)
-
-# TODO(merge): leoflow_agent.warmpod (the agent branch owns these strings; the lead replaces them by imports)
-ENV_WARM_BUNDLE = "LEOFLOW_WARM_BUNDLE"
-ENV_WARM_BUNDLE_VERSION = "LEOFLOW_WARM_BUNDLE_VERSION"
-ENV_WARM_DAG_FILE = "LEOFLOW_WARM_DAG_FILE"
-ENV_WARM_MAX_ATTEMPTS = "LEOFLOW_WARM_MAX_ATTEMPTS"
-ENV_WARM_MAX_LIFETIME = "LEOFLOW_WARM_MAX_LIFETIME_SECONDS"
-ENV_WARM_IDLE_TTL = "LEOFLOW_WARM_IDLE_TTL_SECONDS"
-ENV_WARM_ISOLATION = "LEOFLOW_WARM_ISOLATION"
-ENV_WARM_SCRATCH = "LEOFLOW_WARM_SCRATCH"
 
 WARM_LABEL = "leoflow.io/warm"
 VERSION_LABEL = "leoflow.io/dag-version"
