@@ -51,6 +51,7 @@ from leoflow_airflow.runtime.kubernetes.review import (
     KubeReader,
     KubeRejected,
     KubeUnavailable,
+    PodFacts,
 )
 
 if TYPE_CHECKING:
@@ -62,12 +63,14 @@ __all__ = [
     "RETRY_AFTER_SECONDS",
     "UNAVAILABLE",
     "Answer",
+    "BoundPod",
     "Exchange",
     "ExchangeLedger",
     "ExchangeService",
     "Refused",
     "Unavailable",
     "airflow_minter",
+    "authenticate_pod",
     "build_generator",
     "check_can_mint",
     "from_airflow",
@@ -123,10 +126,13 @@ _MAX_TOKEN_LEN = 8192
 
 
 class Refused(Exception):
-    """The exchange is refused for good. ``reason``: one of :data:`REFUSALS`; ``detail``: for the log only."""
+    """The exchange is refused for good. ``reason``: one of :attr:`reasons` (:data:`REFUSALS`; a subclass widens
+    it: :class:`leoflow_airflow.api.warm.WarmRefused`); ``detail``: for the log only."""
+
+    reasons: frozenset[str] = REFUSALS
 
     def __init__(self, reason: str, detail: str = "") -> None:
-        assert reason in REFUSALS, reason
+        assert reason in self.reasons, reason
         self.reason, self.detail = reason, detail
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
@@ -189,6 +195,55 @@ def _one(extra: Mapping[str, tuple[str, ...]], key: str) -> str | None:
     return values[0]
 
 
+@dataclass(frozen=True)
+class BoundPod:
+    """Who presented a projected token (:func:`authenticate_pod`): the pod it is bound to as Kubernetes reads it
+    now, the review's ``credential-id`` (``JTI=…``; None when the review named none) and ``where``, a log
+    phrase naming the pod, its UID and the credential."""
+
+    pod: PodFacts
+    credential_id: str | None
+    where: str
+
+
+def authenticate_pod(cfg: KubernetesSettings, kube: KubeReader, token: str) -> BoundPod:
+    """Checks 2-5 of the module docstring but the ``deletionTimestamp`` one (each caller names that refusal its
+    own way): TokenReview of the JWT-shaped ``token`` with ``[cfg.exchange_audience]``, authenticated, the
+    audience echoed, ``cfg``'s ServiceAccount, bound to exactly one pod, and that pod read from ``cfg.namespace``
+    with the bound UID. Shared by the exchange and the warm pods' registration (:mod:`leoflow_airflow.api.warm`).
+
+    :raises Refused: ``review_rejected``, ``unauthenticated``, ``audience_mismatch``, ``wrong_service_account``,
+        ``not_pod_bound``, ``pod_gone``, ``pod_replaced``.
+    :raises Unavailable: ``kube_unavailable`` (TokenReview or the pod GET gave no usable answer in time).
+    """
+    try:
+        review = kube.review(token, [cfg.exchange_audience])
+    except KubeRejected as exc:
+        raise Refused("review_rejected", str(exc)) from None
+    except KubeUnavailable as exc:
+        raise Unavailable("kube_unavailable", str(exc)) from None
+    if not review.authenticated:
+        raise Refused("unauthenticated", review.error[:300])
+    if cfg.exchange_audience not in review.audiences:
+        raise Refused("audience_mismatch", f"audiences {list(review.audiences)[:5]}")
+    if review.username != cfg.service_account_username:
+        raise Refused("wrong_service_account", f"user {review.username[:300]!r}")
+    credential_id = _one(review.extra, EXTRA_CREDENTIAL_ID)
+    pod_name, pod_uid = _one(review.extra, EXTRA_POD_NAME), _one(review.extra, EXTRA_POD_UID)
+    if pod_name is None or pod_uid is None:
+        raise Refused("not_pod_bound", f"credential {credential_id}")
+    where = f"pod {cfg.namespace}/{pod_name} uid {pod_uid} credential {credential_id}"
+    try:
+        pod = kube.read_pod(cfg.namespace, pod_name)
+    except KubeUnavailable as exc:
+        raise Unavailable("kube_unavailable", f"{where}: {exc}") from None
+    if pod is None:
+        raise Refused("pod_gone", where)
+    if pod.uid != pod_uid:
+        raise Refused("pod_replaced", f"{where}: the pod of that name now has uid {pod.uid}")
+    return BoundPod(pod=pod, credential_id=credential_id, where=where)
+
+
 class Exchange:
     """The exchange's check order over its three seams (Kubernetes, the ledger, the minter). Thread-safe as
     its seams are; holds no state of its own.
@@ -215,32 +270,8 @@ class Exchange:
         :raises Unavailable: Kubernetes or the ledger gave no usable answer.
         """
         cfg = self.config
-        try:
-            review = self.kube.review(token, [cfg.exchange_audience])
-        except KubeRejected as exc:
-            raise Refused("review_rejected", str(exc)) from None
-        except KubeUnavailable as exc:
-            raise Unavailable("kube_unavailable", str(exc)) from None
-        if not review.authenticated:
-            raise Refused("unauthenticated", review.error[:300])
-        if cfg.exchange_audience not in review.audiences:
-            raise Refused("audience_mismatch", f"audiences {list(review.audiences)[:5]}")
-        if review.username != cfg.service_account_username:
-            raise Refused("wrong_service_account", f"user {review.username[:300]!r}")
-        credential_id = _one(review.extra, EXTRA_CREDENTIAL_ID)
-        pod_name, pod_uid = _one(review.extra, EXTRA_POD_NAME), _one(review.extra, EXTRA_POD_UID)
-        if pod_name is None or pod_uid is None:
-            raise Refused("not_pod_bound", f"credential {credential_id}")
-        where = f"pod {cfg.namespace}/{pod_name} uid {pod_uid} credential {credential_id}"
-
-        try:
-            pod = self.kube.read_pod(cfg.namespace, pod_name)
-        except KubeUnavailable as exc:
-            raise Unavailable("kube_unavailable", f"{where}: {exc}") from None
-        if pod is None:
-            raise Refused("pod_gone", where)
-        if pod.uid != pod_uid:
-            raise Refused("pod_replaced", f"{where}: the pod of that name now has uid {pod.uid}")
+        bound = authenticate_pod(cfg, self.kube, token)
+        pod, credential_id, where = bound.pod, bound.credential_id, bound.where
         if pod.deletion_timestamp is not None:
             raise Refused("pod_terminating", f"{where}: deletionTimestamp {pod.deletion_timestamp.isoformat()}")
         ident = parse_identity_annotation(pod.annotations.get(IDENTITY_ANNOTATION))
