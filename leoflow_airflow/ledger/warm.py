@@ -102,6 +102,7 @@ class WarmLedger:
         """Wrap ``engine`` (whose database has the ledger at revision 0007 or later)."""
         self.engine = engine
         self._clock = clock
+        self._engine_owner: object | None = None
 
     @classmethod
     def from_airflow(cls) -> WarmLedger:
@@ -109,7 +110,10 @@ class WarmLedger:
         :meth:`LedgerStore.from_airflow` builds its engine. Raises ``RuntimeError`` if Airflow has no DB URL."""
         from leoflow_airflow.ledger.store import LedgerStore
 
-        return cls(LedgerStore.from_airflow().engine)
+        store = LedgerStore.from_airflow()
+        ledger = cls(store.engine)
+        ledger._engine_owner = store  # keeps the store's after-fork disposal of the engine registered
+        return ledger
 
     # ------------------------------------------------------------------ writes
 
