@@ -74,6 +74,7 @@ __all__ = [
     "build_generator",
     "check_can_mint",
     "from_airflow",
+    "parse_json_object",
     "parse_request",
     "signing_configured",
 ]
@@ -164,6 +165,23 @@ Minter = Callable[[Any], str]
 ``ValueError`` (pydantic's ``ValidationError`` is one) when the stored workload cannot be rebuilt."""
 
 
+def parse_json_object(body: bytes, limit: int, refused: type[Refused] = Refused) -> dict[str, Any]:
+    """``body`` as a JSON object (a request body of the plugin app's routes).
+
+    :raises Refused: (``refused``, a :class:`Refused` class) ``malformed_request`` when ``body`` is larger than
+        ``limit`` bytes, not UTF-8 JSON, or not an object.
+    """
+    if len(body) > limit:
+        raise refused("malformed_request", f"body of {len(body)} bytes")
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        raise refused("malformed_request", "body is not JSON") from None
+    if not isinstance(data, dict):
+        raise refused("malformed_request", f"body is a JSON {type(data).__name__}, not an object")
+    return data
+
+
 def parse_request(body: bytes) -> str:
     """The token of an exchange request body (see :mod:`leoflow_agent.exchange`).
 
@@ -171,14 +189,7 @@ def parse_request(body: bytes) -> str:
         not an object, or has no string ``token``; ``malformed_token`` when the token is not shaped like a JWT
         (three base64url parts, at most 8192 characters).
     """
-    if len(body) > MAX_REQUEST_BYTES:
-        raise Refused("malformed_request", f"body of {len(body)} bytes")
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        raise Refused("malformed_request", "body is not JSON") from None
-    if not isinstance(data, dict):
-        raise Refused("malformed_request", f"body is a JSON {type(data).__name__}, not an object")
+    data = parse_json_object(body, MAX_REQUEST_BYTES)
     token = data.get("token")
     if not isinstance(token, str):
         raise Refused("malformed_request", "no string 'token'")

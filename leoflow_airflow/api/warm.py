@@ -68,6 +68,7 @@ from leoflow_airflow.api.exchange import (
     Refused,
     Unavailable,
     authenticate_pod,
+    parse_json_object,
     parse_request,
 )
 from leoflow_airflow.ledger.states import AttemptRef, AttemptState
@@ -174,14 +175,7 @@ def parse_await(body: bytes) -> None:
 
     :raises WarmRefused: ``malformed_request``.
     """
-    if len(body) > MAX_AWAIT_BYTES:
-        raise WarmRefused("malformed_request", f"body of {len(body)} bytes")
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        raise WarmRefused("malformed_request", "body is not JSON") from None
-    if not isinstance(data, dict):
-        raise WarmRefused("malformed_request", f"body is a JSON {type(data).__name__}, not an object")
+    parse_json_object(body, MAX_AWAIT_BYTES, WarmRefused)
 
 
 def parse_outcome(body: bytes) -> tuple[AttemptRef, str]:

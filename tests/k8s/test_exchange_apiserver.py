@@ -15,7 +15,6 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 import sqlalchemy as sa
-from kubernetes import client
 
 from leoflow_agent.exchange import decode_grant, request_body
 from leoflow_agent.fencing import ATTEMPT_HEADER, format_attempt
@@ -24,7 +23,16 @@ from leoflow_airflow.ledger.states import AttemptState
 from leoflow_airflow.ledger.store import LedgerStore
 from leoflow_airflow.ledger.warm import WarmLedger
 
-from .exchange_wiring import AUDIENCE, TASK_SA, make_pod, pod_token, wire_namespace, workload_json
+from .exchange_wiring import (
+    AUDIENCE,
+    TASK_SA,
+    kube_attempt,
+    make_pod,
+    make_warm_pod,
+    pod_token,
+    wire_namespace,
+    workload_json,
+)
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow]
 
@@ -101,24 +109,16 @@ def test_exchange_in_a_real_api_server_and_its_token_on_the_execution_api(
             unnamed = http.patch(run.format(ti_a), json=body, headers={"Authorization": f"Bearer {token_a}"})
             assert unnamed.status_code == 409, unnamed.text  # leoflow's fence: a call naming no attempt
             # a warm pod (issue 11) registers and is handed an attempt assigned to it, through the same api-server
-            warm_pod = core.create_namespaced_pod(namespace, client.V1Pod(
-                metadata=client.V1ObjectMeta(name="warm-1", labels={"leoflow.io/warm": "true",
-                                                                    "leoflow.io/dag-version": str(uuid.uuid4())}),
-                spec=client.V1PodSpec(node_name=k8s_env.nodes[0], service_account_name=TASK_SA,
-                                      restart_policy="Never", automount_service_account_token=False,
-                                      containers=[client.V1Container(name="agent", image="leoflow.test/none:0")])))
+            warm_pod = make_warm_pod(core, namespace, node=k8s_env.nodes[0])
             r = http.post(f"{stack.base_url}/leoflow/v1/warm/register",
                           content=request_body(pod_token(core, namespace, warm_pod)))
             assert r.status_code == 200, r.text
             credential = r.json()["credential"]
-            warm_ti = str(uuid.uuid4())
-            a = store.claim_epoch(ti_id=warm_ti, try_number=1, dag_id="dag", task_id="task", run_id="run",
-                                  map_index=-1, runtime="kubernetes", workload_json=workload_json(warm_ti),
-                                  scheduler_job_id=1)
-            assert store.transition(a.ref, expected=[AttemptState.CLAIMED], to=AttemptState.DISPATCHED)
+            warm_ref = kube_attempt(store)
+            warm_ti = warm_ref.ti_id
             workers = WarmLedger(engine)
             version = workers.get(warm_pod.metadata.uid).row_version
-            assert workers.assign(warm_pod.metadata.uid, a.ref, row_version=version)
+            assert workers.assign(warm_pod.metadata.uid, warm_ref, row_version=version)
             r = http.post(f"{stack.base_url}/leoflow/v1/warm/await", content=b"{}",
                           headers={"authorization": f"Bearer {credential}"})
             assert r.status_code == 200 and r.json()["ti_id"] == warm_ti, r.text

@@ -34,7 +34,17 @@ from leoflow_airflow.ledger.store import LedgerStore
 from leoflow_airflow.ledger.warm import WarmLedger
 
 from .conftest import _fresh_namespace, wait_for
-from .exchange_wiring import AUDIENCE, OTHER_SA, TASK_SA, make_pod, pod_token, wire_namespace, workload_json
+from .exchange_wiring import (
+    AUDIENCE,
+    OTHER_SA,
+    TASK_SA,
+    drop_finalizers,
+    kube_attempt,
+    make_pod,
+    make_warm_pod,
+    pod_token,
+    wire_namespace,
+)
 
 pytestmark = pytest.mark.k8s
 
@@ -55,19 +65,9 @@ class WarmEnv:
     workers: WarmLedger
     http: TestClient
 
-    def warm_pod(self, *, version: str | None = None, labels: dict[str, str] | None = None,
-                 sa_name: str = TASK_SA, finalizers: list[str] | None = None,
-                 name: str | None = None) -> client.V1Pod:
-        """A warm pod (``leoflow.io/warm=true``, ``leoflow.io/dag-version``) on a kwok node, unless ``labels``
-        replaces its labels."""
-        if labels is None:
-            labels = {"leoflow.io/warm": "true", "leoflow.io/dag-version": version or str(uuid.uuid4())}
-        return self.core.create_namespaced_pod(self.namespace, client.V1Pod(
-            metadata=client.V1ObjectMeta(name=name or f"warm-{uuid.uuid4().hex[:10]}", labels=labels,
-                                         finalizers=finalizers),
-            spec=client.V1PodSpec(node_name=self.node, service_account_name=sa_name, restart_policy="Never",
-                                  automount_service_account_token=False,
-                                  containers=[client.V1Container(name="agent", image="leoflow.test/none:0")])))
+    def warm_pod(self, **kw) -> client.V1Pod:
+        """A warm pod on a kwok node (``make_warm_pod``)."""
+        return make_warm_pod(self.core, self.namespace, node=self.node, **kw)
 
     def token(self, pod: client.V1Pod, **kw) -> str:
         return pod_token(self.core, self.namespace, pod, **kw)
@@ -90,13 +90,7 @@ class WarmEnv:
 
     def attempt(self, *, ti_id: str | None = None, state: AttemptState = AttemptState.DISPATCHED) -> AttemptRef:
         """A Kubernetes attempt in the ledger (CLAIMED, then ``state``)."""
-        ti_id = ti_id or str(uuid.uuid4())
-        a = self.store.claim_epoch(ti_id=ti_id, try_number=1, dag_id="dag", task_id="task", run_id="run",
-                                   map_index=-1, runtime="kubernetes", workload_json=workload_json(ti_id),
-                                   scheduler_job_id=1)
-        if state is not AttemptState.CLAIMED:
-            assert self.store.transition(a.ref, expected=[AttemptState.CLAIMED], to=state)
-        return a.ref
+        return kube_attempt(self.store, ti_id=ti_id, state=state)
 
     def assign(self, pod: client.V1Pod, ref: AttemptRef) -> None:
         """What the scheduler's launch does: assign ``ref`` to the idle worker of ``pod``."""
@@ -131,9 +125,7 @@ def wenv(api, core, k8s_env, tmp_path_factory, request) -> Iterator[WarmEnv]:
                               workers=WarmLedger(engine), http=http)
     finally:
         engine.dispose()
-        for pod in core.list_namespaced_pod(namespace).items:  # let held pods go with their namespace
-            if pod.metadata.finalizers:
-                core.patch_namespaced_pod(pod.metadata.name, namespace, {"metadata": {"finalizers": None}})
+        drop_finalizers(core, namespace)  # let held pods go with their namespace
         unwire()
         next(namespaces, None)
 
