@@ -99,6 +99,11 @@ METRICS: tuple[Metric, ...] = (
     Metric("leoflow.exchange.<result>", "counter", _KUBE,
            "Token exchanges answered by this api-server: `ok`, `denied.<reason>` (403; `REFUSALS`, `vetoed` "
            "for a plugin's veto) or `undecided.<reason>` (503; `UNAVAILABLE`, `plugin_error`)."),
+    Metric("leoflow.warm.<route>.<result>", "counter", _KUBE,
+           "Warm pods' requests answered by this api-server (`api/warm.py`), `<route>` `register`, `await` or "
+           "`outcome`: `ok` (register, outcome), `delivered` (an await handed out an attempt), `lost` (an await took "
+           "an attempt whose exchange write changed nothing), `denied.<reason>` (4xx; `WARM_REFUSALS` and the "
+           "exchange's) or `undecided.<reason>` (503)."),
 )
 """Every metric leoflow emits (README "Metrics" is rendered from this; ``tests`` assert against it)."""
 

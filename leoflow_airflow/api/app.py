@@ -7,6 +7,10 @@ Routes authenticate themselves (Airflow applies no auth to plugin apps):
   auth manager; ``GET /leoflow/ui/timeline``: the page that reads it (:mod:`leoflow_airflow.api.ui`).
 - ``POST /leoflow/v1/exchange``: the token exchange (:mod:`leoflow_airflow.api.exchange`; wire contract
   :mod:`leoflow_agent.exchange`), authenticated by the projected ServiceAccount token in its body.
+- ``POST /leoflow/v1/warm/register``, ``POST /leoflow/v1/warm/await``, ``POST /leoflow/v1/outcome``: the warm
+  pods' registration, long poll and in-band outcome record (:mod:`leoflow_airflow.api.warm`), built in the
+  lifespan on the exchange's parts; the first authenticated by a projected token, the others by the opaque
+  credential registration hands out.
 - ``POST /leoflow/v1/doctor/verify``: ``airflow leoflow doctor``'s mint-key probe
   (:mod:`leoflow_airflow.doctor.probe_token`): verifies a probe token as the Execution API would and answers
   only a reason; read-only, and it verifies nothing but probe tokens.
@@ -25,11 +29,12 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from leoflow_agent.exchange import EXCHANGE_PATH, MAX_REQUEST_BYTES
-from leoflow_airflow.api.exchange import RETRY_AFTER_SECONDS, ExchangeService, Refused, parse_request
+from leoflow_airflow.api import warm
+from leoflow_airflow.api.exchange import RETRY_AFTER_SECONDS, Answer, ExchangeService, Refused, parse_request
 from leoflow_airflow.api.ui import LedgerHolder
 from leoflow_airflow.doctor import probe_token
 
@@ -51,8 +56,24 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)[: limit + 1]
 
 
+def _respond(answer: Answer) -> Response:
+    """The HTTP response of ``answer`` (204: no body)."""
+    if answer.status == 204:
+        return Response(status_code=204, headers=answer.headers)
+    return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
+
+
+def _not_started(what: str) -> JSONResponse:
+    """503 for a request the worker cannot serve because its lifespan has not run (or it is stopping)."""
+    error_id = uuid.uuid4().hex
+    log.error("%s undecided: error_id=%s reason=not_configured the app's lifespan has not run", what, error_id)
+    return JSONResponse({"error_id": error_id}, status_code=503,
+                        headers={"Cache-Control": "no-store", "Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
 def create_app(*, exchange_factory: Callable[[], ExchangeService] | None = None,
-               ledger_factory: Callable[[], LedgerStore] | None = None, ui: bool = True) -> FastAPI:
+               ledger_factory: Callable[[], LedgerStore] | None = None, ui: bool = True,
+               warm_factory: Callable[[ExchangeService], warm.WarmService] | None = None) -> FastAPI:
     """Build the app. ``GET /v1/health`` answers ``{"status": "ok", "version": ...}``; ``POST /v1/exchange``
     answers as :meth:`ExchangeService.handle` does.
 
@@ -60,6 +81,8 @@ def create_app(*, exchange_factory: Callable[[], ExchangeService] | None = None,
         thread); default :func:`leoflow_airflow.api.exchange.from_airflow`. Tests pass their own.
     :param ledger_factory: builds the ledger store the UI routes read, at their first request (default
         ``LedgerStore.from_airflow``); disposed in the lifespan.
+    :param warm_factory: builds the worker's :class:`~leoflow_airflow.api.warm.WarmService` from its exchange
+        service in the lifespan (default :func:`leoflow_airflow.api.warm.from_exchange`; tests shorten the wait).
     :param ui: mount the UI routes (:mod:`leoflow_airflow.api.ui`: ``/v1/ui/*`` behind Airflow's auth manager,
         ``/ui/timeline``); they import Airflow's API security, so tests of the exchange alone pass False.
     """
@@ -70,15 +93,19 @@ def create_app(*, exchange_factory: Callable[[], ExchangeService] | None = None,
 
         exchange_factory = from_airflow
 
+    if warm_factory is None:
+        warm_factory = warm.from_exchange
     ledger = LedgerHolder(ledger_factory)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service = await run_in_threadpool(exchange_factory)
         app.state.leoflow_exchange = service
+        app.state.leoflow_warm = await run_in_threadpool(warm_factory, service)
         try:
             yield
         finally:
+            app.state.leoflow_warm = None
             app.state.leoflow_exchange = None
             await run_in_threadpool(service.close)
             await run_in_threadpool(ledger.close)
@@ -95,13 +122,33 @@ def create_app(*, exchange_factory: Callable[[], ExchangeService] | None = None,
         body = await _read_body(request, MAX_REQUEST_BYTES)
         service: ExchangeService | None = getattr(app.state, "leoflow_exchange", None)
         if service is None:  # the lifespan did not run (or the worker is stopping)
-            error_id = uuid.uuid4().hex
-            log.error("exchange undecided: error_id=%s reason=not_configured the app's lifespan has not run",
-                      error_id)
-            return JSONResponse({"error_id": error_id}, status_code=503,
-                                headers={"Cache-Control": "no-store", "Retry-After": str(RETRY_AFTER_SECONDS)})
+            return _not_started("exchange")
         answer = await run_in_threadpool(service.handle, body)
         return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
+
+    @app.post(warm.WARM_REGISTER_PATH)
+    async def warm_register(request: Request) -> Response:
+        body = await _read_body(request, MAX_REQUEST_BYTES)
+        service: warm.WarmService | None = getattr(app.state, "leoflow_warm", None)
+        if service is None:
+            return _not_started("warm register")
+        return _respond(await run_in_threadpool(service.register, body))
+
+    @app.post(warm.WARM_AWAIT_PATH)
+    async def warm_await(request: Request) -> Response:
+        body = await _read_body(request, warm.MAX_AWAIT_BYTES)
+        service: warm.WarmService | None = getattr(app.state, "leoflow_warm", None)
+        if service is None:
+            return _not_started("warm await")
+        return _respond(await service.await_(request.headers.get("authorization"), body, request.is_disconnected))
+
+    @app.post(warm.OUTCOME_PATH)
+    async def warm_outcome(request: Request) -> Response:
+        body = await _read_body(request, warm.MAX_OUTCOME_BYTES)
+        service: warm.WarmService | None = getattr(app.state, "leoflow_warm", None)
+        if service is None:
+            return _not_started("warm outcome")
+        return _respond(await run_in_threadpool(service.outcome, request.headers.get("authorization"), body))
 
     if ui:
         from leoflow_airflow.api.ui import create_router

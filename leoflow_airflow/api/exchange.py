@@ -51,6 +51,7 @@ from leoflow_airflow.runtime.kubernetes.review import (
     KubeReader,
     KubeRejected,
     KubeUnavailable,
+    PodFacts,
 )
 
 if TYPE_CHECKING:
@@ -62,15 +63,18 @@ __all__ = [
     "RETRY_AFTER_SECONDS",
     "UNAVAILABLE",
     "Answer",
+    "BoundPod",
     "Exchange",
     "ExchangeLedger",
     "ExchangeService",
     "Refused",
     "Unavailable",
     "airflow_minter",
+    "authenticate_pod",
     "build_generator",
     "check_can_mint",
     "from_airflow",
+    "parse_json_object",
     "parse_request",
     "signing_configured",
 ]
@@ -123,10 +127,13 @@ _MAX_TOKEN_LEN = 8192
 
 
 class Refused(Exception):
-    """The exchange is refused for good. ``reason``: one of :data:`REFUSALS`; ``detail``: for the log only."""
+    """The exchange is refused for good. ``reason``: one of :attr:`reasons` (:data:`REFUSALS`; a subclass widens
+    it: :class:`leoflow_airflow.api.warm.WarmRefused`); ``detail``: for the log only."""
+
+    reasons: frozenset[str] = REFUSALS
 
     def __init__(self, reason: str, detail: str = "") -> None:
-        assert reason in REFUSALS, reason
+        assert reason in self.reasons, reason
         self.reason, self.detail = reason, detail
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
@@ -158,6 +165,23 @@ Minter = Callable[[Any], str]
 ``ValueError`` (pydantic's ``ValidationError`` is one) when the stored workload cannot be rebuilt."""
 
 
+def parse_json_object(body: bytes, limit: int, refused: type[Refused] = Refused) -> dict[str, Any]:
+    """``body`` as a JSON object (a request body of the plugin app's routes).
+
+    :raises Refused: (``refused``, a :class:`Refused` class) ``malformed_request`` when ``body`` is larger than
+        ``limit`` bytes, not UTF-8 JSON, or not an object.
+    """
+    if len(body) > limit:
+        raise refused("malformed_request", f"body of {len(body)} bytes")
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        raise refused("malformed_request", "body is not JSON") from None
+    if not isinstance(data, dict):
+        raise refused("malformed_request", f"body is a JSON {type(data).__name__}, not an object")
+    return data
+
+
 def parse_request(body: bytes) -> str:
     """The token of an exchange request body (see :mod:`leoflow_agent.exchange`).
 
@@ -165,14 +189,7 @@ def parse_request(body: bytes) -> str:
         not an object, or has no string ``token``; ``malformed_token`` when the token is not shaped like a JWT
         (three base64url parts, at most 8192 characters).
     """
-    if len(body) > MAX_REQUEST_BYTES:
-        raise Refused("malformed_request", f"body of {len(body)} bytes")
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        raise Refused("malformed_request", "body is not JSON") from None
-    if not isinstance(data, dict):
-        raise Refused("malformed_request", f"body is a JSON {type(data).__name__}, not an object")
+    data = parse_json_object(body, MAX_REQUEST_BYTES)
     token = data.get("token")
     if not isinstance(token, str):
         raise Refused("malformed_request", "no string 'token'")
@@ -187,6 +204,55 @@ def _one(extra: Mapping[str, tuple[str, ...]], key: str) -> str | None:
     if len(values) != 1 or not values[0]:
         return None
     return values[0]
+
+
+@dataclass(frozen=True)
+class BoundPod:
+    """Who presented a projected token (:func:`authenticate_pod`): the pod it is bound to as Kubernetes reads it
+    now, the review's ``credential-id`` (``JTI=…``; None when the review named none) and ``where``, a log
+    phrase naming the pod, its UID and the credential."""
+
+    pod: PodFacts
+    credential_id: str | None
+    where: str
+
+
+def authenticate_pod(cfg: KubernetesSettings, kube: KubeReader, token: str) -> BoundPod:
+    """Checks 2-5 of the module docstring but the ``deletionTimestamp`` one (each caller names that refusal its
+    own way): TokenReview of the JWT-shaped ``token`` with ``[cfg.exchange_audience]``, authenticated, the
+    audience echoed, ``cfg``'s ServiceAccount, bound to exactly one pod, and that pod read from ``cfg.namespace``
+    with the bound UID. Shared by the exchange and the warm pods' registration (:mod:`leoflow_airflow.api.warm`).
+
+    :raises Refused: ``review_rejected``, ``unauthenticated``, ``audience_mismatch``, ``wrong_service_account``,
+        ``not_pod_bound``, ``pod_gone``, ``pod_replaced``.
+    :raises Unavailable: ``kube_unavailable`` (TokenReview or the pod GET gave no usable answer in time).
+    """
+    try:
+        review = kube.review(token, [cfg.exchange_audience])
+    except KubeRejected as exc:
+        raise Refused("review_rejected", str(exc)) from None
+    except KubeUnavailable as exc:
+        raise Unavailable("kube_unavailable", str(exc)) from None
+    if not review.authenticated:
+        raise Refused("unauthenticated", review.error[:300])
+    if cfg.exchange_audience not in review.audiences:
+        raise Refused("audience_mismatch", f"audiences {list(review.audiences)[:5]}")
+    if review.username != cfg.service_account_username:
+        raise Refused("wrong_service_account", f"user {review.username[:300]!r}")
+    credential_id = _one(review.extra, EXTRA_CREDENTIAL_ID)
+    pod_name, pod_uid = _one(review.extra, EXTRA_POD_NAME), _one(review.extra, EXTRA_POD_UID)
+    if pod_name is None or pod_uid is None:
+        raise Refused("not_pod_bound", f"credential {credential_id}")
+    where = f"pod {cfg.namespace}/{pod_name} uid {pod_uid} credential {credential_id}"
+    try:
+        pod = kube.read_pod(cfg.namespace, pod_name)
+    except KubeUnavailable as exc:
+        raise Unavailable("kube_unavailable", f"{where}: {exc}") from None
+    if pod is None:
+        raise Refused("pod_gone", where)
+    if pod.uid != pod_uid:
+        raise Refused("pod_replaced", f"{where}: the pod of that name now has uid {pod.uid}")
+    return BoundPod(pod=pod, credential_id=credential_id, where=where)
 
 
 class Exchange:
@@ -215,32 +281,8 @@ class Exchange:
         :raises Unavailable: Kubernetes or the ledger gave no usable answer.
         """
         cfg = self.config
-        try:
-            review = self.kube.review(token, [cfg.exchange_audience])
-        except KubeRejected as exc:
-            raise Refused("review_rejected", str(exc)) from None
-        except KubeUnavailable as exc:
-            raise Unavailable("kube_unavailable", str(exc)) from None
-        if not review.authenticated:
-            raise Refused("unauthenticated", review.error[:300])
-        if cfg.exchange_audience not in review.audiences:
-            raise Refused("audience_mismatch", f"audiences {list(review.audiences)[:5]}")
-        if review.username != cfg.service_account_username:
-            raise Refused("wrong_service_account", f"user {review.username[:300]!r}")
-        credential_id = _one(review.extra, EXTRA_CREDENTIAL_ID)
-        pod_name, pod_uid = _one(review.extra, EXTRA_POD_NAME), _one(review.extra, EXTRA_POD_UID)
-        if pod_name is None or pod_uid is None:
-            raise Refused("not_pod_bound", f"credential {credential_id}")
-        where = f"pod {cfg.namespace}/{pod_name} uid {pod_uid} credential {credential_id}"
-
-        try:
-            pod = self.kube.read_pod(cfg.namespace, pod_name)
-        except KubeUnavailable as exc:
-            raise Unavailable("kube_unavailable", f"{where}: {exc}") from None
-        if pod is None:
-            raise Refused("pod_gone", where)
-        if pod.uid != pod_uid:
-            raise Refused("pod_replaced", f"{where}: the pod of that name now has uid {pod.uid}")
+        bound = authenticate_pod(cfg, self.kube, token)
+        pod, credential_id, where = bound.pod, bound.credential_id, bound.where
         if pod.deletion_timestamp is not None:
             raise Refused("pod_terminating", f"{where}: deletionTimestamp {pod.deletion_timestamp.isoformat()}")
         ident = parse_identity_annotation(pod.annotations.get(IDENTITY_ANNOTATION))

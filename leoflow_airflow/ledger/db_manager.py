@@ -33,7 +33,7 @@ class LeoflowDBManager(BaseDBManager):
     version_table_name = "leoflow_alembic_version"
     supports_table_dropping = True
     revision_heads_map = {"0.1.0": "5e0f1a7c2b10", "0.2.0": "6d1f0a8e2c93", "0.3.0": "9a4c7e2b5d18",
-                         "0.4.0": "4f2b8d6e1a37"}
+                         "0.4.0": "4f2b8d6e1a37", "0.5.0": "7c1e5a9d3b42"}
 
     def downgrade(self, to_revision: str, from_revision: str | None = None, show_sql_only: bool = False) -> None:
         """Downgrade leoflow's tables to ``to_revision`` ("base" drops them).

@@ -25,7 +25,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["CREDENTIAL_ID_LEN", "HOST_LEN", "ID_LEN", "UtcDateTime", "attempt_table", "infra_budget_table", "metadata"]
+__all__ = ["CREDENTIAL_ID_LEN", "HOST_LEN", "ID_LEN", "UtcDateTime", "attempt_table", "infra_budget_table", "metadata",
+           "warm_worker_table"]
 
 ID_LEN = 250
 """Length of dag_id / task_id / run_id columns: Airflow's own limit for these ids."""
@@ -128,6 +129,7 @@ attempt_table = Table(
     Column("exchanged_at", UtcDateTime, nullable=True),
     Column("exchange_credential_id", String(CREDENTIAL_ID_LEN), nullable=True),
     Column("row_version", Integer, nullable=False, server_default="0"),
+    Column("outcome_json", Text, nullable=True),
     UniqueConstraint("ti_id", "attempt_epoch"),
     Index(None, "state", "id"),
     Index(None, "dag_id", "run_id", "task_id", "map_index"),
@@ -144,6 +146,8 @@ TokenReview's credential id (``JTI=…``) of that token. NULL until then, and al
 ``exchanged_at`` refuses every later exchange of the attempt.
 ``row_version`` (revision 0006) counts the guarded writes that changed the row (``LedgerStore._guarded_update``
 sets it to ``row_version + 1``); ``LedgerStore.open_page`` re-reads whole rows only when it moved.
+``outcome_json`` (revision 0007) is the outcome record a warm pod's agent POSTed in-band for the attempt
+(``WarmLedger.store_outcome``: the first one stored wins); NULL otherwise.
 The index on ``(state, id)`` (revision 0005; ``state`` alone before) serves the lifecycle's reads by state and its
 keyset pages of LIVE rows (``LedgerStore.in_states``, ``LedgerStore.open_page``) as bounded range scans.
 """
@@ -164,3 +168,34 @@ infra_budget_table = Table(
 """Infra re-drive budget per logical TI (DESIGN §2 "no record / RUNNING" row): ``spent`` re-runs since the
 last clear; ``seen_max_tries`` and the dag run's ``clear_number`` at the last charge tell a clear apart
 (``redrive.budget_decision``). ``clear_number`` is NULL in rows written before revision 0002."""
+
+warm_worker_table = Table(
+    "leoflow_warm_worker",
+    metadata,
+    Column("pod_uid", String(64), nullable=False),
+    Column("pod_name", String(253), nullable=False),
+    Column("namespace", String(253), nullable=False),
+    Column("dag_version_id", String(36), nullable=False),
+    Column("credential_sha256", String(64), nullable=True),
+    Column("state", String(16), nullable=False),
+    Column("ti_id", String(36), nullable=True),
+    Column("try_number", Integer, nullable=True),
+    Column("attempt_epoch", Integer, nullable=True),
+    Column("assigned_at", UtcDateTime, nullable=True),
+    Column("taken_at", UtcDateTime, nullable=True),
+    Column("registered_at", UtcDateTime, nullable=False),
+    Column("last_seen_at", UtcDateTime, nullable=True),
+    Column("updated_at", UtcDateTime, nullable=True),
+    Column("attempts_taken", Integer, nullable=False, server_default="0"),
+    Column("row_version", Integer, nullable=False, server_default="0"),
+    PrimaryKeyConstraint("pod_uid"),
+    Index(None, "credential_sha256", unique=True),
+    Index(None, "dag_version_id", "state"),
+)
+"""One row per registered warm pod (revision 0007; issue 11, DESIGN "Warm pools"): the channel between the
+scheduler (which assigns an attempt to an idle worker) and the api-server (which hands it to the pod's agent on
+its long poll). ``state`` is ``idle`` | ``assigned`` | ``busy``; ``ti_id``/``try_number``/``attempt_epoch`` name
+the attempt held while ``assigned`` or ``busy`` (NULL while ``idle``). ``credential_sha256`` is the SHA-256 hex of
+the opaque bearer credential the pod got at registration (the credential itself is never stored; unique, so a
+credential names one row). ``row_version`` counts the state changes (``WarmLedger.assign`` is guarded on it).
+Written only by ``leoflow_airflow.ledger.warm.WarmLedger``."""

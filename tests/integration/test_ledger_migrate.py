@@ -90,7 +90,7 @@ def check_migrate_twice(tmp_path: Path, db_url: str, *, first_args: tuple[str, .
     env = airflow_env(tmp_path, db_url)
     run([AIRFLOW, "db", "migrate", *first_args], env)
     assert ledger_state(db_url) == (
-        {"leoflow_attempt", "leoflow_infra_budget", "leoflow_alembic_version"},
+        {"leoflow_attempt", "leoflow_infra_budget", "leoflow_warm_worker", "leoflow_alembic_version"},
         [HEAD],
         [],
     )
@@ -279,3 +279,22 @@ def test_attempt_row_version_migration_up_and_down_on_sqlite(tmp_path):
         upgraded=("SELECT ti_id, state, pod_name, row_version FROM leoflow_attempt", [("t1", "dispatched", "p", 0)]),
         downgraded=("SELECT ti_id, state, pod_name FROM leoflow_attempt", [("t1", "dispatched", "p")]))
     assert "4f2b8d6e1a37" in out or "Running upgrade" in out, out[-2000:]
+
+
+@pytest.mark.airflow
+def test_warm_worker_migration_up_and_down_on_sqlite(tmp_path):
+    """Revision 0007 (issue 11, warm pods): a ledger at revision 0006 holding a dispatched attempt is upgraded by
+    a plain ``airflow db migrate`` to the models' schema: the ``leoflow_warm_worker`` table exists (empty) and the
+    attempt is kept with no in-band outcome record (``outcome_json`` NULL); downgrading drops the column and the
+    table and keeps the row."""
+    out = column_migration_round_trip(
+        tmp_path, before="4f2b8d6e1a37", table="leoflow_attempt", columns={"outcome_json"},
+        insert="INSERT INTO leoflow_attempt (ti_id, try_number, attempt_epoch, dag_id, task_id, run_id, map_index, "
+               "state, runtime, workload_json, pod_name, created_at, updated_at) VALUES ('t1', 1, 1, 'd', 't', 'r', "
+               "-1, 'dispatched', 'kubernetes', '{}', 'p', '2026-12-01 00:00:00', '2026-12-01 00:00:00')",
+        upgraded=("SELECT ti_id, state, outcome_json, (SELECT count(*) FROM leoflow_warm_worker) FROM leoflow_attempt",
+                  [("t1", "dispatched", None, 0)]),
+        downgraded=("SELECT ti_id, state, pod_name FROM leoflow_attempt", [("t1", "dispatched", "p")]))
+    assert "7c1e5a9d3b42" in out or "Running upgrade" in out, out[-2000:]
+    tables, versions, _ = ledger_state(f"sqlite:///{tmp_path / 'airflow.db'}")
+    assert "leoflow_warm_worker" not in tables and versions == ["4f2b8d6e1a37"]

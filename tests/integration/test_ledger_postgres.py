@@ -215,3 +215,31 @@ def test_keyset_pages_walk_live_rows_once_on_the_state_id_index(db_url):
         with engine.begin() as conn:
             conn.execute(sa.text("DELETE FROM leoflow_attempt WHERE dag_id = 'page'"))
         engine.dispose()
+
+
+def test_two_schedulers_racing_assign_on_one_idle_warm_worker_exactly_one_wins(stores):
+    """Issue 11: two schedulers (or one scheduler's two launches) read one idle warm worker at the same row
+    version and assign it two different attempts: exactly one assignment lands, and the row holds the winner's
+    attempt; then two concurrent ``take``s of that assignment (two polls of one worker on two api-server
+    workers): exactly one takes it, and the worker counts one attempt taken."""
+    import hashlib
+
+    from leoflow_airflow.ledger.warm import WarmLedger
+
+    a, b = (WarmLedger(s.engine) for s in stores)
+    for rnd in range(ROUNDS):
+        uid = str(uuid.uuid4())
+        assert a.register(pod_uid=uid, pod_name=f"w-{rnd}", namespace="ns", dag_version_id=str(uuid.uuid4()),
+                          credential_sha256=hashlib.sha256(uid.encode()).hexdigest())
+        version = a.get(uid).row_version
+        refs = [AttemptRef(str(uuid.uuid4()), 1, 1), AttemptRef(str(uuid.uuid4()), 1, 1)]
+        results = race([lambda: a.assign(uid, refs[0], row_version=version),
+                        lambda: b.assign(uid, refs[1], row_version=version)])
+        assert results.count(True) == 1, (rnd, results)
+        winner = refs[results.index(True)]
+        row = b.get(uid)
+        assert (row.state, row.ref) == ("assigned", winner)
+        taken = race([lambda: a.take(uid, winner), lambda: b.take(uid, winner)])
+        assert taken.count(True) == 1, (rnd, taken)
+        row = a.get(uid)
+        assert (row.state, row.ref, row.attempts_taken) == ("busy", winner, 1)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from leoflow_airflow.ledger.states import AttemptRef
+from leoflow_airflow.ledger.states import AttemptRef, AttemptState
 from leoflow_airflow.runtime.kubernetes.identity import IDENTITY_ANNOTATION, identity_annotation
 
 from .conftest import wait_for
@@ -126,3 +126,36 @@ def pod_token(core: client.CoreV1Api, namespace: str, pod: client.V1Pod, *, audi
             audiences=audiences or [AUDIENCE], expiration_seconds=600,
             bound_object_ref=client.V1BoundObjectReference(kind="Pod", api_version="v1", name=pod.metadata.name,
                                                            uid=pod.metadata.uid)))).status.token
+
+
+def kube_attempt(store, *, ti_id: str | None = None, state: AttemptState = AttemptState.DISPATCHED) -> AttemptRef:
+    """A Kubernetes attempt of ``ti_id`` (default: a new one) in the ledger ``store`` (a ``LedgerStore``),
+    CLAIMED and then moved to ``state``, with a stored workload (:func:`workload_json`)."""
+    ti_id = ti_id or str(uuid.uuid4())
+    a = store.claim_epoch(ti_id=ti_id, try_number=1, dag_id="dag", task_id="task", run_id="run", map_index=-1,
+                          runtime="kubernetes", workload_json=workload_json(ti_id), scheduler_job_id=1)
+    if state is not AttemptState.CLAIMED:
+        assert store.transition(a.ref, expected=[AttemptState.CLAIMED], to=state)
+    return a.ref
+
+
+def make_warm_pod(core: client.CoreV1Api, namespace: str, *, node: str, version: str | None = None,
+                  labels: dict[str, str] | None = None, sa_name: str = TASK_SA, finalizers: list[str] | None = None,
+                  name: str | None = None) -> client.V1Pod:
+    """A warm pod (labels ``leoflow.io/warm=true`` and ``leoflow.io/dag-version``: ``version`` or a new uuid;
+    ``labels`` replaces both) bound to ``node``, running as ``sa_name``, no token automounted."""
+    if labels is None:
+        labels = {"leoflow.io/warm": "true", "leoflow.io/dag-version": version or str(uuid.uuid4())}
+    return core.create_namespaced_pod(namespace, client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name or f"warm-{uuid.uuid4().hex[:10]}", labels=labels,
+                                     finalizers=finalizers),
+        spec=client.V1PodSpec(node_name=node, service_account_name=sa_name, restart_policy="Never",
+                              automount_service_account_token=False,
+                              containers=[client.V1Container(name="agent", image="leoflow.test/none:0")])))
+
+
+def drop_finalizers(core: client.CoreV1Api, namespace: str) -> None:
+    """Take every finalizer off the pods of ``namespace``, so held pods go with their namespace."""
+    for pod in core.list_namespaced_pod(namespace).items:
+        if pod.metadata.finalizers:
+            core.patch_namespaced_pod(pod.metadata.name, namespace, {"metadata": {"finalizers": None}})

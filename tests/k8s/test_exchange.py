@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,12 +35,13 @@ from .exchange_wiring import (
     AUDIENCE,
     OTHER_SA,
     TASK_SA,
+    drop_finalizers,
     jwt_claims,
+    kube_attempt,
     make_pod,
     pod_token,
     sar_allowed,
     wire_namespace,
-    workload_json,
 )
 
 pytestmark = pytest.mark.k8s
@@ -67,13 +67,7 @@ class ExchangeEnv:
 
     def attempt(self, *, ti_id: str | None = None, state: AttemptState = AttemptState.DISPATCHED) -> AttemptRef:
         """A Kubernetes attempt in the ledger (CLAIMED, then ``state``); its pod is made by :meth:`pod`."""
-        ti_id = ti_id or str(uuid.uuid4())
-        a = self.store.claim_epoch(ti_id=ti_id, try_number=1, dag_id="dag", task_id="task", run_id="run",
-                                   map_index=-1, runtime="kubernetes", workload_json=workload_json(ti_id),
-                                   scheduler_job_id=1)
-        if state is not AttemptState.CLAIMED:
-            assert self.store.transition(a.ref, expected=[AttemptState.CLAIMED], to=state)
-        return a.ref
+        return kube_attempt(self.store, ti_id=ti_id, state=state)
 
     def pod(self, ref: AttemptRef, **kw) -> client.V1Pod:
         """A task pod of ``ref`` on a kwok node (``make_pod``)."""
@@ -133,9 +127,7 @@ def xenv(api, core, namespace, k8s_env, tmp_path, monkeypatch):
                               http=http, kubeconfig=kubeconfig, node=k8s_env.nodes[0], options=options)
     finally:
         engine.dispose()
-        for pod in core.list_namespaced_pod(namespace).items:  # let held pods go with their namespace
-            if pod.metadata.finalizers:
-                core.patch_namespaced_pod(pod.metadata.name, namespace, {"metadata": {"finalizers": None}})
+        drop_finalizers(core, namespace)  # let held pods go with their namespace
         unwire()
 
 

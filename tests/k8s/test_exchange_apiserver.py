@@ -21,8 +21,18 @@ from leoflow_agent.fencing import ATTEMPT_HEADER, format_attempt
 from leoflow_agent.outcome import AttemptIdentity
 from leoflow_airflow.ledger.states import AttemptState
 from leoflow_airflow.ledger.store import LedgerStore
+from leoflow_airflow.ledger.warm import WarmLedger
 
-from .exchange_wiring import AUDIENCE, TASK_SA, make_pod, pod_token, wire_namespace, workload_json
+from .exchange_wiring import (
+    AUDIENCE,
+    TASK_SA,
+    kube_attempt,
+    make_pod,
+    make_warm_pod,
+    pod_token,
+    wire_namespace,
+    workload_json,
+)
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow]
 
@@ -33,7 +43,9 @@ def test_exchange_in_a_real_api_server_and_its_token_on_the_execution_api(
     time, whichever worker answers (the state is the ledger's); each worker built the exchange in its own
     lifespan. The granted workload token passes the Execution API's own auth on ``PATCH /run`` of its
     ``ti_id`` (404: no such task instance in this database, so the call got past authentication), while a
-    token of another ``ti_id`` and a tampered one get 403."""
+    token of another ``ti_id`` and a tampered one get 403. A warm pod (issue 11) registers through the same
+    api-server, and its await hands it an attempt assigned to it in the ledger (the table ``airflow db migrate``
+    created), with a workload token the Execution API accepts likewise."""
     kubeconfig, unwire = wire_namespace(api, core, namespace, k8s_env, tmp_path / "api-server.kubeconfig")
     try:
         stack = airflow_stack_factory("exchange", executor="LocalExecutor", extra_env={
@@ -96,6 +108,24 @@ def test_exchange_in_a_real_api_server_and_its_token_on_the_execution_api(
                               headers={"Authorization": f"Bearer {tampered}", **who}).status_code == 403
             unnamed = http.patch(run.format(ti_a), json=body, headers={"Authorization": f"Bearer {token_a}"})
             assert unnamed.status_code == 409, unnamed.text  # leoflow's fence: a call naming no attempt
+            # a warm pod (issue 11) registers and is handed an attempt assigned to it, through the same api-server
+            warm_pod = make_warm_pod(core, namespace, node=k8s_env.nodes[0])
+            r = http.post(f"{stack.base_url}/leoflow/v1/warm/register",
+                          content=request_body(pod_token(core, namespace, warm_pod)))
+            assert r.status_code == 200, r.text
+            credential = r.json()["credential"]
+            warm_ref = kube_attempt(store)
+            warm_ti = warm_ref.ti_id
+            workers = WarmLedger(engine)
+            version = workers.get(warm_pod.metadata.uid).row_version
+            assert workers.assign(warm_pod.metadata.uid, warm_ref, row_version=version)
+            r = http.post(f"{stack.base_url}/leoflow/v1/warm/await", content=b"{}",
+                          headers={"authorization": f"Bearer {credential}"})
+            assert r.status_code == 200 and r.json()["ti_id"] == warm_ti, r.text
+            warm_token = ExecuteTask.model_validate(r.json()["workload"]).token
+            warm_who = {ATTEMPT_HEADER: format_attempt(AttemptIdentity(warm_ti, 1, 1))}
+            assert http.patch(run.format(warm_ti), json=body,
+                              headers={"Authorization": f"Bearer {warm_token}", **warm_who}).status_code == 404
         engine.dispose()
         log = (stack.process_logs / "api-server.log").read_text(errors="replace")
         assert log.count("leoflow token exchange serving") == 2, log[-3000:]
