@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from leoflow_agent import outcome as outcome_record
+from leoflow_agent.warmpod import OUTCOME_PATH, WARM_AWAIT_PATH, WARM_REGISTER_PATH
 from leoflow_airflow import metrics
 from leoflow_airflow.api.exchange import (
     REFUSALS,
@@ -72,6 +73,8 @@ from leoflow_airflow.api.exchange import (
     parse_request,
 )
 from leoflow_airflow.ledger.states import AttemptRef, AttemptState
+from leoflow_airflow.runtime.kubernetes.warmdecide import VERSION_LABEL as DAG_VERSION_LABEL
+from leoflow_airflow.runtime.kubernetes.warmdecide import WARM_LABEL
 
 if TYPE_CHECKING:
     from leoflow_airflow.ledger.warm import WarmLedger, WarmWorker
@@ -95,15 +98,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-# TODO(merge): leoflow_agent.warmpod (the wire constants are the agent's; defined here until it is merged)
-WARM_REGISTER_PATH = "/v1/warm/register"
-WARM_AWAIT_PATH = "/v1/warm/await"
-OUTCOME_PATH = "/v1/outcome"
-
-# TODO(merge): leoflow_airflow.runtime.kubernetes.warmpods (the warm pods' labels, set by the pod builder)
-WARM_LABEL = "leoflow.io/warm"
-DAG_VERSION_LABEL = "leoflow.io/dag-version"
 
 AWAIT_SECONDS = 20.0
 """How long one ``await`` holds the request when nothing is assigned, in seconds (told to the agent at

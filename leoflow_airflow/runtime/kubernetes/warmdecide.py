@@ -21,6 +21,17 @@ from leoflow_airflow.ledger.states import AttemptRef
 from leoflow_airflow.lifecycle.runtime import Evidence, Presence, StartProgress, StartState
 from leoflow_airflow.runtime.kubernetes import status
 from leoflow_airflow.runtime.kubernetes.decide import _operation
+
+WARM_LABEL = "leoflow.io/warm"
+"""``"true"`` on every warm pod (the pool's informer selects on it; the api-server registers only such a pod)."""
+VERSION_LABEL = "leoflow.io/dag-version"
+"""A warm pod's DAG version (Airflow's ``dag_version_id``), the pool it belongs to."""
+TENANT_LABEL = "leoflow.io/tenant"
+"""A warm pod's tenant (label-safe): its bundle, or its team."""
+JOB_LABEL = "leoflow.io/scheduler-job"
+"""The scheduler job whose pool created the warm pod (and whose anchor owns it)."""
+ANCHOR_LABEL = "leoflow.io/warm-anchor"
+"""``"true"`` on every anchor ConfigMap."""
 from leoflow_airflow.runtime.kubernetes.fields import set_paths
 from leoflow_airflow.warm.pool import Worker, WorkerState
 

@@ -65,6 +65,7 @@ from leoflow_agent.warmpod import (
     ENV_WARM_SCRATCH,
 )
 from leoflow_airflow.runtime.kubernetes import warmdecide
+from leoflow_airflow.runtime.kubernetes.warmdecide import ANCHOR_LABEL, JOB_LABEL, TENANT_LABEL, VERSION_LABEL, WARM_LABEL
 from leoflow_airflow.runtime.kubernetes.identity import IDENTITY_ANNOTATION
 from leoflow_airflow.runtime.kubernetes.pod import (
     AGENT_CONTAINER,
@@ -89,11 +90,6 @@ __all__ = ["ANCHOR_LABEL", "JOB_LABEL", "TENANT_LABEL", "VERSION_LABEL", "WARM_A
 
 log = logging.getLogger(__name__)
 
-WARM_LABEL = "leoflow.io/warm"
-VERSION_LABEL = "leoflow.io/dag-version"
-TENANT_LABEL = "leoflow.io/tenant"
-JOB_LABEL = "leoflow.io/scheduler-job"
-ANCHOR_LABEL = "leoflow.io/warm-anchor"
 WARM_COMPONENT = "warm-pod"
 WARM_APP_LABELS = {**APP_LABELS, "app.kubernetes.io/component": WARM_COMPONENT}
 WARM_ARGS = ("python", "-m", "leoflow_agent", "warm-pod")
