@@ -369,6 +369,7 @@ class KubernetesSettings:
 
 
 KUBERNETES_KEYS: tuple[str, ...] = tuple(KubernetesSettings.__dataclass_fields__)
+"""The ``[leoflow]`` options that belong to :class:`KubernetesSettings` (``LeoflowSettings.kubernetes``)."""
 
 
 @dataclass(frozen=True)
@@ -407,10 +408,19 @@ class WarmSettings:
 
         return any((o.min_idle or 0) > 0 for o in parse_overrides(self.warm_pools))
 
+    @property
+    def prewarm_any(self) -> bool:
+        """Whether any DAG may be prewarmed: ``warm_prewarm``, or a ``warm_pools`` override with ``prewarm``
+        true (the pool then reads the current versions of unpaused DAGs too)."""
+        if self.warm_prewarm:
+            return True
+        from leoflow_airflow.warm.targets import parse_overrides
+
+        return any(o.prewarm for o in parse_overrides(self.warm_pools))
+
 
 WARM_KEYS: tuple[str, ...] = tuple(WarmSettings.__dataclass_fields__)
 """The ``[leoflow]`` options that belong to :class:`WarmSettings` (``LeoflowSettings.warm``)."""
-"""The ``[leoflow]`` options that belong to :class:`KubernetesSettings` (``LeoflowSettings.kubernetes``)."""
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,10 @@ def test_warm_pods_are_off_by_default_and_every_option_is_checked():
     assert load(warm_min_idle="2").warm.enabled
     assert load(warm_pools='{"etl_*": {"min_idle": 1}}').warm.enabled
     assert not load(warm_pools='{"etl_*": {"max_pool_size": 9}}').warm.enabled
+    # a per-DAG prewarm reads the current versions of unpaused DAGs even with warm_prewarm off
+    assert not load(warm_min_idle="2").warm.prewarm_any
+    assert load(warm_pools='{"etl_*": {"min_idle": 1, "prewarm": true}}').warm.prewarm_any
+    assert load(warm_prewarm="True").warm.prewarm_any
     for key, value, said in (("warm_pools", '{"etl_*": {"min_idle": -1}}', "min_idle"),
                              ("warm_pools", "[1]", "JSON object"),
                              ("warm_isolation", "none", "read-only-root"),

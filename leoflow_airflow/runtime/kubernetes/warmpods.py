@@ -315,7 +315,7 @@ class WarmPool:
     :param job_id: this scheduler's Airflow job id (text).
     :param ledger: the contract's ``WarmLedger`` (``workers``, ``get``, ``forget``), or a stand-in with them.
     :param informer: the warm pods' informer (``synced``, ``views()``), :func:`warm_selector`.
-    :param versions: ``() -> list[PoolVersion]`` (default :func:`airflow_versions` with ``warm_prewarm``).
+    :param versions: ``() -> list[PoolVersion]`` (default :func:`airflow_versions`, with the current versions of unpaused DAGs when ``warm_prewarm`` or an override's ``prewarm`` is on).
     :param template: the operator's pod template; ``mutation_hook``: Airflow's ``pod_mutation_hook``.
     :param held: ``() -> set[str]``: pod UIDs this runtime assigned an attempt to and has not forgotten (never
         deleted by the pool, whatever a lagging ledger read says).
@@ -334,7 +334,7 @@ class WarmPool:
 
         self.core, self.settings, self.warm, self.job_id = core, settings, warm, str(job_id)
         self.ledger, self.informer = ledger, informer
-        self._versions = versions or (lambda: airflow_versions(prewarm=warm.warm_prewarm))
+        self._versions = versions or (lambda: airflow_versions(prewarm=warm.prewarm_any))
         self._template, self._hook, self._held = template, mutation_hook, held
         self._forward_env = dict(forward_env or {})
         self._timeout = request_timeout
