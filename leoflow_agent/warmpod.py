@@ -76,6 +76,7 @@ import enum
 import json
 import logging
 import os
+import re
 import stat
 import sys
 import time
@@ -166,8 +167,9 @@ ENV_WARM_SCRATCH = "LEOFLOW_WARM_SCRATCH"
 ``read-only-root``, never inside a sweep root."""
 ENV_WARM_SWEEP_ROOTS = "LEOFLOW_WARM_SWEEP_ROOTS"
 """The directories emptied between attempts in ``read-only-root`` isolation, ``:``-separated absolute paths
-(absent: :data:`DEFAULT_SWEEP_ROOTS`). Decided here (the contract is silent): the pod builder need not set it;
-tests point it at a private directory instead of the machine's ``/tmp``."""
+(absent: :data:`DEFAULT_SWEEP_ROOTS`, each emptied only when it is the pod's own mount point, see :func:`sweep`).
+Decided here (the contract is silent): the pod builder need not set it; tests point it at a private directory
+instead of the machine's ``/tmp`` (an explicitly named root is emptied whether or not it is a mount point)."""
 
 ISOLATION_SHARED = "shared"
 ISOLATION_READ_ONLY_ROOT = "read-only-root"
@@ -489,8 +491,30 @@ class SweepResult:
     failed: list[str] = field(default_factory=list)
 
 
-def _remove_tree(path: str, device: int, result: SweepResult) -> bool:
-    """Remove ``path`` (not following links; not crossing to another ``device``). True when it is gone."""
+MOUNTINFO = "/proc/self/mountinfo"
+"""Where the kernel lists this process's mount points (proc(5)); field 5 is the mount point, octal-escaped."""
+
+
+def mount_points(mountinfo: str = MOUNTINFO) -> frozenset[str] | None:
+    """Every mount point of this process's mount namespace, read from ``mountinfo`` (proc(5): the fifth field,
+    with ``\\040``-style octal escapes undone); None when it cannot be read. A bind mount of a directory of the
+    same filesystem keeps its ``st_dev``, so only this list tells the sweep where another volume begins."""
+    try:
+        with open(mountinfo, encoding="utf-8", errors="surrogateescape") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    points = set()
+    for line in lines:
+        fields = line.split(" ")
+        if len(fields) > 4:
+            points.add(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
+    return frozenset(points)
+
+
+def _remove_tree(path: str, device: int, result: SweepResult, mounts: frozenset[str]) -> bool:
+    """Remove ``path`` (not following links; not crossing to another ``device`` or into a mount point of
+    ``mounts``). True when it is gone."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -498,7 +522,7 @@ def _remove_tree(path: str, device: int, result: SweepResult) -> bool:
     except OSError as exc:
         result.failed.append(f"{path}: {exc.strerror}")
         return False
-    if st.st_dev != device:
+    if st.st_dev != device or path in mounts:
         result.skipped.append(path)
         return False
     if stat.S_ISDIR(st.st_mode):
@@ -507,7 +531,7 @@ def _remove_tree(path: str, device: int, result: SweepResult) -> bool:
         except OSError as exc:
             result.failed.append(f"{path}: {exc.strerror}")
             return False
-        empty = all([_remove_tree(os.path.join(path, n), device, result) for n in names])
+        empty = all([_remove_tree(os.path.join(path, n), device, result, mounts) for n in names])
         if not empty:
             return False
         try:
@@ -527,18 +551,28 @@ def _remove_tree(path: str, device: int, result: SweepResult) -> bool:
     return True
 
 
-def sweep(roots: Iterable[str], *, remove_roots: bool = False) -> SweepResult:
+def sweep(roots: Iterable[str], *, remove_roots: bool = False, own_mounts_only: bool = False,
+          mountinfo: str = MOUNTINFO) -> SweepResult:
     """Empty each directory of ``roots`` (absolute paths): remove every entry below it, never following a
     symbolic link (a link is removed, not its target) and never crossing a mount point (an entry on another
-    device than its root, a volume mounted under ``/tmp``, is left whole and listed in ``skipped``). A root that
-    does not exist is skipped silently. ``remove_roots``: remove the roots themselves too (a per-attempt scratch
-    directory). Never raises: what cannot be removed is listed in ``SweepResult.failed``.
+    device than its root, or one ``mountinfo`` lists, e.g. a volume or a bind mount under ``/tmp``, is left whole
+    and listed in ``skipped``). A root that does not exist is skipped silently. ``remove_roots``: remove the roots
+    themselves too (a per-attempt scratch directory). ``own_mounts_only``: empty a root only when it is itself a
+    mount point (the pod's own ``emptyDir``, as the warm pod builder mounts on ``/tmp`` and ``/dev/shm``); a root
+    that is not, or a ``mountinfo`` that cannot be read, is listed in ``skipped`` and left alone, so a worker
+    whose ``/tmp`` is a node's (a host path, a test harness) never empties it. Never raises: what cannot be
+    removed is listed in ``SweepResult.failed``.
 
     Between attempts of a ``read-only-root`` warm pod the roots are ``/tmp`` and ``/dev/shm``
-    (:data:`DEFAULT_SWEEP_ROOTS`), emptied once the attempt's processes are gone.
+    (:data:`DEFAULT_SWEEP_ROOTS`, own mounts only), emptied once the attempt's processes are gone.
     """
     result = SweepResult()
+    mounts = mount_points(mountinfo)
     for root in roots:
+        root = os.path.normpath(root)
+        if own_mounts_only and (mounts is None or root not in mounts):
+            result.skipped.append(root)
+            continue
         try:
             device = os.lstat(root).st_dev
         except FileNotFoundError:
@@ -547,7 +581,7 @@ def sweep(roots: Iterable[str], *, remove_roots: bool = False) -> SweepResult:
             result.failed.append(f"{root}: {exc.strerror}")
             continue
         if remove_roots:
-            _remove_tree(root, device, result)
+            _remove_tree(root, device, result, (mounts or frozenset()) - {root})
             continue
         try:
             names = os.listdir(root)
@@ -555,7 +589,7 @@ def sweep(roots: Iterable[str], *, remove_roots: bool = False) -> SweepResult:
             result.failed.append(f"{root}: {exc.strerror}")
             continue
         for name in names:
-            _remove_tree(os.path.join(root, name), device, result)
+            _remove_tree(os.path.join(root, name), device, result, mounts or frozenset())
     return result
 
 
@@ -985,13 +1019,16 @@ def _run_one(config: WarmConfig, registration: Registration, assignment: Assignm
              f", {leftovers} leftover processes killed" if leftovers else "")
     if config.isolation == ISOLATION_READ_ONLY_ROOT:
         roots = list(config.sweep_roots)
-        swept = sweep(roots)
+        swept = sweep(roots, own_mounts_only=config.sweep_roots == DEFAULT_SWEEP_ROOTS)
         scratch = sweep([os.path.join(config.scratch, f"attempt-{number}")], remove_roots=True) \
             if config.scratch else SweepResult()
         log.info("warm pod: swept %s (%d entries removed) and the attempt's HOME/TMPDIR", ":".join(roots),
                  swept.removed + scratch.removed)
         for what in swept.failed + scratch.failed:
             log.warning("warm pod: the sweep could not remove %s", what)
+        for root in set(swept.skipped) & set(roots):
+            log.warning("warm pod: %s is not this pod's own volume: not emptied (the warm pod builder mounts an "
+                        "emptyDir there in read-only-root isolation)", root)
 
 
 def main(environ: Mapping[str, str] | None = None, *,

@@ -64,6 +64,7 @@ import http.server
 import ipaddress
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -344,8 +345,17 @@ class _PodRun:
         return env
 
     # ---- run -----------------------------------------------------------------------------------
-    def _mount_script(self, c: client.V1Container, volumes: dict[str, Path], term_file: Path) -> str:
-        """Return the shell script run under unshare: bind mounts, then exec the container command."""
+    def _mount_script(self, c: client.V1Container, volumes: dict[str, Path], term_file: Path,
+                      env: dict[str, str] | None = None) -> str:
+        """Return the shell script run under unshare: bind mounts, then exec the container command.
+
+        A volume mounted over a directory that holds host paths the container names (its command, args, working
+        directory or environment: the test's venv, its Airflow home, all under the machine's ``/tmp``; e.g. an
+        ``emptyDir`` on ``/tmp``, as a warm pod's read-only-root isolation mounts) is mounted last: the host
+        directory is first bound to a stash (:meth:`NodeHarness.stash_dir`), the volume then goes over it, and
+        each host entry the container names is bound back inside the volume (on a node those paths would be in
+        the image). What the container writes elsewhere in that directory lands in the volume, never on the
+        host; the bound-back entries are mount points (``/proc/self/mountinfo``), which a sweep leaves alone."""
         lines = ["set -e"]
         binds: list[tuple[Path, str, bool]] = []
         for m in c.volume_mounts or []:
@@ -356,11 +366,29 @@ class _PodRun:
             binds.append((volumes[m.name], m.mount_path, bool(m.read_only)))
         tpath = c.termination_message_path or DEFAULT_TERMINATION_PATH
         binds.append((term_file, tpath, False))
-        for src, dst, ro in binds:
+        named = _host_paths(c, env or {})
+        shadowing = [b for b in binds
+                     if any(_under(p, b[1]) and p != b[1].rstrip("/") and os.path.exists(p) for p in named)]
+        for src, dst, ro in [b for b in binds if b not in shadowing]:
             self.h.ensure_mount_point(dst, is_dir=src.is_dir())
             lines.append(f"mount --bind {shlex.quote(str(src))} {shlex.quote(dst)}")
             if ro:
                 lines.append(f"mount -o remount,bind,ro {shlex.quote(dst)}")
+        for i, (src, dst, ro) in enumerate(sorted(shadowing, key=lambda b: b[1].count("/"))):
+            self.h.ensure_mount_point(dst, is_dir=src.is_dir())
+            stash = self.h.stash_dir(self.dir.name, i)
+            top = dst.rstrip("/")
+            visible = f"{stash}{str(src)[len(top):]}" if _under(str(src), dst) else str(src)
+            lines.append(f"mount --bind {shlex.quote(top)} {shlex.quote(stash)}")
+            lines.append(f"mount --bind {shlex.quote(visible)} {shlex.quote(top)}")
+            for entry in sorted({p[len(top) + 1:].split("/", 1)[0] for p in named if _under(p, dst)} - {""}):
+                host, inside = f"{stash}/{entry}", f"{top}/{entry}"
+                lines.append(f"if [ -d {shlex.quote(host)} ]; then mkdir -p {shlex.quote(inside)}; "
+                             f"elif [ -e {shlex.quote(host)} ]; then touch {shlex.quote(inside)}; fi")
+                lines.append(f"if [ -e {shlex.quote(host)} ]; then mount --bind {shlex.quote(host)} "
+                             f"{shlex.quote(inside)}; fi")
+            if ro:
+                lines.append(f"mount -o remount,bind,ro {shlex.quote(top)}")
         lines.append('exec "$@"')
         return "\n".join(lines)
 
@@ -370,8 +398,8 @@ class _PodRun:
             raise Unsupported(f"container {c.name!r} has no command (the harness ignores images)")
         term_file = self.dir / f"termination-{c.name}"
         term_file.write_bytes(b"")
-        script = self._mount_script(c, volumes, term_file)
         env = self._env(c)
+        script = self._mount_script(c, volumes, term_file, env)
         cwd = c.working_dir or "/"
         log = open(self.dir / f"{c.name}.log", "wb")
         try:
@@ -521,6 +549,24 @@ class _PodRun:
                 child.kill()
             except psutil.NoSuchProcess:
                 pass
+
+
+def _under(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or below it (both absolute)."""
+    top = directory.rstrip("/") or "/"
+    return path == top or path.startswith(top + "/") or top == "/"
+
+
+def _host_paths(c: client.V1Container, env: dict[str, str]) -> set[str]:
+    """The absolute host paths a container names: in its command, args, working directory and environment
+    values (``:``-separated lists split, ``KEY=path`` forms too), normalised."""
+    words = [*(c.command or []), *(c.args or []), c.working_dir or "", *env.values()]
+    out = set()
+    for word in words:
+        for part in re.split(r"[:=\s]", word or ""):
+            if part.startswith("/") and len(part) > 1:
+                out.add(os.path.normpath(part))
+    return out
 
 
 def kill_tree(pid: int) -> None:
@@ -766,6 +812,14 @@ class NodeHarness:
         """The labels to put on a pod so this harness runs it (with ``spec.nodeName = node_name``)."""
         return {HARNESS_LABEL: self.node_name}
 
+    def stash_dir(self, pod_dir: str, index: int) -> str:
+        """An empty host directory outside ``/tmp`` (under ``/run/leoflow-harness``) where a pod's mount script
+        binds a host directory before a volume goes over it (:meth:`_PodRun._mount_script`); removed by
+        :meth:`stop`."""
+        path = Path("/run/leoflow-harness") / f"{os.getpid()}-{id(self):x}" / pod_dir / str(index)
+        path.mkdir(parents=True, exist_ok=True)
+        return str(path)
+
     def ensure_mount_point(self, path: str, is_dir: bool) -> None:
         """Create an empty directory or file at `path` on the host if missing, to bind-mount over.
 
@@ -981,6 +1035,7 @@ class NodeHarness:
             self._kubelet = None
         for run in list(self.runs.values()):
             run.thread.join(timeout)
+        shutil.rmtree(Path("/run/leoflow-harness") / f"{os.getpid()}-{id(self):x}", ignore_errors=True)
 
     def __enter__(self) -> "NodeHarness":
         return self.start()

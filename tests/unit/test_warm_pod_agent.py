@@ -248,6 +248,37 @@ def test_sweep_with_remove_roots_removes_a_scratch_directory(tmp_path):
     assert not scratch.exists() and result.failed == [] and result.removed == 5
 
 
+def _mountinfo(tmp_path, *points: str):
+    """A mountinfo file (proc(5) layout) listing ``points``."""
+    path = tmp_path / "mountinfo"
+    path.write_text("".join(f"{20 + i} 1 8:1 / {p.replace(' ', chr(92) + '040')} rw,relatime - ext4 /dev/sda1 rw\n"
+                            for i, p in enumerate(["/", *points])))
+    return str(path)
+
+
+def test_mount_points_reads_the_fifth_field_and_undoes_octal_escapes(tmp_path):
+    assert warmpod.mount_points(_mountinfo(tmp_path, "/tmp", "/data/a dir")) == {"/", "/tmp", "/data/a dir"}
+    assert warmpod.mount_points(str(tmp_path / "absent")) is None
+
+
+def test_the_default_roots_are_emptied_only_when_they_are_the_pods_own_mounts(tmp_path):
+    """A worker whose /tmp is not its own volume (a node's, a harness's) never empties it; a bind mount below an
+    own root (same device: st_dev cannot tell) is left whole."""
+    own, node = tmp_path / "own", tmp_path / "node"
+    for d in (own, node):
+        d.mkdir()
+        (d / "left-by-the-attempt").write_text("x")
+    (own / "bound").mkdir()
+    (own / "bound" / "host-file").write_text("keep")
+    info = _mountinfo(tmp_path, str(own), str(own / "bound"))
+    result = sweep([str(own), str(node)], own_mounts_only=True, mountinfo=info)
+    assert sorted(os.listdir(own)) == ["bound"] and (own / "bound" / "host-file").read_text() == "keep"
+    assert (node / "left-by-the-attempt").exists(), "a root that is not a mount point is never emptied"
+    assert sorted(result.skipped) == sorted([str(own / "bound"), str(node)])
+    unreadable = sweep([str(own)], own_mounts_only=True, mountinfo=str(tmp_path / "absent"))
+    assert unreadable.skipped == [str(own)] and (own / "bound").exists()
+
+
 # --- the in-band outcome sink ---------------------------------------------------------------------------------
 
 def _record() -> outcome.OutcomeRecord:
