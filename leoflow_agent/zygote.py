@@ -66,6 +66,44 @@ by each task process. Measured with ``bench/probe.py`` and py-spy: before ``airf
 was here, importing it was ~40% of an agent's and its task process's CPU."""
 
 
+PLUGIN_ENTRY_POINT_GROUP = "airflow.plugins"
+"""The entry-point group Airflow loads plugins from (``AirflowPlugin`` subclasses; Airflow's plugin docs,
+"Plugins as Python packages")."""
+
+
+def preload_plugin_modules() -> list[str]:
+    """Import, in this process, the module of every installed Airflow plugin entry point (group
+    :data:`PLUGIN_ENTRY_POINT_GROUP`), so that the forks of the zygote find them in ``sys.modules``.
+
+    Why: every task process loads the plugins (``task_runner.startup`` -> the Task SDK's
+    ``get_listener_manager`` -> ``_get_plugins`` -> ``EntryPoint.load()``), and a plugin module that builds an
+    app at import (leoflow's own builds its FastAPI app and imports Airflow's ``api_fastapi``) costs that
+    import in every attempt: measured with py-spy on ``bench_chain``, 95% of a Lite task process's CPU (about
+    0.8 s per attempt on the 2-core bench machine). LocalExecutor's workers are forks of the scheduler, which
+    imported the plugins at its start, so its task processes pay only the registration; this gives Lite the
+    same. Only the import is paid here: each task process still instantiates and registers its plugins itself
+    (Airflow's per-process ``cache`` is left empty), so listeners and ``on_load`` run where Airflow runs them.
+    A plugin changed on disk is picked up by a new zygote (a scheduler restart), as LocalExecutor's workers
+    pick it up with a new scheduler.
+
+    :returns: the entry points' names that imported; one that fails to import (anything it raises, even
+        ``SystemExit``) is logged and skipped: its task processes import it themselves and report the error as
+        Airflow does.
+    """
+    from importlib.metadata import entry_points
+
+    loaded = []
+    for entry_point in entry_points(group=PLUGIN_ENTRY_POINT_GROUP):
+        try:
+            entry_point.load()
+        except BaseException as exc:  # noqa: BLE001 - a plugin module may raise anything at import
+            log.warning("could not pre-import the Airflow plugin %s (%s: %s); task processes will import it "
+                        "themselves", entry_point.name, type(exc).__name__, exc)
+            continue
+        loaded.append(entry_point.name)
+    return loaded
+
+
 class Zygote:
     """The zygote's state and event loop.
 
@@ -139,6 +177,7 @@ class Zygote:
                 __import__(module)
             except Exception:  # noqa: BLE001
                 log.debug("could not pre-import %s", module, exc_info=True)
+        preload_plugin_modules()
 
     def _import_extra_modules(self) -> None:
         for module in self.extra_modules:

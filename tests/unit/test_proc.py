@@ -103,6 +103,25 @@ def test_descendants_and_children():
         p.wait()
 
 
+def test_children_include_zombies_and_match_the_proc_scan_without_scanning():
+    """children() lists the same pids as a /proc scan, zombies (exited, not yet reaped) included, and on a kernel
+    that keeps each thread's children list (the bench and CI hosts) it reads that instead of scanning /proc: the
+    zygote asks after every agent's exit."""
+    if not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"):
+        pytest.skip("this kernel has no /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN)")
+    p = subprocess.Popen(["sh", "-c", "sleep 600 & true & sleep 600 & kill -STOP $$"])
+    try:
+        # the exited `true` stays a zombie: its parent is stopped and cannot reap it
+        kids = wait_for(lambda: c if len(c := proc.children(p.pid)) == 3 and any(stat_state(k) == "Z" for k in c)
+                        else None, what="three children, one of them a zombie")
+        scans = proc.scan_count()
+        assert sorted(proc.children(p.pid)) == sorted(kids) == sorted(proc._children_map()[p.pid])
+        assert proc.scan_count() == scans + 1  # the one scan is the comparison's own
+    finally:
+        proc.kill_tree(p.pid)
+        p.wait()
+
+
 def test_kill_tree_kills_a_child_that_called_setsid():
     """A member in its own session (as BashOperator's bash) dies with the tree."""
     p = subprocess.Popen(["sh", "-c", "setsid sleep 600 & wait"])
