@@ -543,11 +543,23 @@ def test_a_lost_assignment_race_tries_the_next_worker_then_goes_cold(warm_runtim
     rt, core, ledger, informer = warm_runtime
     name = _ready_worker(rt, core, ledger, informer)
     row = ledger.rows["uid-" + name]
-    ledger.rows["uid-" + name] = replace(row, row_version=9)  # another scheduler assigned it and it came back
+    ledger.rows["uid-" + name] = replace(row, state="busy", row_version=9)  # another scheduler's attempt took it
     spec = warm_spec()
     assert rt.launch(spec).disposition is Disposition.DISPATCHED
-    assert ledger.rows["uid-" + name].state == "idle"  # not this worker: a cold pod's create went out
+    assert ledger.rows["uid-" + name].state == "busy"  # not this worker: a cold pod's create went out
     assert launch_id(spec.ref) not in rt._warm_launches and launch_id(spec.ref) in rt._launches
+
+
+def test_a_worker_idle_again_since_the_last_tick_is_found_by_one_fresh_read(warm_runtime):
+    """The last tick saw the worker busy (it ran the chain's previous task); it has finished and is idle in the
+    ledger: the launch reads the rows once more and places the attempt warm instead of on a cold pod."""
+    rt, core, ledger, informer = warm_runtime
+    name = _ready_worker(rt, core, ledger, informer)
+    row = ledger.rows["uid-" + name]
+    rt.warm.set_rows([replace(row, state="busy")], time.monotonic())  # the tick's view, now stale
+    spec = warm_spec()
+    assert rt.launch(spec).disposition is Disposition.DISPATCHED
+    assert ledger.rows["uid-" + name].state == "assigned" and launch_id(spec.ref) in rt._warm_launches
 
 
 def test_an_assignment_never_taken_is_taken_back_and_reads_gone(warm_runtime):

@@ -661,16 +661,30 @@ class KubernetesRuntime:
             metrics.incr("leoflow.warm.kubernetes.miss")
             return None
         rows, _ = self.warm.read_rows()
-        held = self._warm_held_uids()
-        mine = [r for r in rows if r.pod_uid not in held and r.state == warmdecide.IDLE
-                and r.dag_version_id == str(version)]
+        try:
+            placed = self._place_warm(spec, str(version), rows)
+            if placed is None and any(r.dag_version_id == str(version) for r in rows):
+                # the version has a pool but the last tick's rows (up to WARM_TICK_SECONDS old) gave no worker: one
+                # that finished an attempt since is idle now; one fresh read of the rows before going cold
+                placed = self._place_warm(spec, str(version), self._warm_ledger.workers(self.kube.namespace))
+        except Exception as exc:  # noqa: BLE001 - the ledger failed: cold
+            log.warning("attempt %s: warm assignment failed (%s): a cold pod", spec.ref, _short(exc))
+            placed = None
+        if placed is not None:
+            return placed
+        metrics.incr("leoflow.warm.kubernetes.miss")
+        return None
+
+    def _place_warm(self, spec: LaunchSpec, version: str, rows: Sequence[Any]) -> DispatchResult | None:
+        """Assign ``spec`` to one of the idle workers of ``version`` in ``rows`` whose pod is Running in the warm
+        informer (at most three tries of the guarded :meth:`WarmLedger.assign`): DISPATCHED, or None. A row read
+        before another launch took its worker loses its guard (``row_version``) and the next one is tried; a
+        worker whose earlier attempt this runtime has not closed yet may take a new one once its row is idle
+        again (that attempt is then GONE by its row, which holds another)."""
+        mine = [r for r in rows if r.state == warmdecide.IDLE and r.dag_version_id == version]
         views = {r.pod_name: v for r in mine if (v := self.warm_informer.get(r.pod_name)) is not None}
-        for row in warmdecide.candidates(mine, views, str(version))[:3]:
-            try:
-                won = self._warm_ledger.assign(row.pod_uid, spec.ref, row_version=row.row_version)
-            except Exception as exc:  # noqa: BLE001 - the ledger failed: cold
-                log.warning("attempt %s: warm assignment failed (%s): a cold pod", spec.ref, _short(exc))
-                return None
+        for row in warmdecide.candidates(mine, views, version)[:3]:
+            won = self._warm_ledger.assign(row.pod_uid, spec.ref, row_version=row.row_version)
             if not won:
                 continue
             self._warm_launches[spec.launch_id] = _WarmLaunch(spec.ref, row.pod_name, row.pod_uid,
@@ -680,7 +694,6 @@ class KubernetesRuntime:
             log.info("attempt %s: assigned to warm pod %s", spec.ref, row.pod_name)
             metrics.incr("leoflow.warm.kubernetes.hit")
             return DispatchResult(Disposition.DISPATCHED)
-        metrics.incr("leoflow.warm.kubernetes.miss")
         return None
 
     def _deadline_job(self, name: str, uid: str) -> None:
