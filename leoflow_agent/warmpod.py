@@ -673,7 +673,7 @@ def _attempt_dirs(config: WarmConfig, number: int) -> dict[str, str]:
 
 def run_attempt_child(config: WarmConfig, registration: Registration, assignment: Assignment, *,
                       env: Mapping[str, str], termination_path: str, decode_workload: Callable[[str], Any],
-                      server: str) -> int:
+                      server: str, reported_fd: int | None = None) -> int:
     """The body of the forked child that runs one attempt; returns its exit code (0 once the supervisor returned,
     whatever the task's outcome; :data:`leoflow_agent.podmain.EXIT_START_FAILED` when the workload cannot be run,
     after writing an ``agent_start_failed`` record of the attempt to both sinks).
@@ -683,6 +683,8 @@ def run_attempt_child(config: WarmConfig, registration: Registration, assignment
     makes its own HTTP client for the outcome POST, then runs the workload under
     :func:`leoflow_agent.runner.supervise_attempt` with the termination message and :func:`outcome_post_sink`
     as sinks, as ``podmain.run_pod`` does. ``decode_workload`` and ``server`` were prepared in the parent.
+    ``reported_fd``: a pipe to the parent, written one byte once the attempt's terminal PATCH returned 2xx (the
+    parent then frees the worker while the supervisor finishes, as a Lite agent frees its slot at the report).
     """
     import tempfile
 
@@ -722,6 +724,11 @@ def run_attempt_child(config: WarmConfig, registration: Registration, assignment
         def reported(state: str, recorded: bool) -> None:
             log.info("attempt %s: reported %s (outcome record %s)", attempt, state,
                      "written" if recorded else "NOT written")
+            if reported_fd is not None:
+                try:
+                    os.write(reported_fd, b"R")
+                except OSError:
+                    pass
 
         try:
             from airflow.sdk.log import configure_logging
@@ -737,15 +744,33 @@ def run_attempt_child(config: WarmConfig, registration: Registration, assignment
         close()
 
 
-def _wait_child(pid: int, ceiling_seconds: int) -> tuple[int, bool]:
-    """Wait for the attempt child ``pid``; after ``ceiling_seconds`` (> 0; 0: no limit) kill its whole process
-    tree (:func:`leoflow_agent.proc.kill_tree`: its own session and anything that left it). Returns ``(exit code,
-    killed by the watchdog)``."""
+@dataclass
+class _Child:
+    """An attempt child of the parent: its ``pid``, its ``number``, the watchdog's ``deadline``
+    (``time.monotonic()``; None: no limit), the read end ``reported_fd`` of its report pipe (None once read or
+    closed), and whether it ``reported`` (its terminal PATCH returned 2xx) or was ``killed`` by the watchdog."""
+
+    pid: int
+    number: int
+    deadline: float | None
+    reported_fd: int | None = None
+    reported: bool = False
+    killed: bool = False
+
+
+def _wait_child(pid: int, ceiling_seconds: int, *, deadline: float | None = None,
+                reported_fd: int | None = None) -> tuple[int | None, bool]:
+    """Wait for the attempt child ``pid``; after ``ceiling_seconds`` (> 0; 0: no limit) from now, or at
+    ``deadline`` (``time.monotonic()``) when given, kill its whole process tree
+    (:func:`leoflow_agent.proc.kill_tree`: its own session and anything that left it). With ``reported_fd``,
+    return as soon as a byte can be read there (the child reported its attempt) with exit code None. Returns
+    ``(exit code or None, killed by the watchdog)``."""
     import select
 
     from leoflow_agent import proc
 
-    deadline = time.monotonic() + ceiling_seconds if ceiling_seconds > 0 else None
+    if deadline is None:
+        deadline = time.monotonic() + ceiling_seconds if ceiling_seconds > 0 else None
     try:
         pidfd: int | None = os.pidfd_open(pid)
     except (AttributeError, OSError):
@@ -764,8 +789,13 @@ def _wait_child(pid: int, ceiling_seconds: int) -> tuple[int, bool]:
                 killed = True
                 continue
             wait = WAIT_POLL_SECONDS if pidfd is None else (left if left is not None and not killed else None)
-            if pidfd is not None:
-                select.select([pidfd], [], [], None if wait is None else max(0.0, wait))
+            watched = [fd for fd in (pidfd, reported_fd) if fd is not None]
+            if watched:
+                ready, _, _ = select.select(watched, [], [], None if wait is None else max(0.0, wait))
+                if reported_fd is not None and reported_fd in ready:
+                    if os.read(reported_fd, 1):
+                        return None, killed
+                    reported_fd = None  # the child closed it without a report (it exits): wait for the exit
             else:
                 time.sleep(wait if wait is not None else WAIT_POLL_SECONDS)
     finally:
@@ -926,11 +956,30 @@ def _await_loop(config: WarmConfig, registration: Registration, post: Post, *, t
                 termination_path: str, started: float, monotonic: Callable[[], float],
                 decode_workload: Callable[[str], Any], server: str) -> int:
     """:func:`_serve`'s loop."""
+    lingering: list[_Child] = []  # the last attempt's child, reported, not yet exited
+    try:
+        return _await_attempts(config, registration, post, termination=termination,
+                               termination_path=termination_path, started=started, monotonic=monotonic,
+                               decode_workload=decode_workload, server=server, lingering=lingering)
+    finally:
+        termination.busy = True  # a SIGTERM while the last child ends is passed on, not raised here
+        for child in lingering:
+            termination.child = child.pid
+            _finish(config, child)
+
+
+def _await_attempts(config: WarmConfig, registration: Registration, post: Post, *, termination: _Termination,
+                    termination_path: str, started: float, monotonic: Callable[[], float],
+                    decode_workload: Callable[[str], Any], server: str, lingering: list[_Child]) -> int:
+    """:func:`_await_loop`'s body; ``lingering`` holds the child of an attempt that reported and has not exited
+    yet (finished before the next fork, or by the caller)."""
     attempts = failures = 0
     idle_since = monotonic()
     await_url = config.endpoint(WARM_AWAIT_PATH)
     headers = {"authorization": f"Bearer {registration.credential}"}
     while True:
+        if lingering and (code := _exited(lingering[0])) is not None:
+            _finish(config, lingering.pop(), code=code)
         state = LimitState(started, attempts, idle_since, config.max_attempts, config.max_lifetime_seconds,
                            config.idle_ttl_seconds)
         stop = decide_limits(state, monotonic())
@@ -976,8 +1025,13 @@ def _await_loop(config: WarmConfig, registration: Registration, post: Post, *, t
         attempts += 1
         termination.busy = True
         try:
-            _run_one(config, registration, assignment, attempts, termination=termination,
-                     termination_path=termination_path, decode_workload=decode_workload, server=server)
+            while lingering:  # never two attempts at once: the last one's child ends (and is swept) first
+                termination.child = lingering[0].pid
+                _finish(config, lingering.pop())
+            child = _run_one(config, registration, assignment, attempts, termination=termination,
+                             termination_path=termination_path, decode_workload=decode_workload, server=server)
+            if child.reported:
+                lingering.append(child)
         finally:
             termination.busy, termination.child = False, None
         idle_since = monotonic()
@@ -985,8 +1039,12 @@ def _await_loop(config: WarmConfig, registration: Registration, post: Post, *, t
 
 def _run_one(config: WarmConfig, registration: Registration, assignment: Assignment, number: int, *,
              termination: _Termination, termination_path: str, decode_workload: Callable[[str], Any],
-             server: str) -> None:
-    """Fork the child of attempt ``number``, wait for it (the watchdog), kill its leftovers, sweep."""
+             server: str) -> _Child:
+    """Fork the child of attempt ``number`` and wait for it (the watchdog) until it exits or reports its attempt
+    (its terminal PATCH returned 2xx). Returns the child: :func:`_finish` it (its exit, its leftovers, the sweep)
+    before the next attempt forks. Between its report and its exit the Task SDK's supervisor may linger for up
+    to ``[workers] min_heartbeat_interval`` (its selector's wait) and uploads the task's log; the worker awaits
+    its next attempt meanwhile, so it is free at the report, as a Lite slot is (DESIGN §3 "Run")."""
     import signal
 
     from leoflow_agent import proc
@@ -1000,22 +1058,46 @@ def _run_one(config: WarmConfig, registration: Registration, assignment: Assignm
         env = {}
     sys.stdout.flush()
     sys.stderr.flush()
+    read_fd, write_fd = os.pipe()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     pid = os.fork()
     if pid == 0:
+        os.close(read_fd)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         proc.exit_child(lambda: run_attempt_child(config, registration, assignment, env=env,
                                                   termination_path=termination_path,
-                                                  decode_workload=decode_workload, server=server),
+                                                  decode_workload=decode_workload, server=server,
+                                                  reported_fd=write_fd),
                         f"the attempt child of {assignment!r}")
+    os.close(write_fd)
+    ceiling = config.pod.ceiling_seconds
+    child = _Child(pid, number, time.monotonic() + ceiling if ceiling > 0 else None, reported_fd=read_fd)
     termination.child = pid
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-    code, killed = _wait_child(pid, config.pod.ceiling_seconds)
-    termination.child = None
-    leftovers = _kill_leftovers(pid)
+    code, child.killed = _wait_child(pid, ceiling, deadline=child.deadline, reported_fd=read_fd)
+    if code is None:
+        child.reported = True
+        log.info("warm pod: attempt %d reported: the worker takes its next attempt once this one exits", number)
+    else:
+        _finish(config, child, code=code)
+    return child
+
+
+def _finish(config: WarmConfig, child: _Child, *, code: int | None = None) -> None:
+    """End attempt child ``child``: wait for its exit (the watchdog still armed) unless ``code`` says it was seen,
+    kill its leftovers, and in ``read-only-root`` isolation sweep ``/tmp`` and ``/dev/shm`` (the pod's own
+    volumes only) and remove the attempt's ``HOME``/``TMPDIR``. Idempotent through ``child.reported_fd``."""
+    if code is None:
+        code, killed = _wait_child(child.pid, 0, deadline=child.deadline)
+        child.killed = child.killed or killed
+    if child.reported_fd is not None:
+        os.close(child.reported_fd)
+        child.reported_fd = None
+    number = child.number
+    leftovers = _kill_leftovers(child.pid)
     log.info("warm pod: attempt %d ended: exit code %d%s%s", number, code,
-             " (killed at the credential ceiling)" if killed else "",
+             " (killed at the credential ceiling)" if child.killed else "",
              f", {leftovers} leftover processes killed" if leftovers else "")
     if config.isolation == ISOLATION_READ_ONLY_ROOT:
         roots = list(config.sweep_roots)
@@ -1029,6 +1111,15 @@ def _run_one(config: WarmConfig, registration: Registration, assignment: Assignm
         for root in set(swept.skipped) & set(roots):
             log.warning("warm pod: %s is not this pod's own volume: not emptied (the warm pod builder mounts an "
                         "emptyDir there in read-only-root isolation)", root)
+
+
+def _exited(child: _Child) -> int | None:
+    """The exit code of ``child`` when it has exited (reaped now), else None; never blocks."""
+    try:
+        done, status = os.waitpid(child.pid, os.WNOHANG)
+    except ChildProcessError:
+        return 0
+    return os.waitstatus_to_exitcode(status) if done else None
 
 
 def main(environ: Mapping[str, str] | None = None, *,

@@ -148,10 +148,11 @@ def test_only_an_idle_worker_of_the_version_whose_pod_runs_is_a_candidate_most_r
     rows = [Row("u1", "p1", last_seen_at=NOW - timedelta(seconds=30)),
             Row("u2", "p2", last_seen_at=NOW - timedelta(seconds=1)),
             Row("u3", "p3", state="busy"), Row("u4", "p4", dag_version_id=V2), Row("u5", "p5"),
-            Row("u6", "p6"), Row("u7", "p7"), Row("u8", "p8")]
+            Row("u6", "p6"), Row("u7", "p7"), Row("u8", "p8"), Row("u9", "p9")]
     views = {"p1": view("p1", "u1"), "p2": view("p2", "u2"), "p3": view("p3", "u3"), "p4": view("p4", "u4"),
              "p5": view("p5", "u5", phase="Pending"), "p6": view("p6", "u6", deleting=True),
-             "p7": view("p7", "other-uid")}  # p8: not in the cache
+             "p7": view("p7", "other-uid"),  # p8: not in the cache
+             "p9": view("p9", "u9")}  # registered, Running, never awaited: still parsing its DAG file
     assert [r.pod_name for r in wd.candidates(rows, views, V1)] == ["p2", "p1"]
 
 
@@ -246,9 +247,13 @@ def test_a_pod_and_its_row_as_the_pool_sees_them():
     assert starting.state is WorkerState.STARTING and starting.since == NOW - timedelta(minutes=11)
     assert W(view("p", "u"), Row("old-uid", "p"), **kw).state is WorkerState.STARTING
     assert W(view("p", "u"), Row("u", "p", state="busy", ref=ref()), **kw).state is WorkerState.BUSY
-    assert W(view("p", "u"), Row("u", "p", attempts_taken=3), **kw).state is WorkerState.DRAINING
-    assert W(view("p", "u", started=NOW - timedelta(hours=2)), Row("u", "p"), **kw).state is WorkerState.DRAINING
-    assert W(view("p", "u"), Row("u", "p"), **kw).state is WorkerState.IDLE
+    seen = dict(last_seen_at=NOW)
+    assert W(view("p", "u"), Row("u", "p", attempts_taken=3, **seen), **kw).state is WorkerState.DRAINING
+    assert W(view("p", "u", started=NOW - timedelta(hours=2)), Row("u", "p", **seen), **kw).state \
+        is WorkerState.DRAINING
+    assert W(view("p", "u"), Row("u", "p", **seen), **kw).state is WorkerState.IDLE
+    # registered but never awaited: still parsing its DAG file, not ready (the start timeout bounds it)
+    assert W(view("p", "u"), Row("u", "p"), **kw).state is WorkerState.STARTING
 
 
 # --- the pool tick (stub API, in-memory ledger) ------------------------------------------------------------
@@ -405,7 +410,7 @@ def test_the_pool_tells_the_plugins_when_a_versions_ready_warm_pods_change(monke
     pool.tick(NOW)
     assert calls == []  # created and Running, not registered: not ready yet
     (name,) = core.pods
-    ledger.rows["uid-" + name] = Row("uid-" + name, name, registered_at=NOW)
+    ledger.rows["uid-" + name] = Row("uid-" + name, name, registered_at=NOW, last_seen_at=NOW)
     pool.tick(NOW)
     pool.tick(NOW)
     assert calls == [(f"kubernetes:{V1}", 0, 1)]
@@ -417,7 +422,7 @@ def test_the_pool_never_deletes_a_worker_that_holds_an_attempt():
     pool.tick(NOW)
     informer.show(core)
     (name,) = core.pods
-    ledger.rows["uid-" + name] = Row("uid-" + name, name)
+    ledger.rows["uid-" + name] = Row("uid-" + name, name, last_seen_at=NOW)
     pool._versions = lambda: []  # the version drains: its idle worker goes, unless it was assigned meanwhile
     ledger.assign("uid-" + name, ref(), row_version=0)
     decided = pool.tick(NOW)

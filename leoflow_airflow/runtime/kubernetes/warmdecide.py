@@ -95,13 +95,17 @@ def cold_reason(executor_config: Any) -> str | None:
 
 def candidates(rows: Iterable[WarmRow], views: Mapping[str, status.PodView], version: str) -> list[WarmRow]:
     """The warm workers an attempt of DAG version ``version`` may be assigned to, best first: rows ``idle`` of
-    that version whose pod (``views`` by pod name) is the row's (same UID), ``Running`` and not being deleted.
+    that version that have awaited at least once (``last_seen_at``: the worker registers before it parses its DAG
+    file, and awaits only once it is ready) whose pod (``views`` by pod name) is the row's (same UID), ``Running``
+    and not being deleted.
     Best first: the most recently seen (its long poll most likely open now, so it takes the attempt at once),
     then by pod name (stable)."""
     out = []
     for row in rows:
         view = views.get(row.pod_name)
         if row.state != IDLE or row.dag_version_id != version or view is None or view.uid != row.pod_uid:
+            continue
+        if row.last_seen_at is None:
             continue
         if view.phase != "Running" or view.deleting:
             continue
@@ -234,7 +238,8 @@ def pool_worker(view: status.PodView, row: WarmRow | None, *, version: str, tena
 
     * terminal → TERMINAL (reaped);
     * being deleted → DRAINING (already going; never counted as ready);
-    * no row of this UID → STARTING since the pod's creation;
+    * no row of this UID, or a row that never awaited (registered, still parsing its DAG file) → STARTING since
+      the pod's creation (``warm_start_timeout_seconds`` bounds both);
     * row ``assigned``/``busy`` → BUSY (never deleted);
     * ``idle`` but at its ``max_attempts`` or past ``max_lifetime`` seconds since its start → DRAINING (it exits
       by itself; not ready);
@@ -249,6 +254,8 @@ def pool_worker(view: status.PodView, row: WarmRow | None, *, version: str, tena
         return Worker(name, version, tenant, WorkerState.STARTING, view.created_at)
     if row.state in (ASSIGNED, BUSY):
         return Worker(name, version, tenant, WorkerState.BUSY, row.assigned_at)
+    if row.last_seen_at is None:
+        return Worker(name, version, tenant, WorkerState.STARTING, view.created_at)
     age = (now - view.started_at).total_seconds() if view.started_at is not None else 0.0
     if row.attempts_taken >= max_attempts or age > max_lifetime:
         return Worker(name, version, tenant, WorkerState.DRAINING)
