@@ -167,9 +167,10 @@ ENV_WARM_SCRATCH = "LEOFLOW_WARM_SCRATCH"
 ``read-only-root``, never inside a sweep root."""
 ENV_WARM_SWEEP_ROOTS = "LEOFLOW_WARM_SWEEP_ROOTS"
 """The directories emptied between attempts in ``read-only-root`` isolation, ``:``-separated absolute paths
-(absent: :data:`DEFAULT_SWEEP_ROOTS`, each emptied only when it is the pod's own mount point, see :func:`sweep`).
-Decided here (the contract is silent): the pod builder need not set it; tests point it at a private directory
-instead of the machine's ``/tmp`` (an explicitly named root is emptied whether or not it is a mount point)."""
+(absent: :data:`DEFAULT_SWEEP_ROOTS`, none). The warm pod builder sets it to the volumes it gives the pod there
+(``/tmp`` and ``/dev/shm`` as ``emptyDir``, ``leoflow_airflow.runtime.kubernetes.warmpods``): only a directory
+that is known to be the pod's own is ever emptied, so an agent run outside a pod (on a host whose ``/dev/shm`` is
+the host's) sweeps nothing but its per-attempt ``HOME``/``TMPDIR``. Tests point it at a private directory."""
 
 ISOLATION_SHARED = "shared"
 ISOLATION_READ_ONLY_ROOT = "read-only-root"
@@ -179,7 +180,7 @@ ISOLATION_MODES = (ISOLATION_SHARED, ISOLATION_READ_ONLY_ROOT)
 DEFAULT_MAX_ATTEMPTS = 100
 DEFAULT_MAX_LIFETIME_SECONDS = 3600.0
 DEFAULT_IDLE_TTL_SECONDS = 600.0
-DEFAULT_SWEEP_ROOTS = ("/tmp", "/dev/shm")
+DEFAULT_SWEEP_ROOTS: tuple[str, ...] = ()
 AWAIT_MARGIN_SECONDS = 10.0
 """An await request's timeout is the server's ``await_seconds`` plus this, in seconds (the long poll's answer
 is not cut by the client)."""
@@ -564,7 +565,7 @@ def sweep(roots: Iterable[str], *, remove_roots: bool = False, own_mounts_only: 
     removed is listed in ``SweepResult.failed``.
 
     Between attempts of a ``read-only-root`` warm pod the roots are ``/tmp`` and ``/dev/shm``
-    (:data:`DEFAULT_SWEEP_ROOTS`, own mounts only), emptied once the attempt's processes are gone.
+    (:data:`ENV_WARM_SWEEP_ROOTS`, as the pod builder names them), emptied once the attempt's processes are gone.
     """
     result = SweepResult()
     mounts = mount_points(mountinfo)
@@ -1101,16 +1102,13 @@ def _finish(config: WarmConfig, child: _Child, *, code: int | None = None) -> No
              f", {leftovers} leftover processes killed" if leftovers else "")
     if config.isolation == ISOLATION_READ_ONLY_ROOT:
         roots = list(config.sweep_roots)
-        swept = sweep(roots, own_mounts_only=config.sweep_roots == DEFAULT_SWEEP_ROOTS)
+        swept = sweep(roots)
         scratch = sweep([os.path.join(config.scratch, f"attempt-{number}")], remove_roots=True) \
             if config.scratch else SweepResult()
         log.info("warm pod: swept %s (%d entries removed) and the attempt's HOME/TMPDIR", ":".join(roots),
                  swept.removed + scratch.removed)
         for what in swept.failed + scratch.failed:
             log.warning("warm pod: the sweep could not remove %s", what)
-        for root in set(swept.skipped) & set(roots):
-            log.warning("warm pod: %s is not this pod's own volume: not emptied (the warm pod builder mounts an "
-                        "emptyDir there in read-only-root isolation)", root)
 
 
 def _exited(child: _Child) -> int | None:

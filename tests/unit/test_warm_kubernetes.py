@@ -116,6 +116,7 @@ def test_a_warm_pod_is_a_hardened_task_pod_with_the_warm_pins():
     volumes = {v.name: v for v in pod.spec.volumes}
     assert volumes["leoflow-tmp"].empty_dir is not None and volumes["leoflow-shm"].empty_dir.medium == "Memory"
     assert agent.security_context.read_only_root_filesystem is True
+    assert env["LEOFLOW_WARM_SWEEP_ROOTS"] == "/tmp:/dev/shm"  # the agent empties only what the pod owns
     assert pod.spec.security_context.run_as_non_root and agent.security_context.capabilities.drop == ["ALL"]
     assert pod.spec.automount_service_account_token is False
 

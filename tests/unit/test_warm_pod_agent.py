@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import httpx
 import pytest
@@ -65,7 +66,7 @@ def test_config_from_env():
                                         message_budget=outcome.TERMINATION_MESSAGE_BUDGET, ceiling_seconds=600)
     assert (got.bundle, got.bundle_version, got.dag_file) == ("dags", None, "sub/my_dag.py")
     assert (got.max_attempts, got.max_lifetime_seconds, got.idle_ttl_seconds) == (5, 1800.0, 120.5)
-    assert (got.isolation, got.scratch, got.sweep_roots) == ("read-only-root", "/scratch", ("/tmp", "/dev/shm"))
+    assert (got.isolation, got.scratch, got.sweep_roots) == ("read-only-root", "/scratch", ())  # none unless named
     assert got.endpoint(warmpod.WARM_AWAIT_PATH) == URL + "/v1/warm/await"
     key = got.file_key()
     assert (key.bundle, key.version, key.path) == ("dags", None, "sub/my_dag.py")
@@ -101,11 +102,11 @@ def test_absent_limits_and_isolation_read_as_the_defaults():
     ({"LEOFLOW_WARM_ISOLATION": "strict"}, "LEOFLOW_WARM_ISOLATION"),
     ({"LEOFLOW_WARM_SCRATCH": ""}, "LEOFLOW_WARM_SCRATCH"),
     ({"LEOFLOW_WARM_SCRATCH": "scratch"}, "LEOFLOW_WARM_SCRATCH"),
-    ({"LEOFLOW_WARM_SCRATCH": "/tmp/scratch"}, "LEOFLOW_WARM_SCRATCH"),
+    ({"LEOFLOW_WARM_SCRATCH": "/tmp/scratch", "LEOFLOW_WARM_SWEEP_ROOTS": "/tmp:/dev/shm"}, "LEOFLOW_WARM_SCRATCH"),
     ({"LEOFLOW_WARM_SWEEP_ROOTS": "/tmp:relative"}, "LEOFLOW_WARM_SWEEP_ROOTS"),
     ({"LEOFLOW_WARM_SWEEP_ROOTS": "/tmp:/"}, "LEOFLOW_WARM_SWEEP_ROOTS"),
     ({"LEOFLOW_WARM_SWEEP_ROOTS": "/scratch"}, "LEOFLOW_WARM_SCRATCH"),
-    ({"LEOFLOW_TOKEN_FILE": "/tmp/token"}, "LEOFLOW_TOKEN_FILE"),
+    ({"LEOFLOW_TOKEN_FILE": "/tmp/token", "LEOFLOW_WARM_SWEEP_ROOTS": "/tmp:/dev/shm"}, "LEOFLOW_TOKEN_FILE"),
 ])
 def test_a_bad_environment_is_refused_naming_the_variable(change, named):
     with pytest.raises(WarmConfigError, match=named):
@@ -355,6 +356,24 @@ def test_without_a_ceiling_the_wait_returns_the_childs_exit_code():
 
     child = subprocess.Popen(["sh", "-c", "exit 3"])
     assert warmpod._wait_child(child.pid, 0) == (3, False)
+
+
+def test_a_child_that_reported_frees_the_wait_before_its_exit_which_the_finish_then_waits_for():
+    """The attempt child writes its report byte (its terminal PATCH returned 2xx) and lingers, as the Task SDK's
+    supervisor does: the wait returns at the report with no exit code, the child still running; the finish then
+    waits for its exit (and sweeps nothing here: shared isolation)."""
+    import subprocess
+
+    read_fd, write_fd = os.pipe()
+    child = subprocess.Popen([sys.executable, "-c", f"import os, time; os.write({write_fd}, b'R'); time.sleep(1); "
+                              "raise SystemExit(5)"], pass_fds=(write_fd,))
+    os.close(write_fd)
+    assert warmpod._wait_child(child.pid, 0, reported_fd=read_fd) == (None, False)
+    assert child.poll() is None, "the wait returned at the report, not at the exit"
+    record = warmpod._Child(child.pid, 1, None, reported_fd=read_fd, reported=True)
+    config = warmpod.config_from_env({**GOOD_ENV, "LEOFLOW_WARM_ISOLATION": "shared"})
+    warmpod._finish(config, record)
+    assert record.reported_fd is None and warmpod._exited(record) == 0  # reaped by the finish
 
 
 def test_importing_the_wire_names_imports_nothing_but_the_standard_library():

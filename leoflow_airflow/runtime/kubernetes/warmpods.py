@@ -63,6 +63,7 @@ from leoflow_agent.warmpod import (
     ENV_WARM_MAX_ATTEMPTS,
     ENV_WARM_MAX_LIFETIME,
     ENV_WARM_SCRATCH,
+    ENV_WARM_SWEEP_ROOTS,
 )
 from leoflow_airflow.runtime.kubernetes import warmdecide
 from leoflow_airflow.runtime.kubernetes.warmdecide import ANCHOR_LABEL, JOB_LABEL, TENANT_LABEL, VERSION_LABEL, WARM_LABEL
@@ -205,8 +206,7 @@ def build_warm_pod(pv: PoolVersion, settings: KubernetesSettings, warm: WarmSett
     agent.args = list(WARM_ARGS)
     agent.volume_mounts = [m for m in agent.volume_mounts or [] if m.name != SCRATCH_VOLUME] + [
         k8s.V1VolumeMount(name=SCRATCH_VOLUME, mount_path=SCRATCH_DIR)]
-    if warm.warm_isolation == "read-only-root":
-        _isolate(spec, agent)
+    swept = _isolate(spec, agent) if warm.warm_isolation == "read-only-root" else []
     env = {
         ENV_WARM_BUNDLE: pv.bundle,
         ENV_WARM_BUNDLE_VERSION: pv.bundle_version,
@@ -217,15 +217,18 @@ def build_warm_pod(pv: PoolVersion, settings: KubernetesSettings, warm: WarmSett
         ENV_WARM_ISOLATION: warm.warm_isolation,
         ENV_WARM_SCRATCH: SCRATCH_DIR,
     }
+    if swept:
+        env[ENV_WARM_SWEEP_ROOTS] = ":".join(swept)
     agent.env = [e for e in agent.env or [] if e.name not in env] + [k8s.V1EnvVar(name=k, value=v)
                                                                      for k, v in env.items()]
     return pod
 
 
-def _isolate(spec: k8s.V1PodSpec, agent: k8s.V1Container) -> None:
+def _isolate(spec: k8s.V1PodSpec, agent: k8s.V1Container) -> list[str]:
     """``read-only-root`` isolation (:func:`build_warm_pod`): a read-only root filesystem for the agent container,
     and ``/tmp`` and ``/dev/shm`` as the pod's own ``emptyDir`` volumes (:data:`ISOLATION_VOLUMES`) where the
-    container mounts nothing yet."""
+    container mounts nothing yet. Returns the paths the agent may empty between attempts (its
+    ``LEOFLOW_WARM_SWEEP_ROOTS``): both, each now a volume of this pod (ours, or the template's own)."""
     mounted = {m.mount_path.rstrip("/") for m in agent.volume_mounts or []}
     for volume, (path, medium) in ISOLATION_VOLUMES.items():
         if path in mounted:
@@ -236,6 +239,7 @@ def _isolate(spec: k8s.V1PodSpec, agent: k8s.V1Container) -> None:
     if agent.security_context is None:
         agent.security_context = k8s.V1SecurityContext()
     agent.security_context.read_only_root_filesystem = True
+    return [path for path, _ in ISOLATION_VOLUMES.values()]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,338 @@
+"""Issue 11 acceptance for Kubernetes warm pods, end to end: a real Airflow (scheduler, dag-processor, api-server on
+SQLite) with ``[leoflow] runtime = kubernetes`` on the k8senv control plane (its real garbage collector), the node
+harness running every pod, warm pods included, as local processes running the real agent
+(``python -m leoflow_agent warm-pod``). One stack for the module (:class:`~fault_helpers.FaultStack` on
+``tests/fault_dags``, DAGs in ``tests/fault_dags/leoflow_warm.py``); the tests run in file order:
+
+1. the pools fill before any run (``prewarm``): each DAG version gets ``min_idle`` registered warm pods, each owned by
+   its version's anchor ConfigMap (``controller: true``);
+2. a warm DAG's tasks start without a pod create and end as cold ones do;
+3. isolation (``warm_isolation = read-only-root``): what an attempt leaves in ``/tmp``, ``$HOME``, ``$TMPDIR`` and
+   ``/dev/shm`` is gone before the next attempt on that worker;
+4. a warm worker killed mid-attempt: the attempt is re-driven on the infra budget (no user retry spent), the pool
+   refills, no body runs twice; an OOM-killed one: the TI's Log row names ``OOMKilled``;
+5. a lost control plane: the scheduler is SIGKILLed and a new one started; the new one's ``start()`` deletes the
+   anchors of the dead scheduler job and the garbage collector removes every warm pod they owned.
+
+Each asserts what a user notices: TI states, try numbers and ``max_tries``, the TI's event log, how often each body
+ran, and the pods the namespace held.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from devtools.kube import KubeStack, require_binaries
+from fault_helpers import FaultStack, executions, overlaps, wait_until
+
+pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(1800)]
+
+HOLD_DAG, CHAIN_DAG, ISO_DAG = "lf_kwarm", "lf_kwarm_chain", "lf_kwarm_iso"
+DAGS = [HOLD_DAG, CHAIN_DAG, ISO_DAG]
+POOLS = {
+    HOLD_DAG: {"min_idle": 2, "max_pool_size": 3, "prewarm": True},
+    CHAIN_DAG: {"min_idle": 2, "max_pool_size": 2, "prewarm": True},
+    ISO_DAG: {"min_idle": 1, "max_pool_size": 1, "prewarm": True},
+}
+"""``[leoflow] warm_pools``: the per-DAG override (no DAG code changes); ``warm_min_idle`` stays 0 elsewhere."""
+LABEL = "leoflow.io/"
+INFRA = "leoflow infra re-drive"
+EXTRA = {
+    "AIRFLOW__LEOFLOW__WARM_POOLS": json.dumps(POOLS),
+    "AIRFLOW__LEOFLOW__WARM_ISOLATION": "read-only-root",
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "10",
+    "AIRFLOW__LEOFLOW__POD_RETENTION_SUCCESS": "3600",
+}
+
+
+@pytest.fixture(scope="module")
+def kube_stack(tmp_path_factory: pytest.TempPathFactory):
+    """``(stack, kube)``: the module's Airflow (started, :data:`DAGS` serialized) on its Kubernetes."""
+    require_binaries()
+    t0 = time.monotonic()
+    work = tmp_path_factory.mktemp("kube-warm")
+    reuse = os.environ.get("K8SENV_DIR")
+    with KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False) as kube:
+        stack = FaultStack(work / "airflow", extra_env=EXTRA, parallelism=8)
+        try:
+            kube.configure(stack)
+            stack.up(DAGS)
+            print(f"stack up in {time.monotonic() - t0:.0f}s")
+            yield stack, kube
+        except BaseException:
+            print("pods:\n  " + "\n  ".join(kube.describe_pods()))
+            raise
+        finally:
+            left = stack.stop()
+            print(f"module wall time {time.monotonic() - t0:.0f}s")
+        assert not left, f"processes left after stopping the stack: {left}"
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+
+
+def _labels(pod: dict) -> dict[str, str]:
+    return pod["metadata"].get("labels") or {}
+
+
+def _phase(pod: dict) -> str | None:
+    return (pod.get("status") or {}).get("phase")
+
+
+def _warm_pods(kube: KubeStack) -> dict[str, dict]:
+    """``{uid: latest version}`` of every warm pod the namespace ever held (deleted ones included)."""
+    return {uid: versions[-1] for uid, versions in kube.pods().items()
+            if _labels(versions[-1]).get(LABEL + "warm") == "true"}
+
+
+def _task_pods(kube: KubeStack, dag_id: str) -> list[dict]:
+    """The cold task pods ever created for ``dag_id`` (latest versions)."""
+    return [versions[-1] for versions in kube.pods().values()
+            if _labels(versions[-1]).get(LABEL + "dag-id") == dag_id
+            and _labels(versions[-1]).get(LABEL + "warm") != "true"]
+
+
+def _versions(stack: FaultStack) -> dict[str, str]:
+    """``{dag_id: its latest dag_version_id}`` for :data:`DAGS`."""
+    rows = stack.db("select dag_id, id from dag_version order by version_number")
+    return {dag_id: str(vid) for dag_id, vid in rows if dag_id in DAGS}
+
+
+def _workers(stack: FaultStack) -> list[dict]:
+    """Every row of ``leoflow_warm_worker``."""
+    cols = ("pod_uid", "pod_name", "dag_version_id", "state", "ti_id", "try_number", "attempt_epoch",
+            "attempts_taken", "last_seen_at")
+    return [dict(zip(cols, row)) for row in stack.db(f"select {', '.join(cols)} from leoflow_warm_worker")]
+
+
+def _same_version(a: str | None, b: str) -> bool:
+    """Airflow stores a ``dag_version`` id as a UUID; SQLite gives it with or without dashes."""
+    return a is not None and a.replace("-", "") == b.replace("-", "")
+
+
+def _idle(stack: FaultStack, kube: KubeStack, dag_id: str) -> list[dict]:
+    """The ready warm workers of ``dag_id``'s current version: registered, idle, awaiting (a worker awaits once it
+    has parsed its DAG file), their pod Running and not deleting."""
+    version = _versions(stack)[dag_id]
+    pods = _warm_pods(kube)
+    out = []
+    for row in _workers(stack):
+        pod = pods.get(row["pod_uid"])
+        if (row["state"] == "idle" and row["last_seen_at"] and _same_version(row["dag_version_id"], version) and pod is not None
+                and _phase(pod) == "Running" and not pod["metadata"].get("deletionTimestamp")):
+            out.append(row)
+    return out
+
+
+def _wait_pools_full(stack: FaultStack, kube: KubeStack, timeout: float = 300.0) -> dict[str, list[dict]]:
+    """Wait until every pool of :data:`POOLS` has ``min_idle`` idle registered workers; them, per DAG."""
+    def full() -> dict[str, list[dict]] | None:
+        idle = {dag_id: _idle(stack, kube, dag_id) for dag_id in POOLS}
+        return idle if all(len(idle[d]) >= POOLS[d]["min_idle"] for d in POOLS) else None
+
+    try:
+        return wait_until(full, timeout, "every warm pool to hold min_idle idle workers", poll=1.0)
+    except TimeoutError:
+        print("warm workers:", _workers(stack))
+        print("pods:\n  " + "\n  ".join(kube.describe_pods()))
+        raise
+
+
+def _ledger(stack: FaultStack, dag_id: str, run_id: str, task_id: str) -> list[dict]:
+    cols = ("try_number", "attempt_epoch", "state", "resolution", "pod_name", "pod_uid")
+    rows = stack.db(f"select {', '.join(cols)} from leoflow_attempt where dag_id=? and run_id=? and task_id=? "
+                    "order by id", dag_id, run_id, task_id)
+    return [dict(zip(cols, row)) for row in rows]
+
+
+def _settled(stack: FaultStack, dag_id: str, run_id: str, task_id: str, timeout: float = 90.0) -> list[tuple]:
+    """``(try_number, attempt_epoch, state, resolution)`` once every epoch is closed (or after ``timeout``)."""
+    def closed() -> list[dict] | None:
+        rows = _ledger(stack, dag_id, run_id, task_id)
+        return rows if rows and all(r["state"] == "closed" for r in rows) else None
+
+    try:
+        rows = wait_until(closed, timeout, f"every epoch of {dag_id}.{task_id} to be settled")
+    except TimeoutError:
+        rows = _ledger(stack, dag_id, run_id, task_id)
+    return [(r["try_number"], r["attempt_epoch"], r["state"], r["resolution"]) for r in rows]
+
+
+def _running_on_warm(stack: FaultStack, kube: KubeStack, run_id: str, try_number: int) -> dict:
+    """Wait until ``lf_kwarm.work`` try ``try_number``'s body runs on a warm pod; that pod's latest version."""
+    def running() -> dict | None:
+        if not [e for e in executions(stack, HOLD_DAG, "work", run_id) if e.try_number == try_number]:
+            return None
+        rows = [r for r in _ledger(stack, HOLD_DAG, run_id, "work") if r["try_number"] == try_number]
+        if not rows or not rows[-1]["pod_uid"]:
+            return None
+        return _warm_pods(kube).get(rows[-1]["pod_uid"])
+
+    return wait_until(running, 240, f"{HOLD_DAG} try {try_number}'s body running on a warm pod")
+
+
+def _release(stack: FaultStack, run_id: str, try_number: int) -> None:
+    (stack.traces_dir / f"release.{run_id}.{try_number}").write_text("go\n")
+
+
+def _log_rows(stack: FaultStack, dag_id: str, run_id: str, task_id: str) -> list[tuple[str, str]]:
+    return stack.db("select event, coalesce(extra, '') from log where dag_id=? and run_id=? and task_id=? "
+                    "order by id", dag_id, run_id, task_id)
+
+
+def _check_bodies(stack: FaultStack, run_id: str, *, lost_tries: set[int], ended_tries: set[int]) -> None:
+    """One body per try of ``lost_tries | ended_tries``; the lost ones never ended; no two overlapped; none
+    started after one had ended."""
+    execs = executions(stack, HOLD_DAG, "work", run_id)
+    assert sorted(e.try_number for e in execs) == sorted(lost_tries | ended_tries), execs
+    assert {e.try_number for e in execs if not e.ended} == lost_tries, execs
+    assert overlaps(execs) == [], execs
+    for i, e in enumerate(execs):
+        assert not (e.ended and execs[i + 1:]), f"a body ran after one that ended: {execs}"
+
+
+def _kill_container(kube: KubeStack, name: str) -> None:
+    """SIGKILL every process of warm pod ``name``'s container, as a node's OOM killer or a crash would (the
+    harness reports the container terminated, exit 137)."""
+    from tests.k8s.harness import kill_tree
+
+    run = kube.harness.run_named(kube.namespace, name)
+    assert run is not None, f"the harness runs no pod {name}"
+    for proc in list(run.procs.values()):
+        kill_tree(proc.pid)
+
+
+# ---------------------------------------------------------------------------------------------------- tests
+
+
+def test_prewarm_fills_every_pool_with_registered_pods_owned_by_their_anchor(kube_stack) -> None:
+    """With ``prewarm`` on and no run yet, each DAG version gets ``min_idle`` warm pods that registered with the
+    plugin app (idle rows in the ledger), each labelled with its version and owned by that version's anchor
+    ConfigMap (``controller: true``); no pool goes past ``max_pool_size``; no task pod exists."""
+    stack, kube = kube_stack
+    idle = _wait_pools_full(stack, kube)
+    versions = _versions(stack)
+    pods = _warm_pods(kube)
+    for dag_id, rows in idle.items():
+        of_version = [p for p in pods.values()
+                      if _same_version(_labels(p).get(LABEL + "dag-version"), versions[dag_id])
+                      and _phase(p) not in ("Succeeded", "Failed")]
+        assert POOLS[dag_id]["min_idle"] <= len(of_version) <= POOLS[dag_id]["max_pool_size"], (dag_id, of_version)
+        for row in rows:
+            pod = pods[row["pod_uid"]]
+            owners = pod["metadata"].get("ownerReferences") or []
+            assert [(o["kind"], o.get("controller")) for o in owners] == [("ConfigMap", True)], owners
+            assert owners[0]["name"].startswith("leoflow-warm-"), owners
+            assert pod["spec"]["containers"][0]["args"] == ["python", "-m", "leoflow_agent", "warm-pod"]
+    assert [p for d in DAGS for p in _task_pods(kube, d)] == []
+
+
+def test_a_warm_dag_s_tasks_start_without_a_pod_create(kube_stack) -> None:
+    """``lf_kwarm_chain`` (a pool of 2 idle workers) runs its four tasks on warm pods: no pod is created for it,
+    every attempt's ledger row names a warm pod, and the run ends as it does cold (each TI SUCCESS at try 1, the
+    XCom chain counted 4)."""
+    stack, kube = kube_stack
+    _wait_pools_full(stack, kube)
+    before = set(kube.pods())
+    run_id = stack.trigger_with(CHAIN_DAG)
+    assert stack.wait_for_run(CHAIN_DAG, run_id, timeout=240) == "success"
+    warm = _warm_pods(kube)
+    for i in range(4):
+        ti = stack.ti_row(CHAIN_DAG, run_id, f"link_{i}")
+        assert (ti["state"], ti["try_number"]) == ("success", 1), ti
+        rows = _ledger(stack, CHAIN_DAG, run_id, f"link_{i}")
+        assert [r["pod_uid"] in warm for r in rows] == [True], rows
+    assert _task_pods(kube, CHAIN_DAG) == []
+    created = [uid for uid in kube.pods() if uid not in before and _labels(kube.pods()[uid][-1]).get(
+        LABEL + "dag-version") is None]
+    assert created == [], "pods were created for the warm DAG's run"
+
+
+def test_what_an_attempt_leaves_is_gone_before_the_next_attempt_on_its_worker(kube_stack) -> None:
+    """``lf_kwarm_iso``'s pool holds one worker, so ``write`` and ``check`` run on the same warm pod one after the
+    other: ``write`` leaves a file in ``/tmp``, ``$HOME``, ``$TMPDIR`` and ``/dev/shm``; ``check`` finds none of
+    them."""
+    stack, kube = kube_stack
+    _wait_pools_full(stack, kube)
+    run_id = stack.trigger_with(ISO_DAG)
+    assert stack.wait_for_run(ISO_DAG, run_id, timeout=240) == "success"
+    pods = {r["pod_uid"] for task in ("write", "check") for r in _ledger(stack, ISO_DAG, run_id, task)}
+    assert len(pods) == 1 and pods <= set(_warm_pods(kube)), pods
+    written = json.loads(stack.db("select value from xcom where dag_id=? and run_id=? and task_id='write'",
+                                  ISO_DAG, run_id)[0][0])
+    assert any(p.startswith("/tmp/") for p in written), written
+
+
+def test_a_warm_worker_killed_mid_attempt_is_redriven_on_the_infra_budget_and_the_pool_refills(kube_stack) -> None:
+    """The warm pod running ``lf_kwarm.work``'s body is SIGKILLed whole. The attempt is re-driven once on the infra
+    budget (try 2, ``max_tries`` 0 → 1, a Log row ``leoflow infra re-drive``), try 2 runs and succeeds, no body
+    ran twice at once nor after one had ended, and the pool is back to ``min_idle`` idle workers."""
+    stack, kube = kube_stack
+    _wait_pools_full(stack, kube)
+    run_id = stack.trigger_with(HOLD_DAG)
+    pod = _running_on_warm(stack, kube, run_id, 1)
+    _kill_container(kube, pod["metadata"]["name"])
+    _running_on_warm(stack, kube, run_id, 2)
+    _release(stack, run_id, 2)
+    assert stack.wait_for_run(HOLD_DAG, run_id, timeout=240) == "success"
+    ti = stack.ti_row(HOLD_DAG, run_id, "work")
+    assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 2, 1), ti
+    rows = _log_rows(stack, HOLD_DAG, run_id, "work")
+    assert [e for e, _ in rows].count(INFRA) == 1, rows
+    ledger = _settled(stack, HOLD_DAG, run_id, "work")
+    assert [r[3] for r in ledger] == ["infra_redrive", "reported"], ledger
+    _check_bodies(stack, run_id, lost_tries={1}, ended_tries={2})
+    _wait_pools_full(stack, kube)
+    assert pod["metadata"]["uid"] not in {r["pod_uid"] for r in _idle(stack, kube, HOLD_DAG)}
+
+
+def test_an_oom_killed_warm_worker_is_named_in_the_task_s_log(kube_stack) -> None:
+    """The harness OOM-kills the warm pod running ``lf_kwarm.work``'s body (``OOMKilled``, exit 137): the
+    warm-worker-lost path re-drives it once on the infra budget and the Log row names ``OOMKilled``."""
+    stack, kube = kube_stack
+    _wait_pools_full(stack, kube)
+    run_id = stack.trigger_with(HOLD_DAG)
+    pod = _running_on_warm(stack, kube, run_id, 1)
+    kube.harness.oom_kill(kube.namespace, pod["metadata"]["name"])
+    _running_on_warm(stack, kube, run_id, 2)
+    _release(stack, run_id, 2)
+    assert stack.wait_for_run(HOLD_DAG, run_id, timeout=240) == "success"
+    ti = stack.ti_row(HOLD_DAG, run_id, "work")
+    assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 2, 1), ti
+    infra = [extra for event, extra in _log_rows(stack, HOLD_DAG, run_id, "work") if event == INFRA]
+    assert len(infra) == 1 and "OOMKilled" in infra[0], infra
+    ledger = _settled(stack, HOLD_DAG, run_id, "work")
+    assert [r[3] for r in ledger] == ["oom_redrive", "reported"], ledger
+    _check_bodies(stack, run_id, lost_tries={1}, ended_tries={2})
+
+
+def test_a_lost_control_plane_s_warm_pods_are_garbage_collected(kube_stack) -> None:
+    """The scheduler is SIGKILLed (its job's heartbeat stops) and a new one started: its ``start()`` deletes the
+    anchors of the dead scheduler job, and the garbage collector removes every warm pod they owned; the new
+    scheduler's pools fill again with pods of its own job."""
+    from kubernetes import client
+
+    stack, kube = kube_stack
+    _wait_pools_full(stack, kube)
+    old_job = {_labels(p).get(LABEL + "scheduler-job") for p in _warm_pods(kube).values()
+               if _phase(p) == "Running" and not p["metadata"].get("deletionTimestamp")}
+    assert len(old_job) == 1, old_job
+    stack.kill_component("scheduler", signal.SIGKILL)
+    time.sleep(12)  # past [scheduler] scheduler_health_check_threshold: the old job is no longer alive
+    stack.start_component("scheduler")
+    core = client.CoreV1Api(kube.api)
+
+    def old_pods_gone() -> bool:
+        pods = core.list_namespaced_pod(kube.namespace, label_selector=f"{LABEL}warm=true").items
+        return not [p for p in pods if (p.metadata.labels or {}).get(LABEL + "scheduler-job") in old_job]
+
+    wait_until(old_pods_gone, 180, "the dead scheduler job's warm pods to be garbage-collected", poll=1.0)
+    anchors = core.list_namespaced_config_map(kube.namespace, label_selector=f"{LABEL}warm-anchor=true").items
+    assert not [a for a in anchors if (a.metadata.labels or {}).get(LABEL + "scheduler-job") in old_job]
+    _wait_pools_full(stack, kube)
