@@ -39,7 +39,7 @@ from leoflow_airflow.ledger.states import AttemptState, Resolution
 if TYPE_CHECKING:
     from leoflow_airflow.ledger.store import Attempt
 
-__all__ = ["EVIDENCE", "OVERRIDES", "TryTimes", "build_timeline", "parse_ti_query"]
+__all__ = ["EVIDENCE", "OVERRIDES", "TryTimes", "build_timeline", "parse_ti_query", "warm_pool_rows"]
 
 EVIDENCE: Mapping[Resolution, str] = {
     Resolution.REPORTED: "the agent's own terminal report",
@@ -172,3 +172,26 @@ def build_timeline(attempts: Iterable[Attempt], tries: Sequence[TryTimes]) -> li
             "events": _events(a, by_try.get(a.ref.try_number), runs_here),
         })
     return out
+
+
+def warm_pool_rows(workers: Iterable[Any], dag_ids: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The UI's warm pools from the ledger's warm worker rows (``ledger.warm.WarmWorker``: ``dag_version_id``,
+    ``state``, ``last_seen_at``, ``attempts_taken``), one entry per DAG version, ordered by DAG and version:
+    ``{"dag_id", "dag_version_id", "ready", "starting", "busy", "attempts_taken"}``. ``ready``: idle workers that
+    await (they took or will take an attempt at once); ``starting``: registered, still parsing their DAG file (no
+    await yet); ``busy``: assigned or running an attempt. ``dag_ids``: ``dag_version_id`` -> its DAG (a version
+    Airflow no longer knows shows its id). Workers not registered yet (pods starting) are not in the ledger and
+    not counted."""
+    pools: dict[str, dict[str, Any]] = {}
+    for w in workers:
+        version = str(w.dag_version_id)
+        pool = pools.setdefault(version, {"dag_id": dag_ids.get(version, version), "dag_version_id": version,
+                                           "ready": 0, "starting": 0, "busy": 0, "attempts_taken": 0})
+        if w.state in ("assigned", "busy"):
+            pool["busy"] += 1
+        elif w.last_seen_at is None:
+            pool["starting"] += 1
+        else:
+            pool["ready"] += 1
+        pool["attempts_taken"] += int(w.attempts_taken or 0)
+    return sorted(pools.values(), key=lambda p: (p["dag_id"], p["dag_version_id"]))

@@ -4,7 +4,8 @@ Routes (all under the plugin app's ``/leoflow`` prefix):
 
 - ``GET /v1/ui/timeline?dag_id&run_id&task_id[&map_index]``: every attempt of that task instance in epoch
   order with its events (:func:`leoflow_airflow.api.timeline.build_timeline`).
-- ``GET /v1/ui/pools``: warm pools as far as the api-server can observe them (see :func:`pools`).
+- ``GET /v1/ui/pools``: warm pools as far as the api-server can observe them (see :func:`pools`): Kubernetes
+  warm pods from the ledger, per DAG version.
 - ``GET /ui/timeline`` and ``GET /ui/timeline.js``: a plain HTML page and its script (no build step), shown
   inside the Airflow UI as an external view (``LeoflowPlugin.external_views``): in the navigation and as a tab
   of every task instance.
@@ -34,7 +35,7 @@ from leoflow_airflow.api.timeline import TryTimes, build_timeline, parse_ti_quer
 if TYPE_CHECKING:
     from leoflow_airflow.ledger.store import LedgerStore
 
-__all__ = ["LedgerHolder", "airflow_try_times", "create_router", "pools"]
+__all__ = ["LedgerHolder", "airflow_try_times", "create_router", "ledger_warm_rows", "pools"]
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +97,18 @@ def airflow_try_times(dag_id: str, run_id: str, task_id: str, map_index: int) ->
     return [out[k] for k in sorted(out)]
 
 
-def pools(get: Callable[[str, str, str], str] | None = None) -> dict[str, Any]:
+def pools(get: Callable[[str, str, str], str] | None = None, *,
+          warm_rows: Callable[[str], list[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """What the api-server can tell about warm pools: ``{"runtime", "source", "note", "pools": [...]}``.
 
-    Today nothing about a warm worker is observable from an api-server: Lite's file workers are processes
-    forked inside the scheduler's zygote (DESIGN §3 "Warm pools"), and the Kubernetes runtime's warm pods are
-    known to the scheduler's informer, not stored. So ``pools`` is empty and ``source``/``note`` say why,
-    rather than a guess. ``get(section, key, fallback)`` reads config (default Airflow's ``conf.get``).
+    Kubernetes: warm pods register in the ledger (``leoflow_warm_worker``, the channel between the scheduler and
+    the api-servers), so ``pools`` lists each DAG version's registered workers
+    (:func:`~leoflow_airflow.api.timeline.warm_pool_rows`, read by ``warm_rows(namespace)``; default
+    :func:`ledger_warm_rows`); pods still starting (not registered) are not counted, and ``note`` says so. Lite:
+    its file workers are processes forked inside the scheduler's zygote (DESIGN §3 "Warm pools"), not observable
+    from an api-server: ``pools`` is empty and ``source``/``note`` say why, rather than a guess.
+    ``get(section, key, fallback)`` reads config (default Airflow's ``conf.get``). Raises what the ledger read
+    raises (the route answers 503).
     """
     if get is None:
         from airflow.configuration import conf
@@ -112,12 +118,44 @@ def pools(get: Callable[[str, str, str], str] | None = None) -> dict[str, Any]:
 
     runtime = (get("leoflow", "runtime", "lite") or "lite").strip().lower()
     if runtime == "kubernetes":
-        note = ("warm pods are watched by the scheduler's informer and not stored; the api-server does not list "
-                "pods, so no pool is shown here")
-    else:
-        note = ("Lite warm workers are processes forked inside the scheduler's zygote; nothing about them is "
-                "observable from the api-server, so no pool is shown here")
+        namespace = (get("leoflow", "namespace", "default") or "default").strip()
+        rows = (warm_rows or ledger_warm_rows)(namespace)
+        note = ("warm pods registered with the api-server (ready: awaiting an attempt; starting: parsing their DAG "
+                "file; busy: running one); pods not registered yet are not counted")
+        return {"runtime": runtime, "source": f"ledger: leoflow_warm_worker, namespace {namespace}", "note": note,
+                "pools": rows}
+    note = ("Lite warm workers are processes forked inside the scheduler's zygote; nothing about them is "
+            "observable from the api-server, so no pool is shown here")
     return {"runtime": runtime, "source": "none: not observable from the api-server", "note": note, "pools": []}
+
+
+def ledger_warm_rows(namespace: str, engine: Any = None) -> list[dict[str, Any]]:
+    """The warm pools of ``namespace`` from the ledger's worker rows, each version named by its DAG (Airflow's
+    ``dag_version`` table): :func:`~leoflow_airflow.api.timeline.warm_pool_rows`. One read of each table, on
+    ``engine`` (the UI's ledger store's; None: a warm ledger of its own)."""
+    from airflow.models.dag_version import DagVersion
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from leoflow_airflow.api.timeline import warm_pool_rows
+    from leoflow_airflow.ledger.warm import WarmLedger
+
+    workers = (WarmLedger(engine) if engine is not None else WarmLedger.from_airflow()).workers(namespace)
+    versions = {str(w.dag_version_id) for w in workers}
+    dag_ids: dict[str, str] = {}
+    if versions:
+        import uuid
+
+        ids = []
+        for v in versions:
+            try:
+                ids.append(uuid.UUID(v))
+            except ValueError:
+                continue
+        with create_session() as session:
+            for vid, dag_id in session.execute(select(DagVersion.id, DagVersion.dag_id).where(DagVersion.id.in_(ids))):
+                dag_ids[str(vid)] = dag_id
+    return warm_pool_rows(workers, dag_ids)
 
 
 def _asset(name: str) -> bytes:
@@ -164,7 +202,15 @@ def create_router(ledger: LedgerHolder, *,
 
     @router.get("/v1/ui/pools", dependencies=[Depends(read_access)])
     async def warm_pools() -> Response:
-        return JSONResponse(await run_in_threadpool(pools), headers=_NO_STORE)
+        def read() -> dict[str, Any]:
+            return pools(warm_rows=lambda namespace: ledger_warm_rows(namespace, ledger.get().engine))
+
+        try:
+            body = await run_in_threadpool(read)
+        except Exception as exc:  # noqa: BLE001 - the ledger or Airflow's DB cannot be read: say so
+            log.error("leoflow UI: the warm pools cannot be read: %s", exc)
+            raise HTTPException(status_code=503, detail="the leoflow ledger cannot be read") from exc
+        return JSONResponse(body, headers=_NO_STORE)
 
     @router.get("/ui/timeline")
     def page() -> Response:

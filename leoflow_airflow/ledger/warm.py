@@ -122,9 +122,10 @@ class WarmLedger:
         """Register the warm pod ``pod_uid`` as an ``idle`` worker holding credential hash ``credential_sha256``;
         whether a row was written.
 
-        A pod seen for the first time is inserted (``registered_at`` = ``last_seen_at`` = now). A pod already
-        registered that holds nothing (``idle``) gets the new credential (the old one stops working), its
-        name/namespace/version refreshed and ``registered_at`` reset, in one guarded ``UPDATE … WHERE pod_uid AND
+        A pod seen for the first time is inserted (``registered_at`` = now, ``last_seen_at`` None: a worker
+        registers before it parses its DAG file, and counts as ready only once it awaits, :meth:`seen`). A pod
+        already registered that holds nothing (``idle``) gets the new credential (the old one stops working), its
+        name/namespace/version refreshed, ``registered_at`` reset and ``last_seen_at`` cleared, in one guarded ``UPDATE … WHERE pod_uid AND
         state = 'idle'``. ``False``: its row holds an attempt (``assigned`` or ``busy``): a re-register is refused.
 
         :raises ValueError: ``credential_sha256`` is not a SHA-256 hexdigest, or an identity field is empty.
@@ -135,7 +136,7 @@ class WarmLedger:
         t = warm_worker_table
         now = self._clock()
         fields = dict(pod_name=pod_name, namespace=namespace, dag_version_id=dag_version_id,
-                      credential_sha256=credential_sha256, registered_at=now, last_seen_at=now, updated_at=now)
+                      credential_sha256=credential_sha256, registered_at=now, last_seen_at=None, updated_at=now)
         try:
             with self.engine.begin() as conn:
                 conn.execute(t.insert().values(pod_uid=pod_uid, state=IDLE, attempts_taken=0, row_version=0,

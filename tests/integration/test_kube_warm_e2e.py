@@ -5,7 +5,7 @@ harness running every pod, warm pods included, as local processes running the re
 ``tests/fault_dags``, DAGs in ``tests/fault_dags/leoflow_warm.py``); the tests run in file order:
 
 1. the pools fill before any run (``prewarm``): each DAG version gets ``min_idle`` registered warm pods, each owned by
-   its version's anchor ConfigMap (``controller: true``);
+   its version's anchor ConfigMap (``controller: true``), and the UI's pools API shows them;
 2. a warm DAG's tasks start without a pod create and end as cold ones do;
 3. isolation (``warm_isolation = read-only-root``): what an attempt leaves in ``/tmp``, ``$HOME``, ``$TMPDIR`` and
    ``/dev/shm`` is gone before the next attempt on that worker;
@@ -26,9 +26,11 @@ import signal
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from devtools.kube import KubeStack, require_binaries
+from devtools.stack import API_USER
 from fault_helpers import FaultStack, executions, overlaps, wait_until
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(1800)]
@@ -231,6 +233,15 @@ def test_prewarm_fills_every_pool_with_registered_pods_owned_by_their_anchor(kub
             assert owners[0]["name"].startswith("leoflow-warm-"), owners
             assert pod["spec"]["containers"][0]["args"] == ["python", "-m", "leoflow_agent", "warm-pod"]
     assert [p for d in DAGS for p in _task_pods(kube, d)] == []
+    # the UI's pools API (behind Airflow's auth) shows the same pools, by DAG
+    token = httpx.post(f"{stack.public_url}/auth/token", json={"username": API_USER, "password": stack._password},
+                       timeout=30).json()["access_token"]
+    body = httpx.get(f"{stack.public_url}/leoflow/v1/ui/pools", headers={"Authorization": f"Bearer {token}"},
+                     timeout=30).json()
+    shown = {p["dag_id"]: p for p in body["pools"]}
+    assert body["runtime"] == "kubernetes", body
+    for dag_id, pool in POOLS.items():
+        assert shown[dag_id]["ready"] >= pool["min_idle"] and shown[dag_id]["busy"] == 0, body
 
 
 def test_a_warm_dag_s_tasks_start_without_a_pod_create(kube_stack) -> None:

@@ -94,9 +94,31 @@ def test_bad_queries_are_named(args, message) -> None:
         parse_ti_query(*args)
 
 
-def test_pools_say_where_they_cannot_be_seen_instead_of_inventing_them() -> None:
-    """Lite and Kubernetes both answer an empty list with the reason; nothing is made up."""
+def test_lite_pools_say_where_they_cannot_be_seen_and_kubernetes_pools_come_from_the_ledger() -> None:
+    """Lite answers an empty list with the reason (nothing is made up); Kubernetes lists the warm pods registered
+    in the ledger of its namespace, per DAG version."""
     lite = pools(lambda s, k, f: f)
     assert lite["runtime"] == "lite" and lite["pools"] == [] and "zygote" in lite["note"]
-    kube = pools(lambda s, k, f: "kubernetes" if k == "runtime" else f)
-    assert kube["runtime"] == "kubernetes" and kube["pools"] == [] and "informer" in kube["note"]
+    asked = []
+    conf = {"runtime": "kubernetes", "namespace": "tasks"}
+    kube = pools(lambda s, k, f: conf.get(k, f), warm_rows=lambda ns: asked.append(ns) or [{"dag_id": "d"}])
+    assert (kube["runtime"], kube["pools"], asked) == ("kubernetes", [{"dag_id": "d"}], ["tasks"])
+    assert "leoflow_warm_worker" in kube["source"] and "not registered" in kube["note"]
+
+
+def test_warm_pool_rows_count_ready_starting_and_busy_workers_per_version() -> None:
+    from types import SimpleNamespace as W
+
+    from leoflow_airflow.api.timeline import warm_pool_rows
+
+    seen = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    workers = [W(dag_version_id="v2", state="idle", last_seen_at=seen, attempts_taken=3),
+               W(dag_version_id="v2", state="idle", last_seen_at=None, attempts_taken=0),
+               W(dag_version_id="v2", state="busy", last_seen_at=seen, attempts_taken=1),
+               W(dag_version_id="v1", state="assigned", last_seen_at=seen, attempts_taken=0),
+               W(dag_version_id="gone", state="idle", last_seen_at=seen, attempts_taken=0)]
+    assert warm_pool_rows(workers, {"v1": "b_dag", "v2": "a_dag"}) == [
+        {"dag_id": "a_dag", "dag_version_id": "v2", "ready": 1, "starting": 1, "busy": 1, "attempts_taken": 4},
+        {"dag_id": "b_dag", "dag_version_id": "v1", "ready": 0, "starting": 0, "busy": 1, "attempts_taken": 0},
+        {"dag_id": "gone", "dag_version_id": "gone", "ready": 1, "starting": 0, "busy": 0, "attempts_taken": 0},
+    ]

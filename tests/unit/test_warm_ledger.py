@@ -71,7 +71,7 @@ def test_register_inserts_an_idle_worker_found_by_its_credential_hash_only(warm,
     assert register(warm)
     w = warm.get("uid-1")
     assert (w.pod_name, w.namespace, w.dag_version_id, w.state, w.ref) == ("pod-uid-1", "ns", VERSION, "idle", None)
-    assert (w.registered_at, w.last_seen_at, w.attempts_taken, w.row_version) == (T0, T0, 0, 0)
+    assert (w.registered_at, w.last_seen_at, w.attempts_taken, w.row_version) == (T0, None, 0, 0)
     assert warm.by_credential(sha("c1")) == w
     assert warm.by_credential(sha("other")) is None
     assert warm.by_credential("c1") is None  # the credential itself is never a key
