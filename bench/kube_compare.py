@@ -71,9 +71,10 @@ PARALLELISM = 32
 EXECUTORS = ("leoflow-warm", "leoflow", "ke")
 """``leoflow-warm``: leoflow with warm pods (issue 11); ``leoflow``: a cold pod per attempt; ``ke``: the cncf
 KubernetesExecutor."""
-WARM_POOLS = {"bench_fanout": {"min_idle": PARALLELISM, "max_pool_size": DAGS["bench_fanout"], "prewarm": True},
+WARM_POOLS = {"bench_fanout": {"min_idle": PARALLELISM, "max_pool_size": PARALLELISM, "prewarm": True},
               "bench_chain": {"min_idle": 2, "max_pool_size": 2, "prewarm": True}}
-"""``[leoflow] warm_pools`` of the ``leoflow-warm`` stack: the fan-out gets one warm pod per slot, the chain (one
+"""``[leoflow] warm_pools`` of the ``leoflow-warm`` stack: the fan-out gets one warm pod per slot (``[core]
+parallelism``: no more can run at once, so a larger pool would only start pods the run never uses), the chain (one
 task at a time) two. Both are prewarmed (their DAGs are unpaused before any run) and measured once full."""
 WARM_FILL_TIMEOUT_SECONDS = 600.0
 LOOP_RE = re.compile(r"Ran scheduling loop in ([0-9.]+) ms")
@@ -242,10 +243,11 @@ def measure(stack: AirflowStack, watch: PodWatch, namespace: str, sched_pid: int
 
 
 def idle_workers(pg: Postgres, database: str) -> dict[str, int]:
-    """``{dag_id: registered idle warm workers of its latest version}`` from the stack's database."""
+    """``{dag_id: ready warm workers of its latest version}`` from the stack's database: registered, idle and
+    awaiting (a worker awaits only once it has parsed its DAG file)."""
     rows = pg.query(database, "select v.dag_id, count(w.pod_uid) from dag_version v "
                               "join leoflow_warm_worker w on cast(w.dag_version_id as text) = cast(v.id as text) "
-                              "where w.state = 'idle' and v.version_number = (select max(version_number) "
+                              "where w.state = 'idle' and w.last_seen_at is not null and v.version_number = (select max(version_number) "
                               "from dag_version x where x.dag_id = v.dag_id) group by v.dag_id")
     return {dag_id: int(n) for dag_id, n in rows}
 
@@ -261,6 +263,21 @@ def wait_pools_full(pg: Postgres, database: str, dags: list[str], timeout: float
             return time.monotonic() - t0
         time.sleep(1.0)
     raise TimeoutError(f"warm pools not full after {timeout:.0f}s: {seen}")
+
+
+SETTLE_LOAD = 4.0
+"""A DAG is triggered once the 1-minute load average is at most this (or after :data:`SETTLE_MAX_SECONDS`): the
+machine's 2 cores also run the control plane and every pod, so a run that starts while the previous one's pods
+(or a pool's start) still load it would measure them."""
+SETTLE_MAX_SECONDS = 150.0
+
+
+def settle(log: Any) -> None:
+    """Wait until the 1-minute load average is at most :data:`SETTLE_LOAD`, at most :data:`SETTLE_MAX_SECONDS`."""
+    t0 = time.monotonic()
+    while os.getloadavg()[0] > SETTLE_LOAD and time.monotonic() - t0 < SETTLE_MAX_SECONDS:
+        time.sleep(2.0)
+    log(f"  settled {time.monotonic() - t0:.0f}s: load average {os.getloadavg()[0]:.2f}")
 
 
 def scheduler_pid(stack: AirflowStack) -> int:
@@ -304,6 +321,7 @@ def run_executor(executor: str, pg: Postgres, template_db: str, work: Path, kube
             log(f"  warm pools full in {facts['warm_fill_s']:.0f}s")
         pid = scheduler_pid(stack)
         for dag_id in dags:
+            settle(log)
             row = measure(stack, watch, namespace, pid, executor=executor, dag_id=dag_id, timeout=timeout)
             rows.append(row)
             log(f"  {executor:7s} {dag_id:13s} {row['state']:8s} {row['tasks_ok']}/{row['tasks']} ok  "

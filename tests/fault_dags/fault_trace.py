@@ -42,3 +42,15 @@ def body_line(ti, event: str) -> None:
     """Append one body trace line for ``ti`` (``event``: ``start``, ``tick`` or ``end``)."""
     with open(traces_dir() / f"{ti.dag_id}.{ti.task_id}.body", "a") as fh:
         fh.write(f"{ti.run_id} {ti.try_number} {event} {time.time():.6f} {os.getpid()}\n")
+
+
+def hold(ti, seconds: float = 240.0) -> None:
+    """A body the test decides the end of: ``start``, a ``tick`` every 0.2 s until ``traces/release.<run_id>.<try>``
+    exists (at most ``seconds``), ``end`` (tests/integration/test_kube_faults_e2e.py, test_kube_warm_e2e.py)."""
+    body_line(ti, "start")
+    release = traces_dir() / f"release.{ti.run_id}.{ti.try_number}"
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not release.exists():
+        body_line(ti, "tick")
+        time.sleep(0.2)
+    body_line(ti, "end")

@@ -14,11 +14,10 @@ SIGTERM (it only calls ``on_kill``), so a pod stopped by an eviction or its dead
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
 
 from airflow.sdk import DAG, task
-from fault_trace import CALLBACKS, body_line, traces_dir
+from fault_trace import CALLBACKS, hold
 from kubernetes.client import models as k8s
 
 START = datetime(2026, 1, 1)
@@ -28,14 +27,8 @@ GRACE_SECONDS = 2
 
 
 def _hold(ti) -> None:
-    """The body: start, tick until ``release.<run_id>.<try>`` exists (bounded), end."""
-    body_line(ti, "start")
-    release = traces_dir() / f"release.{ti.run_id}.{ti.try_number}"
-    deadline = time.monotonic() + HOLD_SECONDS
-    while time.monotonic() < deadline and not release.exists():
-        body_line(ti, "tick")
-        time.sleep(0.2)
-    body_line(ti, "end")
+    """The body: :func:`fault_trace.hold` for :data:`HOLD_SECONDS` at most."""
+    hold(ti, HOLD_SECONDS)
 
 
 def _override(node: str | None = None) -> dict:

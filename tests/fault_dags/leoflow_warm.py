@@ -14,12 +14,11 @@ placement rule sends an attempt that asks for more than the pool's template give
 from __future__ import annotations
 
 import os
-import time
 from datetime import datetime
 from pathlib import Path
 
 from airflow.sdk import DAG, task
-from fault_trace import CALLBACKS, body_line, traces_dir
+from fault_trace import CALLBACKS, hold
 
 START = datetime(2026, 1, 1)
 HOLD_SECONDS = 240
@@ -28,14 +27,8 @@ ISO_NAME = "leoflow-warm-iso-probe"
 
 
 def _hold(ti) -> None:
-    """The body: start, tick until ``release.<run_id>.<try>`` exists (bounded), end."""
-    body_line(ti, "start")
-    release = traces_dir() / f"release.{ti.run_id}.{ti.try_number}"
-    deadline = time.monotonic() + HOLD_SECONDS
-    while time.monotonic() < deadline and not release.exists():
-        body_line(ti, "tick")
-        time.sleep(0.2)
-    body_line(ti, "end")
+    """The body: :func:`fault_trace.hold` for :data:`HOLD_SECONDS` at most."""
+    hold(ti, HOLD_SECONDS)
 
 
 def _iso_paths() -> list[Path]:

@@ -188,6 +188,34 @@ class FaultStack(AirflowStack):
         wait_until(self._api_up, timeout, "the api-server to answer")
 
 
+@contextmanager
+def kube_fault_stack(work: Path, *, extra_env: dict[str, str], dags: list[str],
+                     parallelism: int = 8) -> Iterator[tuple[FaultStack, Any]]:
+    """``(stack, kube)``: a :class:`FaultStack` under ``work/airflow`` (started, ``dags`` serialized) on a
+    :class:`devtools.kube.KubeStack` under ``work/kube`` (``K8SENV_DIR`` reuses a running control plane), for a
+    module's Kubernetes end-to-end tests; prints the pods when the body raises, stops both after it and fails
+    when a stack process is left. Skips (or fails under ``K8SENV_REQUIRED``) without the Kubernetes binaries."""
+    from devtools.kube import KubeStack, require_binaries
+
+    require_binaries()
+    t0 = time.monotonic()
+    reuse = os.environ.get("K8SENV_DIR")
+    with KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False) as kube:
+        stack = FaultStack(work / "airflow", extra_env=extra_env, parallelism=parallelism)
+        try:
+            kube.configure(stack)
+            stack.up(dags)
+            print(f"stack up in {time.monotonic() - t0:.0f}s")
+            yield stack, kube
+        except BaseException:
+            print("task pods:\n  " + "\n  ".join(kube.describe_pods()))
+            raise
+        finally:
+            left = stack.stop()
+            print(f"module wall time {time.monotonic() - t0:.0f}s")
+        assert not left, f"processes left after stopping the stack: {left}"
+
+
 class _CgroupV1:
     """A throwaway cgroup (v1) of one controller that test processes are moved into and, at :meth:`close`, moved
     back out of. Subclasses name the controller (``CONTROLLER``) and what :meth:`release` undoes first."""

@@ -41,7 +41,6 @@ wait 56 s; OOM 21 s, eviction 20 s, deadline 17 s; adoption 60 s; the revoke's w
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 import uuid
@@ -50,8 +49,8 @@ from pathlib import Path
 
 import pytest
 
-from devtools.kube import KubeStack, require_binaries
-from fault_helpers import FaultStack, executions, overlaps, wait_until
+from devtools.kube import KubeStack
+from fault_helpers import FaultStack, executions, kube_fault_stack, overlaps, wait_until
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(2400)]
 
@@ -119,24 +118,8 @@ EXTRA = {
 @pytest.fixture(scope="module")
 def kube_stack(tmp_path_factory: pytest.TempPathFactory):
     """``(stack, kube)``: the module's Airflow (started, :data:`DAGS` serialized) on its Kubernetes."""
-    require_binaries()
-    t0 = time.monotonic()
-    work = tmp_path_factory.mktemp("kube-faults")
-    reuse = os.environ.get("K8SENV_DIR")
-    with KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False) as kube:
-        stack = FaultStack(work / "airflow", extra_env=EXTRA, parallelism=8)
-        try:
-            kube.configure(stack)
-            stack.up(DAGS)
-            print(f"stack up in {time.monotonic() - t0:.0f}s")
-            yield stack, kube
-        except BaseException:
-            print("task pods:\n  " + "\n  ".join(kube.describe_pods()))
-            raise
-        finally:
-            left = stack.stop()
-            print(f"module wall time {time.monotonic() - t0:.0f}s")
-        assert not left, f"processes left after stopping the stack: {left}"
+    with kube_fault_stack(tmp_path_factory.mktemp("kube-faults"), extra_env=EXTRA, dags=DAGS) as both:
+        yield both
 
 
 # ---------------------------------------------------------------------------------------------------- helpers

@@ -21,17 +21,15 @@ ran, and the pods the namespace held.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from devtools.kube import KubeStack, require_binaries
+from devtools.kube import KubeStack
 from devtools.stack import API_USER
-from fault_helpers import FaultStack, executions, overlaps, wait_until
+from fault_helpers import FaultStack, executions, kube_fault_stack, overlaps, wait_until
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(1800)]
 
@@ -56,24 +54,8 @@ EXTRA = {
 @pytest.fixture(scope="module")
 def kube_stack(tmp_path_factory: pytest.TempPathFactory):
     """``(stack, kube)``: the module's Airflow (started, :data:`DAGS` serialized) on its Kubernetes."""
-    require_binaries()
-    t0 = time.monotonic()
-    work = tmp_path_factory.mktemp("kube-warm")
-    reuse = os.environ.get("K8SENV_DIR")
-    with KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False) as kube:
-        stack = FaultStack(work / "airflow", extra_env=EXTRA, parallelism=8)
-        try:
-            kube.configure(stack)
-            stack.up(DAGS)
-            print(f"stack up in {time.monotonic() - t0:.0f}s")
-            yield stack, kube
-        except BaseException:
-            print("pods:\n  " + "\n  ".join(kube.describe_pods()))
-            raise
-        finally:
-            left = stack.stop()
-            print(f"module wall time {time.monotonic() - t0:.0f}s")
-        assert not left, f"processes left after stopping the stack: {left}"
+    with kube_fault_stack(tmp_path_factory.mktemp("kube-warm"), extra_env=EXTRA, dags=DAGS) as both:
+        yield both
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
