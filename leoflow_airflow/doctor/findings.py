@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -42,6 +42,7 @@ __all__ = [
     "render_table",
     "service_account_finding",
     "skip",
+    "warm_pool_counts",
     "warm_pools_finding",
 ]
 
@@ -351,11 +352,39 @@ def finalizers_finding(namespace: str, leftover: Sequence[str], error: str = "")
     return Finding("finalizers", Status.OK, f"no settled attempt's pod in {namespace} holds leoflow's finalizer")
 
 
-def warm_pools_finding(pools: Mapping[str, tuple[int, int]] | None) -> Finding:
-    """``warm_pools``: each configured pool's ``(workers, cap)`` within its cap; None: no warm pools
-    configured (skipped)."""
-    if not pools:
+def warm_pool_counts(pods: Iterable[Mapping[str, str]], caps: Callable[[str], tuple[str, int]],
+                     tenant_cap: int) -> dict[str, tuple[int, int]]:
+    """What :func:`warm_pools_finding` checks, from the labels of the namespace's live warm pods (not terminal,
+    not being deleted): ``{"<dag_id> (version <dag_version_id>)": (pods, cap)}`` with ``caps(version) -> (dag_id,
+    max pods of that version)`` (the ``[leoflow] warm_*`` sizes with the DAG's ``warm_pools`` override), and, with
+    ``tenant_cap`` > 0, ``{"tenant <tenant>": (pods, tenant_cap)}`` per ``leoflow.io/tenant`` label."""
+    by_version: dict[str, int] = {}
+    by_tenant: dict[str, int] = {}
+    for labels in pods:
+        version = labels.get("leoflow.io/dag-version") or ""
+        by_version[version] = by_version.get(version, 0) + 1
+        tenant = labels.get("leoflow.io/tenant")
+        if tenant:
+            by_tenant[tenant] = by_tenant.get(tenant, 0) + 1
+    out: dict[str, tuple[int, int]] = {}
+    for version, n in by_version.items():
+        dag_id, cap = caps(version)
+        out[f"{dag_id} (version {version})"] = (n, cap)
+    if tenant_cap > 0:
+        out.update({f"tenant {t}": (n, tenant_cap) for t, n in by_tenant.items()})
+    return out
+
+
+def warm_pools_finding(pools: Mapping[str, tuple[int, int]] | None, *, error: str | None = None) -> Finding:
+    """``warm_pools``: each configured pool's ``(workers, cap)`` within its cap (:func:`warm_pool_counts`); None:
+    no warm pools configured (skipped); ``error``: the pools could not be read (a warning naming it)."""
+    if error is not None:
+        return Finding("warm_pools", Status.WARN, f"cannot check the warm pools: {error}",
+                       "check the scheduler's access to list pods in the task namespace and Airflow's DB")
+    if pools is None:
         return skip("warm_pools", "no warm pools configured")
+    if not pools:
+        return Finding("warm_pools", Status.OK, "warm pools configured; no warm pod runs now")
     over = {k: v for k, v in pools.items() if v[0] > v[1]}
     if over:
         said = ", ".join(f"{k} {n}/{cap}" for k, (n, cap) in sorted(over.items()))

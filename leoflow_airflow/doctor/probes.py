@@ -64,8 +64,61 @@ def run(options: DoctorOptions) -> list[Finding]:
         out += [F.skip(n, "runtime = lite: no Kubernetes") for n in F.KUBERNETES_CHECKS]
     else:
         out += _kubernetes(kube, options)
-    out.append(F.warm_pools_finding(None))
+    out.append(_warm_pools(kube, parsed.warm, options.timeout) if kube is not None and parsed.warm.enabled
+               else F.warm_pools_finding(None))
     return out
+
+
+def _warm_pools(kube: Any, warm: Any, timeout: float) -> Finding:
+    """``warm_pools`` on Kubernetes: the namespace's live warm pods (the pool's own label selector) counted per DAG
+    version against its ``max_pool_size`` (the DAG's ``warm_pools`` override or the ``[leoflow]`` default) and per
+    tenant against ``warm_tenant_cap`` (:func:`~.findings.warm_pool_counts`); each version's DAG from Airflow's
+    ``dag_version`` table."""
+    import uuid
+
+    from kubernetes import client
+
+    from leoflow_airflow.runtime.kubernetes import warmpods
+    from leoflow_airflow.runtime.kubernetes.review import api_client_from_config
+    from leoflow_airflow.warm.targets import PoolDefaults, parse_overrides, sizes
+
+    try:
+        api = api_client_from_config(in_cluster=kube.in_cluster, kube_config=kube.kube_config)
+        try:
+            pods = client.CoreV1Api(api).list_namespaced_pod(kube.namespace, label_selector=warmpods.warm_selector(),
+                                                             _request_timeout=timeout).items
+        finally:
+            api.close()
+        live = [p.metadata.labels or {} for p in pods if p.metadata.deletion_timestamp is None
+                and (p.status is None or p.status.phase not in ("Succeeded", "Failed"))]
+        dag_ids: dict[str, str] = {}
+        versions = {labels.get("leoflow.io/dag-version") or "" for labels in live}
+        ids = []
+        for v in versions:
+            try:
+                ids.append(uuid.UUID(v))
+            except ValueError:
+                continue
+        if ids:
+            from airflow.models.dag_version import DagVersion
+            from airflow.utils.session import create_session
+            from sqlalchemy import select
+
+            with create_session() as session:
+                for vid, dag_id in session.execute(select(DagVersion.id, DagVersion.dag_id)
+                                                   .where(DagVersion.id.in_(ids))):
+                    dag_ids[str(vid)] = dag_id
+    except Exception as exc:  # noqa: BLE001 - reported: the pools could not be read
+        return F.warm_pools_finding(None, error=_api_error(exc)[1])
+    defaults = PoolDefaults(warm.warm_min_idle, warm.warm_max_pool_size, warm.warm_prewarm)
+    overrides = parse_overrides(warm.warm_pools)
+
+    def caps(version: str) -> tuple[str, int]:
+        dag_id = dag_ids.get(version, version)
+        min_idle, max_pool_size, _ = sizes(dag_id, defaults, overrides)
+        return dag_id, max(min_idle, max_pool_size)
+
+    return F.warm_pools_finding(F.warm_pool_counts(live, caps, warm.warm_tenant_cap))
 
 
 def _local_mint(kube: Any) -> F.LocalMint:

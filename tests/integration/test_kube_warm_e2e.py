@@ -5,7 +5,8 @@ harness running every pod, warm pods included, as local processes running the re
 ``tests/fault_dags``, DAGs in ``tests/fault_dags/leoflow_warm.py``); the tests run in file order:
 
 1. the pools fill before any run (``prewarm``): each DAG version gets ``min_idle`` registered warm pods, each owned by
-   its version's anchor ConfigMap (``controller: true``), and the UI's pools API shows them;
+   its version's anchor ConfigMap (``controller: true``); the UI's pools API shows them and ``airflow leoflow
+   doctor`` finds them within their caps;
 2. a warm DAG's tasks start without a pod create and end as cold ones do;
 3. isolation (``warm_isolation = read-only-root``): what an attempt leaves in ``/tmp``, ``$HOME``, ``$TMPDIR`` and
    ``/dev/shm`` is gone before the next attempt on that worker;
@@ -22,7 +23,10 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -224,6 +228,12 @@ def test_prewarm_fills_every_pool_with_registered_pods_owned_by_their_anchor(kub
     assert body["runtime"] == "kubernetes", body
     for dag_id, pool in POOLS.items():
         assert shown[dag_id]["ready"] >= pool["min_idle"] and shown[dag_id]["busy"] == 0, body
+    # and `airflow leoflow doctor` finds every pool within its cap
+    r = subprocess.run([str(Path(sys.executable).parent / "airflow"), "leoflow", "doctor", "--json"],
+                       env=stack.env(), capture_output=True, text=True, timeout=180, cwd=stack.home)
+    found = {f["name"]: f for f in json.loads(r.stdout[r.stdout.index("{"):])["findings"]}
+    assert found["warm_pools"]["status"] == "ok", found["warm_pools"]
+    assert found["warm_pools"]["detail"] == f"{len(POOLS)} warm pool(s) within their caps", found["warm_pools"]
 
 
 def test_a_warm_dag_s_tasks_start_without_a_pod_create(kube_stack) -> None:

@@ -230,3 +230,23 @@ def test_the_verify_route_says_no_key_when_the_api_server_has_none(verify, monke
     monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "")
     token = probe_token.mint_probe(_generator(SECRET, "urn:airflow.apache.org:task"))
     assert verify({"token": token}).json()["reason"] == "no_key"
+
+
+def test_warm_pools_are_counted_per_version_and_tenant_against_their_caps() -> None:
+    """A version over its max_pool_size (a lagging cache, a second scheduler) or a tenant over warm_tenant_cap
+    fails the check naming it; within the caps it is ok; configured with no warm pod running is ok; not
+    configured is skipped; unreadable is a warning that names why."""
+    pods = [{"leoflow.io/dag-version": "v1", "leoflow.io/tenant": "bundle-dags"}] * 3 + \
+           [{"leoflow.io/dag-version": "v2", "leoflow.io/tenant": "bundle-dags"}]
+    caps = {"v1": ("etl", 2), "v2": ("report", 4)}
+    counts = F.warm_pool_counts(pods, caps.__getitem__, tenant_cap=3)
+    assert counts == {"etl (version v1)": (3, 2), "report (version v2)": (1, 4), "tenant bundle-dags": (4, 3)}
+    over = F.warm_pools_finding(counts)
+    assert over.status is F.Status.FAIL and "etl (version v1) 3/2" in over.detail
+    assert "tenant bundle-dags 4/3" in over.detail
+    fine = F.warm_pools_finding(F.warm_pool_counts(pods[2:], caps.__getitem__, tenant_cap=0))
+    assert fine.status is F.Status.OK and "2 warm pool(s)" in fine.detail
+    assert F.warm_pools_finding({}).status is F.Status.OK
+    assert F.warm_pools_finding(None).status is F.Status.SKIP
+    unreadable = F.warm_pools_finding(None, error="HTTP 403: pods is forbidden")
+    assert unreadable.status is F.Status.WARN and "403" in unreadable.detail
