@@ -1,4 +1,4 @@
-"""Test DAG (tests/integration/test_warm_pod_agent.py): two tasks run one after another by one warm pod agent.
+"""Test DAG (tests/integration/test_warm_pod_agent_process.py): two tasks run one after another by one warm pod agent.
 
 Its top level appends the parsing process's pid to ``$LEOFLOW_TEST_PARSE_LOG`` when that is set (only the agent's
 environment sets it, not the dag-processor's), so the test counts how often the agent's processes parsed the file.

@@ -1,7 +1,7 @@
 """The warm pod's agent, ``python -m leoflow_agent warm-pod`` (issue 11 item 2): its pure parts. Its environment
 and the errors a bad one gets, the wire names the other branches import, the register and await answers, the
 self-limits, the sweep between attempts (on a temporary directory, never the machine's /tmp) and the in-band
-outcome sink (over a fake ``post``). ``tests/integration/test_warm_pod_agent.py`` runs the real command.
+outcome sink (over a fake ``post``). ``tests/integration/test_warm_pod_agent_process.py`` runs the real command.
 """
 
 from __future__ import annotations
