@@ -62,7 +62,10 @@ def _cluster_role(rbac, name: str, rules: list[client.V1PolicyRule], sa_ns: str,
 def _scheduler_rules(*, patch: bool = True) -> list[client.V1PolicyRule]:
     verbs = ["create", "get", "list", "watch", "delete"] + (["patch"] if patch else [])
     return [client.V1PolicyRule(api_groups=[""], resources=["pods"], verbs=verbs),
-            client.V1PolicyRule(api_groups=[""], resources=["serviceaccounts"], verbs=["get"])]
+            client.V1PolicyRule(api_groups=[""], resources=["serviceaccounts"], verbs=["get"]),
+            # the warm pools' anchor ConfigMaps (access.SCHEDULER_RULES)
+            client.V1PolicyRule(api_groups=[""], resources=["configmaps"], verbs=["create", "list", "watch",
+                                                                                  "delete"])]
 
 
 def _allowed(api, ns: str, sa: str, verb: str, resource: str, group: str = "", *, where: str = "") -> bool:

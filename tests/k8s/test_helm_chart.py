@@ -289,8 +289,9 @@ def _denied_matrix(install: Install) -> list[tuple[str, Rule, str]]:
         (Rule("update", "pods", ""), task), (Rule("deletecollection", "pods", ""), task),
         (Rule("list", "pods", ""), ""), (Rule("get", "pods", ""), ""), (Rule("get", "pods", ""), "kube-system"),
         (Rule("create", "pods", ""), other), (Rule("list", "pods", ""), other), (Rule("delete", "pods", ""), other),
-        (Rule("delete", "configmaps", ""), task), (Rule("delete", "configmaps", ""), other),
-        (Rule("update", "configmaps", ""), other), (Rule("create", "configmaps", ""), task),
+        # create/delete configmaps in the task namespace are the warm pools' anchors (access.SCHEDULER_RULES)
+        (Rule("delete", "configmaps", ""), other), (Rule("create", "configmaps", ""), other),
+        (Rule("update", "configmaps", ""), task), (Rule("update", "configmaps", ""), other),
         (Rule("create", "serviceaccounts", "", subresource="token"), task),
         (Rule("update", "serviceaccounts", ""), task), (Rule("create", "serviceaccounts", ""), task),
         (Rule("create", "roles", "", group="rbac.authorization.k8s.io"), task),
