@@ -552,17 +552,13 @@ def _remove_tree(path: str, device: int, result: SweepResult, mounts: frozenset[
     return True
 
 
-def sweep(roots: Iterable[str], *, remove_roots: bool = False, own_mounts_only: bool = False,
-          mountinfo: str = MOUNTINFO) -> SweepResult:
+def sweep(roots: Iterable[str], *, remove_roots: bool = False, mountinfo: str = MOUNTINFO) -> SweepResult:
     """Empty each directory of ``roots`` (absolute paths): remove every entry below it, never following a
     symbolic link (a link is removed, not its target) and never crossing a mount point (an entry on another
     device than its root, or one ``mountinfo`` lists, e.g. a volume or a bind mount under ``/tmp``, is left whole
     and listed in ``skipped``). A root that does not exist is skipped silently. ``remove_roots``: remove the roots
-    themselves too (a per-attempt scratch directory). ``own_mounts_only``: empty a root only when it is itself a
-    mount point (the pod's own ``emptyDir``, as the warm pod builder mounts on ``/tmp`` and ``/dev/shm``); a root
-    that is not, or a ``mountinfo`` that cannot be read, is listed in ``skipped`` and left alone, so a worker
-    whose ``/tmp`` is a node's (a host path, a test harness) never empties it. Never raises: what cannot be
-    removed is listed in ``SweepResult.failed``.
+    themselves too (a per-attempt scratch directory). Only roots the pod builder names are ever passed
+    (:data:`ENV_WARM_SWEEP_ROOTS`). Never raises: what cannot be removed is listed in ``SweepResult.failed``.
 
     Between attempts of a ``read-only-root`` warm pod the roots are ``/tmp`` and ``/dev/shm``
     (:data:`ENV_WARM_SWEEP_ROOTS`, as the pod builder names them), emptied once the attempt's processes are gone.
@@ -571,9 +567,6 @@ def sweep(roots: Iterable[str], *, remove_roots: bool = False, own_mounts_only: 
     mounts = mount_points(mountinfo)
     for root in roots:
         root = os.path.normpath(root)
-        if own_mounts_only and (mounts is None or root not in mounts):
-            result.skipped.append(root)
-            continue
         try:
             device = os.lstat(root).st_dev
         except FileNotFoundError:
