@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from dataclasses import dataclass
+
+
+def airflow_env(port: int, prefix: str = "airflow") -> dict[str, str]:
+    """The ``AIRFLOW__METRICS__*`` environment that points Airflow's StatsD logger (and so leoflow's metrics) at
+    ``127.0.0.1:port`` under ``prefix`` (an :class:`AirflowStack`'s ``extra_env``, or a test's ``monkeypatch``)."""
+    return {"AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+            "AIRFLOW__METRICS__STATSD_PORT": str(port), "AIRFLOW__METRICS__STATSD_PREFIX": prefix}
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,18 @@ class StatsdListener:
     def names(self, prefix: str = "") -> set[str]:
         """The distinct names received that start with ``prefix``, with ``prefix`` cut off."""
         return {s.name[len(prefix):] for s in self.samples() if s.name.startswith(prefix)}
+
+    def wait_names(self, want: set[str], prefix: str = "airflow.", timeout: float = 5.0) -> set[str]:
+        """Wait up to ``timeout`` seconds until every name of ``want`` (without ``prefix``) has arrived; the
+        names received by then (:meth:`names`), so a caller asserts ``want <= result`` and sees what came."""
+        deadline = time.monotonic() + timeout
+        while not want <= (names := self.names(prefix)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return names
+
+    def gauges(self, name: str) -> list[float]:
+        """Every value received for gauge ``name`` (prefix included), oldest first."""
+        return [float(s.value) for s in self.samples() if s.name == name and s.kind == "g"]
 
     def close(self) -> None:
         """Stop the thread and close the socket."""

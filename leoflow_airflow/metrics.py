@@ -84,7 +84,8 @@ METRICS: tuple[Metric, ...] = (
            ("replayed", "infra_redrive", "oom_redrive", "redispatched", "orphan_redrive")),
     Metric("leoflow.reaper.<reaper>", "counter", _BOTH,
            "Reaper actions: a kill by `agent-lost`, `dispatch-lost`, `start-rejected`, `start-backpressure`, or a "
-           "re-drive by `orphan-run`."),
+           "re-drive by `orphan-run`.",
+           ("agent-lost", "dispatch-lost", "start-rejected", "start-backpressure", "orphan-run")),
     Metric("leoflow.warm.lite.file_workers", "gauge", _LITE,
            "Ready Lite file workers (warm DAG-file parents), sent by the zygote on every change."),
     Metric("leoflow.warm.lite.hit", "counter", _LITE,
@@ -93,7 +94,15 @@ METRICS: tuple[Metric, ...] = (
            "Lite attempts forked cold by the zygote while file workers are on (no ready worker for the file)."),
     Metric("leoflow.warm.kubernetes.<result>", "counter", _KUBE,
            "Kubernetes attempts by placement while warm pods are on: `hit` (assigned to an idle warm pod) or "
-           "`miss` (a cold pod: no idle warm pod of its DAG version, or its executor_config asks for one)."),
+           "`miss` (a cold pod: no idle warm pod of its DAG version, or its executor_config asks for one).",
+           ("hit", "miss")),
+    Metric("leoflow.warm.kubernetes.pods.<state>", "gauge", _KUBE,
+           "This scheduler's warm pods by state, sent on every pool tick once its pod cache has synced: `idle` "
+           "(registered, awaiting an attempt), `starting` (created, not registered yet), `busy` (assigned or "
+           "running an attempt), `draining` (at a self-limit, finishing its attempt). Totals over every DAG "
+           "version (StatsD has no tags, and a name per `dag_version_id` would grow without bound; per version "
+           "see the UI's pools page or the `leoflow_warm_pool_resized` hook).",
+           ("idle", "starting", "busy", "draining")),
     Metric("leoflow.pod.create", "timer", _KUBE,
            "Latency of one pod create call to the API server (success or not)."),
     Metric("leoflow.exchange.<result>", "counter", _KUBE,

@@ -10,6 +10,9 @@ and SIGCONT (the supervisor forwards SIGTERM to the task: ``on_kill``), SIGKILL 
 killed_task_cleanup_time`` (5 s here). The task's failure report, which the kill caused, is refused by the agent;
 the attempt is re-driven as try 2 with ``max_tries`` raised by one, and try 2 succeeds.
 
+The scheduler's metrics go to a StatsD listener of the test: the kill is counted as ``leoflow.reaper.agent-lost``
+(issue 12's metrics acceptance: every reaper by name).
+
 Before the fix every kill was SIGSTOP + SIGKILL of the subtree: ``on_kill`` never ran (no marker), an
 external job the task had started would have run on beside the re-driven try.
 """
@@ -23,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from devtools import procs
+from devtools.statsd import StatsdListener, airflow_env
 from fault_helpers import FaultStack, catches_sigterm, pid_alive, wait_until
 from leoflow_agent import proc
 
@@ -46,8 +50,8 @@ EXTRA = {
 class KillStack(FaultStack):
     """A :class:`FaultStack` on ``tests/zygote_dags``."""
 
-    def __init__(self, home: Path) -> None:
-        super().__init__(home, extra_env=EXTRA, parallelism=2)
+    def __init__(self, home: Path, extra_env: dict[str, str]) -> None:
+        super().__init__(home, extra_env={**EXTRA, **extra_env}, parallelism=2)
         self.dags_folder = ZYGOTE_DAGS.resolve()
 
 
@@ -55,7 +59,7 @@ def test_the_agent_lost_reaper_runs_on_kill_and_the_task_is_redriven_on_the_infr
     """See the module docstring."""
     home = tmp_path_factory.mktemp("killgrace")
     marker = home / "on_kill.marker"
-    with KillStack(home) as stack:
+    with StatsdListener() as statsd, KillStack(home, airflow_env(statsd.port)) as stack:
         stack.up([DAG])
         run = stack.trigger(DAG, {"marker": str(marker)})
 
@@ -83,6 +87,8 @@ def test_the_agent_lost_reaper_runs_on_kill_and_the_task_is_redriven_on_the_infr
         assert not proc.is_alive(agent_ident) and not proc.is_alive(task)
         events = stack.log_events(DAG, run, TASK)
         assert events.count("leoflow agent-lost") == 1, events  # killed once, not once per sync()
+        want = {"leoflow.reaper.agent-lost", "leoflow.recovery.infra_redrive"}
+        assert want <= statsd.wait_names(want), sorted(statsd.names("airflow."))
         assert events.count("leoflow infra re-drive") == 1, events
         first, second = stack.attempts(DAG, run, TASK)
         assert (first["try_number"], first["resolution"]) == (1, "infra_redrive"), first

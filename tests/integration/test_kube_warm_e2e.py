@@ -16,7 +16,10 @@ harness running every pod, warm pods included, as local processes running the re
    anchors of the dead scheduler job and the garbage collector removes every warm pod they owned.
 
 Each asserts what a user notices: TI states, try numbers and ``max_tries``, the TI's event log, how often each body
-ran, and the pods the namespace held.
+ran, and the pods the namespace held; and the metrics an operator reads (issue 12: the stack's scheduler and
+api-server send to a StatsD listener of the module): the pools' ``leoflow.warm.kubernetes.pods.<state>`` gauges,
+the warm placements (``leoflow.warm.kubernetes.hit``), the warm pods' requests (``leoflow.warm.<route>.ok`` /
+``delivered``) and the recoveries (``leoflow.recovery.infra_redrive``, ``oom_redrive``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import pytest
 
 from devtools.kube import KubeStack
 from devtools.stack import API_USER
+from devtools.statsd import StatsdListener, airflow_env
 from fault_helpers import FaultStack, executions, kube_fault_stack, overlaps, wait_until
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(1800)]
@@ -56,9 +60,17 @@ EXTRA = {
 
 
 @pytest.fixture(scope="module")
-def kube_stack(tmp_path_factory: pytest.TempPathFactory):
+def statsd():
+    """The StatsD listener the module's stack sends its metrics to (``airflow.`` prefix)."""
+    with StatsdListener() as listener:
+        yield listener
+
+
+@pytest.fixture(scope="module")
+def kube_stack(tmp_path_factory: pytest.TempPathFactory, statsd: StatsdListener):
     """``(stack, kube)``: the module's Airflow (started, :data:`DAGS` serialized) on its Kubernetes."""
-    with kube_fault_stack(tmp_path_factory.mktemp("kube-warm"), extra_env=EXTRA, dags=DAGS) as both:
+    with kube_fault_stack(tmp_path_factory.mktemp("kube-warm"), extra_env={**EXTRA, **airflow_env(statsd.port)},
+                          dags=DAGS) as both:
         yield both
 
 
@@ -199,10 +211,11 @@ def _kill_container(kube: KubeStack, name: str) -> None:
 # ---------------------------------------------------------------------------------------------------- tests
 
 
-def test_prewarm_fills_every_pool_with_registered_pods_owned_by_their_anchor(kube_stack) -> None:
+def test_prewarm_fills_every_pool_with_registered_pods_owned_by_their_anchor(kube_stack, statsd) -> None:
     """With ``prewarm`` on and no run yet, each DAG version gets ``min_idle`` warm pods that registered with the
     plugin app (idle rows in the ledger), each labelled with its version and owned by that version's anchor
-    ConfigMap (``controller: true``); no pool goes past ``max_pool_size``; no task pod exists."""
+    ConfigMap (``controller: true``); no pool goes past ``max_pool_size``; no task pod exists. The scheduler's
+    pool tick gauges them: ``leoflow.warm.kubernetes.pods.idle`` reaches the sum of the pools' ``min_idle``."""
     stack, kube = kube_stack
     idle = _wait_pools_full(stack, kube)
     versions = _versions(stack)
@@ -234,12 +247,19 @@ def test_prewarm_fills_every_pool_with_registered_pods_owned_by_their_anchor(kub
     found = {f["name"]: f for f in json.loads(r.stdout[r.stdout.index("{"):])["findings"]}
     assert found["warm_pools"]["status"] == "ok", found["warm_pools"]
     assert found["warm_pools"]["detail"] == f"{len(POOLS)} warm pool(s) within their caps", found["warm_pools"]
+    # the pool tick's gauges (every tick: within seconds of the pools filling)
+    min_idle = sum(p["min_idle"] for p in POOLS.values())
+    wait_until(lambda: max(statsd.gauges("airflow.leoflow.warm.kubernetes.pods.idle"), default=0) >= min_idle, 30,
+               "the idle warm pods gauged", poll=0.5)
+    assert {"leoflow.warm.kubernetes.pods.starting", "leoflow.warm.kubernetes.pods.busy",
+            "leoflow.warm.kubernetes.pods.draining", "leoflow.warm.register.ok"} <= statsd.names("airflow.")
 
 
-def test_a_warm_dag_s_tasks_start_without_a_pod_create(kube_stack) -> None:
+def test_a_warm_dag_s_tasks_start_without_a_pod_create(kube_stack, statsd) -> None:
     """``lf_kwarm_chain`` (a pool of 2 idle workers) runs its four tasks on warm pods: no pod is created for it,
     every attempt's ledger row names a warm pod, and the run ends as it does cold (each TI SUCCESS at try 1, the
-    XCom chain counted 4)."""
+    XCom chain counted 4); each placement is a ``leoflow.warm.kubernetes.hit``, each delivery a
+    ``leoflow.warm.await.delivered`` and each stored record a ``leoflow.warm.outcome.ok``."""
     stack, kube = kube_stack
     _wait_pools_full(stack, kube)
     before = set(kube.pods())
@@ -255,6 +275,10 @@ def test_a_warm_dag_s_tasks_start_without_a_pod_create(kube_stack) -> None:
     created = [uid for uid in kube.pods() if uid not in before and _labels(kube.pods()[uid][-1]).get(
         LABEL + "dag-version") is None]
     assert created == [], "pods were created for the warm DAG's run"
+    want = {"leoflow.warm.kubernetes.hit", "leoflow.warm.await.delivered", "leoflow.warm.outcome.ok"}
+    assert want <= statsd.wait_names(want, timeout=30), sorted(statsd.names("airflow."))
+    hits = [x for x in statsd.samples() if x.name == "airflow.leoflow.warm.kubernetes.hit"]
+    assert sum(int(x.value) for x in hits) >= 4, hits
 
 
 def test_what_an_attempt_leaves_is_gone_before_the_next_attempt_on_its_worker(kube_stack) -> None:
@@ -272,7 +296,8 @@ def test_what_an_attempt_leaves_is_gone_before_the_next_attempt_on_its_worker(ku
     assert any(p.startswith("/tmp/") for p in written), written
 
 
-def test_a_warm_worker_killed_mid_attempt_is_redriven_on_the_infra_budget_and_the_pool_refills(kube_stack) -> None:
+def test_a_warm_worker_killed_mid_attempt_is_redriven_on_the_infra_budget_and_the_pool_refills(kube_stack,
+                                                                                                statsd) -> None:
     """The warm pod running ``lf_kwarm.work``'s body is SIGKILLed whole. The attempt is re-driven once on the infra
     budget (try 2, ``max_tries`` 0 → 1, a Log row ``leoflow infra re-drive``), try 2 runs and succeeds, no body
     ran twice at once nor after one had ended, and the pool is back to ``min_idle`` idle workers."""
@@ -291,13 +316,15 @@ def test_a_warm_worker_killed_mid_attempt_is_redriven_on_the_infra_budget_and_th
     ledger = _settled(stack, HOLD_DAG, run_id, "work")
     assert [r[3] for r in ledger] == ["infra_redrive", "reported"], ledger
     _check_bodies(stack, run_id, lost_tries={1}, ended_tries={2})
+    assert "leoflow.recovery.infra_redrive" in statsd.wait_names({"leoflow.recovery.infra_redrive"})
     _wait_pools_full(stack, kube)
     assert pod["metadata"]["uid"] not in {r["pod_uid"] for r in _idle(stack, kube, HOLD_DAG)}
 
 
-def test_an_oom_killed_warm_worker_is_named_in_the_task_s_log(kube_stack) -> None:
+def test_an_oom_killed_warm_worker_is_named_in_the_task_s_log(kube_stack, statsd) -> None:
     """The harness OOM-kills the warm pod running ``lf_kwarm.work``'s body (``OOMKilled``, exit 137): the
-    warm-worker-lost path re-drives it once on the infra budget and the Log row names ``OOMKilled``."""
+    warm-worker-lost path re-drives it once on the infra budget, the Log row names ``OOMKilled``, and the
+    recovery is counted as ``leoflow.recovery.oom_redrive``."""
     stack, kube = kube_stack
     _wait_pools_full(stack, kube)
     run_id = stack.trigger_with(HOLD_DAG)
@@ -313,6 +340,7 @@ def test_an_oom_killed_warm_worker_is_named_in_the_task_s_log(kube_stack) -> Non
     ledger = _settled(stack, HOLD_DAG, run_id, "work")
     assert [r[3] for r in ledger] == ["oom_redrive", "reported"], ledger
     _check_bodies(stack, run_id, lost_tries={1}, ended_tries={2})
+    assert "leoflow.recovery.oom_redrive" in statsd.wait_names({"leoflow.recovery.oom_redrive"})
 
 
 def test_a_lost_control_plane_s_warm_pods_are_garbage_collected(kube_stack) -> None:

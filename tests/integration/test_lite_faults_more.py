@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 import psutil
 import pytest
 
+from devtools.statsd import StatsdListener, airflow_env
 from fault_helpers import FaultStack, attempt_of, callbacks, executions, overlaps, pid_alive, wait_until
 from leoflow_agent import outcome
 
@@ -51,13 +52,20 @@ def _first_start(stack: FaultStack, dag_id: str, task_id: str, run_id: str, time
 
 
 @pytest.fixture(scope="class")
-def stack(tmp_path_factory: pytest.TempPathFactory):
+def statsd():
+    """A StatsD listener the class's stack sends its metrics to (Airflow's StatsD logger, ``airflow.`` prefix)."""
+    with StatsdListener() as listener:
+        yield listener
+
+
+@pytest.fixture(scope="class")
+def stack(tmp_path_factory: pytest.TempPathFactory, statsd: StatsdListener):
     """One stack per class with ``[leoflow] infra_retry_budget = 1``, fast heartbeat loss and a 20 s
     ``orphan_run_threshold`` (it acts only on a RUNNING task with no open attempt: no other scenario makes one);
     every process is stopped at the end, even on failure. The test's triggers and user actions go to an
     api-server of their own (``public_api_apart``: see :class:`devtools.stack.AirflowStack`), as a UI would."""
     extra = {"AIRFLOW__LEOFLOW__INFRA_RETRY_BUDGET": "1", "AIRFLOW__LEOFLOW__ORPHAN_RUN_THRESHOLD": "20",
-             **FAST_HEARTBEAT_LOSS}
+             **FAST_HEARTBEAT_LOSS, **airflow_env(statsd.port)}
     with FaultStack(tmp_path_factory.mktemp("faults-more"), extra_env=extra, public_api_apart=True) as s:
         s.up(["lf_budget", "lf_bash", "lf_user", "lf_hb"])
         yield s
@@ -153,12 +161,14 @@ class TestOneStack:
         print(f"budget/bash/mark/clear scenarios took {time.monotonic() - t0:.0f}s")
         assert not problems, "\n".join(problems)
 
-    def test_a_running_task_whose_ledger_row_was_lost_is_rerun_on_the_infra_budget(self, stack: FaultStack) -> None:
+    def test_a_running_task_whose_ledger_row_was_lost_is_rerun_on_the_infra_budget(self, stack: FaultStack,
+                                                                                     statsd: StatsdListener) -> None:
         """The orphan-run reaper. A running task's ledger row is closed behind leoflow's back (a lost row), then
         its agent and body are killed: nothing of leoflow watches the TI, which Airflow still shows RUNNING.
         Once silent past ``orphan_run_threshold`` (20 s) it is re-run as try 2 on the infra budget (``max_tries``
         0 -> 1, one re-drive Log row naming ``leoflow orphan-run``, no failure callback: the user's retries are
-        untouched), long before Airflow's 300 s heartbeat purge would have failed it; the body ran once more."""
+        untouched), long before Airflow's 300 s heartbeat purge would have failed it; the body ran once more. The
+        re-drive is counted as ``leoflow.reaper.orphan-run`` and ``leoflow.recovery.orphan_redrive``."""
         run = stack.trigger_with("lf_user", prefix="orphan")
         first = _first_start(stack, "lf_user", "long", run)
         attempt = attempt_of(stack, "lf_user", run, "long", first)
@@ -191,6 +201,8 @@ class TestOneStack:
         assert cb[("long", "1", "failure")] == 0 and cb[("long", "2", "failure")] == 0, dict(cb)
         rows = stack.attempts("lf_user", run, "long")
         assert [(a["try_number"], a["resolution"]) for a in rows] == [(1, "moved_on"), (2, "reported")], rows
+        want = {"leoflow.reaper.orphan-run", "leoflow.recovery.orphan_redrive"}
+        assert want <= statsd.wait_names(want), sorted(statsd.names("airflow."))
 
     def test_api_server_blip_the_supervisor_survives_is_not_a_loss(self, stack: FaultStack) -> None:
         """The api-server freezes (SIGSTOP) for 16 s: long enough for several heartbeat *requests* to time out

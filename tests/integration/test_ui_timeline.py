@@ -5,8 +5,10 @@ through ``[leoflow] test_fault_plan``: the agent of ``work``'s epoch 1 is killed
 re-dispatches the same ``ti_id`` as epoch 2), and the agent of epoch 2 is killed after it wrote its outcome record
 and before its terminal ``PATCH`` (the reconciler settles it by replaying the record). Then a user logs in through
 Airflow's real login form, opens the task instance's "Attempts (leoflow)" tab and must see both recoveries: the
-epochs, the events and the evidence. The JSON API refuses a caller without credentials (401) and with a forged
-token (403).
+epochs, the events and the evidence. The JSON API refuses a caller without credentials (401), with a forged
+token (403), and a logged-in user whom Airflow's auth manager denies the DAG (403). For that last one the stack's
+``[core] auth_manager`` is ``tests/integration/ui_auth_manager.py``: Airflow's SimpleAuthManager (which lets every
+role read every DAG) that denies :data:`DAG_ID` to user :data:`OUTSIDER` (a ``viewer``).
 
 Chromium is Debian's ``chromium`` with its ``chromium-driver`` (``scripts/run-tests all`` installs them and sets
 ``LEOFLOW_BROWSER_REQUIRED=1``, which turns a missing browser into a failure instead of a skip). The test
@@ -27,6 +29,7 @@ import httpx
 import pytest
 
 from devtools.stack import API_USER, AirflowStack
+from ui_auth_manager import DENY_ENV
 
 pytestmark = pytest.mark.airflow
 
@@ -35,6 +38,9 @@ EXECUTOR = "leoflow_airflow.executor.LeoflowExecutor"
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 DAG_ID = "leoflow_faulty_r0"
+OUTSIDER = "outsider"
+"""A ``viewer`` whom the stack's auth manager denies :data:`DAG_ID` (and only it)."""
+OUTSIDER_PASSWORD = "outsider-password"
 
 
 def _browser_or_skip() -> None:
@@ -58,9 +64,14 @@ def recovered(tmp_path_factory: pytest.TempPathFactory):
         "AIRFLOW__LEOFLOW__TEST_FAULT_INJECTION": "True",
         "AIRFLOW__LEOFLOW__TEST_FAULT_PLAN": str(plan),
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__CORE__AUTH_MANAGER": "tests.integration.ui_auth_manager.DagDenyingAuthManager",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{API_USER}:admin,{OUTSIDER}:viewer",
+        DENY_ENV: f"{OUTSIDER}:{DAG_ID}",
     }
     with AirflowStack(home, executor=EXECUTOR, parallelism=4, dags_folder=FAULT_DAGS, extra_env=extra) as stack:
         stack.migrate()
+        passwords = home / "passwords.json"  # SimpleAuthManager's file: the stack wrote its own user's
+        passwords.write_text(json.dumps({**json.loads(passwords.read_text()), OUTSIDER: OUTSIDER_PASSWORD}))
         stack.start(wait_for_dags=[DAG_ID])
         body = {"dag_run_id": run_id, "logical_date": datetime.now(timezone.utc).isoformat(), "conf": {}}
         stack._call("POST", f"/dags/{DAG_ID}/dagRuns", json=body)
@@ -83,6 +94,27 @@ def test_api_refuses_callers_without_an_airflow_login(recovered) -> None:
     forged = httpx.get(url, headers={"Authorization": "Bearer not.a.jwt"}, timeout=30)
     assert forged.status_code == 403, forged.text
     assert httpx.get(f"{stack.public_url}/leoflow/v1/ui/pools", timeout=30).status_code == 401
+
+
+def test_api_refuses_a_logged_in_user_the_auth_manager_denies_the_dag(recovered) -> None:
+    """:data:`OUTSIDER` logs in (Airflow issues a token), but the auth manager denies it :data:`DAG_ID`: the timeline
+    of that DAG's task answers 403 and carries no attempt, as Airflow's own task-instance API does for it; the
+    same user reads another DAG's timeline (200): the refusal is the auth manager's per-DAG decision, not a
+    failed login or a role without read access."""
+    stack, run_id = recovered
+    login = httpx.post(f"{stack.public_url}/auth/token", json={"username": OUTSIDER, "password": OUTSIDER_PASSWORD},
+                       timeout=30)
+    assert login.status_code in (200, 201), login.text
+    auth = {"Authorization": f"Bearer {login.json()['access_token']}"}
+    denied = httpx.get(_timeline_url(stack, run_id), headers=auth, timeout=30)
+    assert denied.status_code == 403, denied.text
+    assert "attempts" not in denied.text and "redispatched" not in denied.text, denied.text
+    airflow_says = httpx.get(f"{stack.public_url}/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/work",
+                             headers=auth, timeout=30)
+    assert airflow_says.status_code == 403, airflow_says.text
+    other = httpx.get(_timeline_url(stack, run_id).replace(f"dag_id={DAG_ID}", "dag_id=leoflow_other_dag"),
+                      headers=auth, timeout=30)
+    assert other.status_code == 200 and other.json()["attempts"] == [], other.text
 
 
 def test_api_answers_the_recovery_to_a_logged_in_user(recovered) -> None:

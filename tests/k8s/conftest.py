@@ -170,3 +170,24 @@ def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "cond
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+@pytest.fixture
+def statsd(monkeypatch):
+    """Airflow's Stats in this process sending to a fresh :class:`~devtools.statsd.StatsdListener` (prefix
+    ``airflow.``), through Airflow's own StatsD factory; the previous Stats are restored afterwards."""
+    from airflow._shared.observability.metrics import stats as shared
+    from airflow.observability import stats
+    from airflow.observability.metrics import stats_utils
+
+    from devtools.statsd import StatsdListener, airflow_env
+
+    with StatsdListener() as listener:
+        for key, value in airflow_env(listener.port).items():
+            monkeypatch.setenv(key, value)
+        before = shared._factory
+        stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
+        try:
+            yield listener
+        finally:
+            stats.initialize(factory=before or shared.NoStatsLogger, export_legacy_names=True)

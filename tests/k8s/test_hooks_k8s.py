@@ -8,11 +8,8 @@ through Airflow's own Stats, initialized with Airflow's StatsD factory pointed a
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from devtools.statsd import StatsdListener
 from leoflow_agent.exchange import decode_grant, request_body
 from leoflow_airflow.runtime.kubernetes import pod as pods
 from leoflow_airflow.runtime.kubernetes.identity import IDENTITY_ANNOTATION, identity_annotation
@@ -23,33 +20,6 @@ from .test_exchange import refused, xenv  # noqa: F401 - xenv is a fixture
 from .test_kube_runtime import make_runtime, new_ref  # noqa: F401 - make_runtime is a fixture
 
 pytestmark = pytest.mark.k8s
-
-
-@pytest.fixture
-def statsd(monkeypatch):
-    """Airflow's Stats in this process sending to a fresh StatsD listener (restored afterwards)."""
-    from airflow.observability import stats
-    from airflow.observability.metrics import stats_utils
-
-    with StatsdListener() as listener:
-        for key, value in {"STATSD_ON": "True", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": str(listener.port),
-                           "STATSD_PREFIX": "airflow"}.items():
-            monkeypatch.setenv(f"AIRFLOW__METRICS__{key}", value)
-        from airflow._shared.observability.metrics import stats as shared
-
-        before = shared._factory
-        stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
-        try:
-            yield listener
-        finally:
-            stats.initialize(factory=before or shared.NoStatsLogger, export_legacy_names=True)
-
-
-def _names(listener: StatsdListener, want: set[str], timeout: float = 5.0) -> set[str]:
-    deadline = time.monotonic() + timeout
-    while not want <= (names := listener.names("airflow.")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return names
 
 
 def test_a_mutated_pod_keeps_leoflows_pins_on_the_apiserver_and_is_exchanged(xenv, tmp_path, monkeypatch,
@@ -72,7 +42,7 @@ def test_a_mutated_pod_keeps_leoflows_pins_on_the_apiserver_and_is_exchanged(xen
     assert r.status_code == 200, r.text
     assert decode_grant(r.content).ti_id == ref.ti_id
     assert f"test_plugin='{xenv.namespace}/{created.metadata.name}'" in caplog.text
-    assert "leoflow.exchange.ok" in _names(statsd, {"leoflow.exchange.ok"})
+    assert "leoflow.exchange.ok" in statsd.wait_names({"leoflow.exchange.ok"})
 
 
 def test_a_vetoed_exchange_answers_403_and_a_raising_hook_503(xenv, tmp_path, monkeypatch, statsd, caplog):
@@ -95,7 +65,7 @@ def test_a_vetoed_exchange_answers_403_and_a_raising_hook_503(xenv, tmp_path, mo
     monkeypatch.setenv("LEOFLOW_TEST_PLUGIN_RAISE_DAGS", "")
     assert xenv.exchange(request_body(token)).status_code == 200  # the same token, once the policy allows
     want = {"leoflow.exchange.denied.vetoed", "leoflow.exchange.undecided.plugin_error", "leoflow.exchange.ok"}
-    assert want <= _names(statsd, want)
+    assert want <= statsd.wait_names(want)
 
 
 def test_the_runtime_creates_the_plugins_pod_and_times_the_create(make_runtime, namespace, core, tmp_path,
@@ -113,5 +83,5 @@ def test_the_runtime_creates_the_plugins_pod_and_times_the_create(make_runtime, 
     assert created.metadata.annotations[IDENTITY_ANNOTATION] == identity_annotation(ref)
     assert created.spec.service_account_name == d.rt.kube.service_account
     assert created.spec.containers[0].termination_message_path == pods.TERMINATION_MESSAGE_PATH
-    assert "leoflow.pod.create" in _names(statsd, {"leoflow.pod.create"})
+    assert "leoflow.pod.create" in statsd.wait_names({"leoflow.pod.create"})
     assert any(x.name == "airflow.leoflow.pod.create" and x.kind == "ms" for x in statsd.samples())

@@ -166,10 +166,13 @@ def scene(k8s_env, harness, namespace, tmp_path):
     made.close()
 
 
-def test_a_pod_slow_to_pull_its_image_is_not_dispatch_lost_and_its_clock_starts_when_the_agent_runs(scene, core):
+def test_a_pod_slow_to_pull_its_image_is_not_dispatch_lost_and_its_clock_starts_when_the_agent_runs(scene, core,
+                                                                                                     statsd):
     """Held Pending (the node pulls a large image: ``ContainerCreating``) an hour past the dispatch: progress, never
     killed. Released, its agent container runs: the dispatch-lost clock starts at its ``startedAt``, so it is left
-    alone within ``dispatch_lost_threshold`` of that and killed past it (its agent never reached /run)."""
+    alone within ``dispatch_lost_threshold`` of that and killed past it (its agent never reached /run), counted
+    as ``leoflow.reaper.dispatch-lost`` and ``leoflow.recovery.redispatched`` (Airflow's Stats, a StatsD
+    listener)."""
     scene.harness.hold_pods(lambda pod: True)
     _, row = scene.dispatch()
     scene.kubelet_waiting(core, row.pod_name, "ContainerCreating")
@@ -191,13 +194,16 @@ def test_a_pod_slow_to_pull_its_image_is_not_dispatch_lost_and_its_clock_starts_
     assert event.event == "leoflow dispatch-lost" and "after its agent started" in event.extra
     assert done.resolution == Resolution.REDISPATCHED  # the reconciler's path, as before
     assert [a for a in scene.actions if isinstance(a, Reoffer)]
+    want = {"leoflow.reaper.dispatch-lost", "leoflow.recovery.redispatched"}
+    assert want <= statsd.wait_names(want), statsd.names("airflow.")
 
 
 def test_an_image_that_cannot_be_pulled_fails_the_ti_with_the_kubelets_reason_in_its_task_log(
-        scene, core, tmp_path, monkeypatch):
+        scene, core, tmp_path, monkeypatch, statsd):
     """``ErrImagePull``: within the grace nothing happens; past it the pod is deleted (UID precondition) and the TI
     fails through Airflow's path with ``image "…" cannot be pulled: <message>``, which the executor writes into
-    the task log the UI reads, and a Log row names it."""
+    the task log the UI reads, and a Log row names it; ``leoflow.reaper.start-rejected`` is counted then, not
+    within the grace."""
     from airflow.utils.state import TaskInstanceState
 
     from leoflow_airflow.executor import LeoflowExecutor
@@ -216,9 +222,12 @@ def test_an_image_that_cannot_be_pulled_fails_the_ti_with_the_kubelets_reason_in
     scene.kubelet_waiting(core, row.pod_name, "ErrImagePull", said)
     scene.progress(row, StartState.REJECTED, waiting="ErrImagePull")
 
+    assert "leoflow.reaper.start-rejected" not in statsd.names("airflow.")
     scene.ahead = 61.0
     done = scene.settled(row.ref)
     assert (done.resolution, done.detail) == (Resolution.EXECUTOR_FAILED, reason)
+    want = {"leoflow.reaper.start-rejected", "leoflow.attempt.settled.executor_failed"}
+    assert want <= statsd.wait_names(want), statsd.names("airflow.")
     assert [(e.event, e.extra) for e in scene.actions if isinstance(e, TaskEvent)] == [
         ("leoflow start-rejected", reason)]
     [fail] = [a for a in scene.actions if isinstance(a, Fail)]
@@ -242,11 +251,11 @@ def test_an_image_that_cannot_be_pulled_fails_the_ti_with_the_kubelets_reason_in
 
 
 def test_an_unschedulable_pod_waits_as_backpressure_then_is_deleted_and_reoffered(
-        k8s_env, harness, namespace, tmp_path, core):
+        k8s_env, harness, namespace, tmp_path, core, statsd):
     """Unbound, and kube-scheduler's condition says no node fits: backpressure within ``[leoflow]
     pod_unschedulable_timeout`` (300 s), even past ``dispatch_lost_threshold``; past it the pod is deleted (UID
-    precondition) and the workload re-offered, the TI never failed, no retry and no re-dispatch spent; its
-    re-dispatch is a new epoch with a new pod."""
+    precondition, ``leoflow.reaper.start-backpressure`` counted) and the workload re-offered, the TI never
+    failed, no retry and no re-dispatch spent; its re-dispatch is a new epoch with a new pod."""
     scene = Scene(k8s_env, harness, namespace, tmp_path, bound=False)
     try:
         w, row = scene.dispatch()
@@ -267,6 +276,8 @@ def test_an_unschedulable_pod_waits_as_backpressure_then_is_deleted_and_reoffere
         assert done.resolution == Resolution.LAUNCH_FAILED
         [event] = [a for a in scene.actions if isinstance(a, TaskEvent)]
         assert event.event == "leoflow start-backpressure" and message in event.extra
+        want = {"leoflow.reaper.start-backpressure"}
+        assert want <= statsd.wait_names(want), statsd.names("airflow.")
         [reoffer] = [a for a in scene.actions if isinstance(a, Reoffer)]
         assert reoffer.key == w.key
         assert not [a for a in scene.actions if isinstance(a, Fail)] and scene.airflow.redrives == []

@@ -140,7 +140,7 @@ def error(response, status: int) -> str:
 
 # --- register ---------------------------------------------------------------------------------------------
 
-def test_a_warm_pod_registers_and_gets_a_credential_stored_only_as_its_hash(wenv):
+def test_a_warm_pod_registers_and_gets_a_credential_stored_only_as_its_hash(wenv, statsd):
     version = str(uuid.uuid4())
     pod = wenv.warm_pod(version=version)
     r = wenv.register(pod)
@@ -158,6 +158,7 @@ def test_a_warm_pod_registers_and_gets_a_credential_stored_only_as_its_hash(wenv
         stored = conn.execute(sa.text("SELECT credential_sha256 FROM leoflow_warm_worker WHERE pod_uid = :u"),
                               {"u": pod.metadata.uid}).scalar_one()
     assert stored == hashlib.sha256(credential.encode()).hexdigest() and credential not in stored
+    assert "leoflow.warm.register.ok" in statsd.wait_names({"leoflow.warm.register.ok"})
 
 
 def test_a_re_register_replaces_the_credential_unless_the_pod_holds_an_attempt(wenv):
@@ -171,13 +172,15 @@ def test_a_re_register_replaces_the_credential_unless_the_pod_holds_an_attempt(w
     assert wenv.await_(new).status_code == 200  # the held attempt is still this credential's
 
 
-def test_a_task_pod_is_not_a_warm_pod(wenv):
+def test_a_task_pod_is_not_a_warm_pod(wenv, statsd):
     ref = wenv.attempt()
     task_pod = make_pod(wenv.core, wenv.namespace, ref, node=wenv.node)
     assert error(wenv.register(task_pod), 403) == "not_warm_pod"
     no_version = wenv.warm_pod(labels={"leoflow.io/warm": "true"})
     assert error(wenv.register(no_version), 403) == "not_warm_pod"
     assert wenv.workers.get(task_pod.metadata.uid) is None and wenv.workers.get(no_version.metadata.uid) is None
+    names = statsd.wait_names({"leoflow.warm.register.denied.not_warm_pod"})
+    assert "leoflow.warm.register.denied.not_warm_pod" in names and "leoflow.warm.register.ok" not in names, names
 
 
 def test_a_deleting_pod_is_refused_though_kubernetes_still_accepts_its_token(wenv):
@@ -317,7 +320,7 @@ def record_of(ref: AttemptRef, state: str = "success") -> str:
     return outcome.encode(rec)
 
 
-def test_outcome_stores_the_first_record_of_the_held_attempt_only(wenv):
+def test_outcome_stores_the_first_record_of_the_held_attempt_only(wenv, statsd):
     pod = wenv.warm_pod()
     credential = wenv.registered(pod)
     ref = wenv.attempt()
@@ -335,3 +338,6 @@ def test_outcome_stores_the_first_record_of_the_held_attempt_only(wenv):
     assert error(wenv.post_outcome(credential, b'{"v":1,"outcome":"success"}'), 400) == "bad_record"  # no attempt
     assert error(wenv.post_outcome("y" * 43, record_of(ref)), 401) == "unknown_credential"
     assert wenv.workers.outcomes([other]) == {}
+    want = {"leoflow.warm.await.delivered", "leoflow.warm.outcome.ok", "leoflow.warm.outcome.denied.not_held",
+            "leoflow.warm.outcome.denied.bad_record", "leoflow.warm.outcome.denied.unknown_credential"}
+    assert want <= statsd.wait_names(want), statsd.names("airflow.")

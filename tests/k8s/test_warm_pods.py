@@ -80,14 +80,36 @@ def warm_pods(core, namespace):
     return core.list_namespaced_pod(namespace, label_selector=warmpods.warm_selector()).items
 
 
-def test_the_pool_keeps_min_idle_warm_pods_with_labels_owner_and_deadline(pool_for, namespace, core):
+def _pool_gauges(statsd) -> dict[str, float]:
+    """``{state: value}`` of the last ``leoflow.warm.kubernetes.pods.<state>`` gauges received."""
+    out = {}
+    for state in ("idle", "starting", "busy", "draining"):
+        values = statsd.gauges(f"airflow.leoflow.warm.kubernetes.pods.{state}")
+        if values:
+            out[state] = values[-1]
+    return out
+
+
+def test_the_pool_keeps_min_idle_warm_pods_with_labels_owner_and_deadline(pool_for, namespace, core, statsd):
+    """Also: every synced tick sends this job's warm pods by state (``leoflow.warm.kubernetes.pods.<state>``
+    gauges, through Airflow's Stats to a StatsD listener): none before the first create, two starting once the
+    cache shows them, one idle and one starting once one registered."""
     pool = pool_for(namespace, warm_min_idle="2", warm_max_pool_size="3", warm_max_lifetime_seconds="1800")
     report = pool.tick()
     assert len(report.created) == 2 and not report.errors, report
+    zeros = {"idle": 0, "starting": 0, "busy": 0, "draining": 0}
+    wait_for(lambda: _pool_gauges(statsd) == zeros, 5, what="the first tick's gauges (no pod seen yet)")
     wait_for(lambda: len([v for v in pool.informer.views() if v.phase == "Running"]) == 2, 30,
              what="kwok to run both warm pods")
     for _ in range(3):
         assert pool.tick().created == []  # two Starting pods (no ledger row yet) fill min_idle
+    wait_for(lambda: _pool_gauges(statsd) == {**zeros, "starting": 2}, 5, what="two starting warm pods gauged")
+    first = next(v for v in pool.informer.views())
+    pool.ledger.rows[first.uid] = Row(first.uid, first.name, registered_at=datetime.now(timezone.utc),
+                                      last_seen_at=datetime.now(timezone.utc))
+    pool.tick()
+    wait_for(lambda: _pool_gauges(statsd) == {**zeros, "idle": 1, "starting": 1}, 5,
+             what="one idle and one starting warm pod gauged")
     anchor = core.read_namespaced_config_map(warmpods.anchor_name("41", V1), namespace)
     assert anchor.metadata.labels[warmpods.ANCHOR_LABEL] == "true"
     assert anchor.metadata.labels[warmpods.JOB_LABEL] == "41" and anchor.metadata.labels[warmpods.VERSION_LABEL] == V1
@@ -153,7 +175,10 @@ def test_the_anchors_of_a_dead_scheduler_job_are_deleted_at_start_and_their_idle
 
 
 def test_the_runtime_places_an_attempt_on_a_warm_pod_lowers_its_deadline_and_a_kill_deletes_it(
-        k8s_env, namespace, core, tmp_path):
+        k8s_env, namespace, core, tmp_path, statsd):
+    """Also counted through Airflow's Stats: the placement as ``leoflow.warm.kubernetes.hit``, and an attempt whose
+    ``executor_config`` asks for its own pod template as ``leoflow.warm.kubernetes.miss`` (it goes cold, where the
+    pod builder refuses that key)."""
     template = tmp_path / "pod.yaml"
     template.write_text("spec:\n  nodeName: kwok-node-0\n  containers:\n  - name: base\n")
     conf = {"runtime": "kubernetes", "image": "registry.example/leoflow:test", "namespace": namespace,
@@ -195,6 +220,13 @@ def test_the_runtime_places_an_attempt_on_a_warm_pod_lowers_its_deadline_and_a_k
                  what="Started")
         started = next(e for e in events if isinstance(e, Started))
         assert started.facts == {"pod_name": pod.name, "pod_uid": pod.uid}
+        assert "leoflow.warm.kubernetes.hit" in statsd.wait_names({"leoflow.warm.kubernetes.hit"})
+        assert "leoflow.warm.kubernetes.miss" not in statsd.names("airflow.")
+        cold_ref = AttemptRef(str(uuid.uuid4()), 1, 1)
+        cold_ti = SimpleNamespace(**{**vars(ti), "executor_config": {"pod_template_file": "/etc/other.yaml"}})
+        assert rt.launch(LaunchSpec(launch_id(cold_ref), cold_ref, SimpleNamespace(ti=cold_ti))).disposition is \
+            Disposition.REFUSED
+        assert "leoflow.warm.kubernetes.miss" in statsd.wait_names({"leoflow.warm.kubernetes.miss"})
         ceiling = s.kubernetes.credential_ceiling_seconds
         created_with = 3600 + ceiling
 

@@ -85,9 +85,9 @@ if TYPE_CHECKING:
     from leoflow_airflow.runtime.kubernetes.status import PodView
     from leoflow_airflow.settings import KubernetesSettings, WarmSettings
 
-__all__ = ["ANCHOR_LABEL", "JOB_LABEL", "TENANT_LABEL", "VERSION_LABEL", "WARM_ARGS", "WARM_LABEL", "PoolVersion",
-           "TickReport", "WarmPool", "airflow_versions", "anchor_name", "build_anchor", "build_warm_pod",
-           "is_warm_name", "warm_pod_name", "warm_selector"]
+__all__ = ["ANCHOR_LABEL", "GAUGED_STATES", "JOB_LABEL", "TENANT_LABEL", "VERSION_LABEL", "WARM_ARGS", "WARM_LABEL",
+           "PoolVersion", "TickReport", "WarmPool", "airflow_versions", "anchor_name", "build_anchor", "build_warm_pod",
+           "is_warm_name", "pod_state_counts", "warm_pod_name", "warm_selector"]
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +287,21 @@ def airflow_versions(*, prewarm: bool) -> list[PoolVersion]:
     return [PoolVersion(str(vid), dag_id, vbundle or mbundle, bversion or "", fileloc or "",
                         active_run=vid in active, current=vid in current)
             for vid, dag_id, vbundle, bversion, mbundle, fileloc in rows]
+
+
+GAUGED_STATES = (warm_pool.WorkerState.IDLE, warm_pool.WorkerState.STARTING, warm_pool.WorkerState.BUSY,
+                 warm_pool.WorkerState.DRAINING)
+"""The worker states the pool tick sends as gauges (a terminal pod is no worker any more: not counted)."""
+
+
+def pod_state_counts(workers: Iterable[warm_pool.Worker]) -> dict[str, int]:
+    """``{state value: count}`` of ``workers`` for each of :data:`GAUGED_STATES` (zeros included, so a pool
+    that emptied sends 0), e.g. ``{"idle": 2, "starting": 1, "busy": 0, "draining": 0}``."""
+    counts = {state.value: 0 for state in GAUGED_STATES}
+    for w in workers:
+        if w.state in GAUGED_STATES:
+            counts[w.state.value] += 1
+    return counts
 
 
 # --------------------------------------------------------------------------------------------------
@@ -490,6 +505,7 @@ class WarmPool:
         views = list(self.informer.views()) if self.informer.synced else []
         snapshot = self.snapshot(targets, views, rows, now)
         self._resized(snapshot)
+        self._gauges(snapshot)
         report.actions = warm_pool.decide(snapshot, now, self.pool_settings)
         by_name = {v.name: v for v in views}
         for action in report.actions:
@@ -518,6 +534,18 @@ class WarmPool:
             if before != after:
                 hooks.warm_pool_resized(f"kubernetes:{version}", before=before, after=after)
         self._ready = {v: n for v, n in ready.items() if n}
+
+    def _gauges(self, snapshot: warm_pool.PoolSnapshot) -> None:
+        """Send ``leoflow.warm.kubernetes.pods.<state>`` (:data:`GAUGED_STATES`): this job's warm pods per state,
+        totals over every version, on each synced tick (an unsynced cache shows no pods: nothing is sent rather
+        than zeros). Every tick, not only on change: a StatsD server that restarted has them again within a tick.
+        Never raises (:mod:`leoflow_airflow.metrics`)."""
+        if not snapshot.synced:
+            return
+        from leoflow_airflow import metrics
+
+        for state, count in pod_state_counts(snapshot.workers).items():
+            metrics.gauge(f"leoflow.warm.kubernetes.pods.{state}", count)
 
     def _act(self, action: Any, pvs: Mapping[str, PoolVersion], views: Mapping[str, PodView],
              report: TickReport) -> None:
