@@ -165,8 +165,8 @@ def create_app(*, exchange_factory: Callable[[], ExchangeService] | None = None,
 
 
 def _verify_answer(body: bytes) -> dict[str, object]:
-    """The doctor's verify answer for a request body ``{"token": ...}`` (blocking: builds the validator from
-    Airflow's config): ``{"reason": r, "version": v}`` with ``r`` from ``probe_token.VERIFY_REASONS``; with
+    """The doctor's verify answer for a request body ``{"token": ...}`` (blocking: reads Airflow's config, builds
+    the validator when that changed, :func:`~leoflow_airflow.doctor.probe_token.cached_validator`): ``{"reason": r, "version": v}`` with ``r`` from ``probe_token.VERIFY_REASONS``; with
     ``audience`` also ``accepted_audiences`` (this api-server's ``[execution_api] jwt_audience``), with
     ``verified`` also ``leoflow`` (this api-server's ``[leoflow]`` runtime and, on Kubernetes, the namespace,
     ServiceAccount and exchange audience its token exchange checks), so the doctor can compare them with the
@@ -179,7 +179,7 @@ def _verify_answer(body: bytes) -> dict[str, object]:
     except Refused:
         return {"reason": "malformed", "version": __version__}
     try:
-        validator = probe_token.airflow_validator()
+        validator = probe_token.cached_validator()
     except Exception as exc:  # noqa: BLE001 - ValueError (no key) or OSError (unreadable key file)
         log.warning("doctor probe: this api-server cannot validate task tokens: %s: %s", type(exc).__name__, exc)
         return {"reason": "no_key", "version": __version__}

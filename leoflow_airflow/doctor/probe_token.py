@@ -17,6 +17,8 @@ instance id, and it lives :data:`PROBE_VALID_SECONDS`. The verify route refuses 
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "VERIFY_PATH",
     "VERIFY_REASONS",
     "airflow_validator",
+    "cached_validator",
     "classify_error",
     "mint_probe",
     "verify_probe",
@@ -99,6 +102,52 @@ def airflow_validator() -> Any:
     return JWTValidator(required_claims=required, issuer=issuer,
                         audience=conf.get_mandatory_list_value("execution_api", "jwt_audience"),
                         **get_sig_validation_args(make_secret_key_if_needed=False))
+
+
+VALIDATOR_OPTIONS: tuple[tuple[str, str], ...] = (
+    ("api_auth", "jwt_issuer"), ("execution_api", "jwt_audience"), ("api_auth", "trusted_jwks_url"),
+    ("api_auth", "jwt_private_key_path"), ("api_auth", "jwt_algorithm"), ("api_auth", "jwt_secret"),
+)
+"""Every Airflow option :func:`airflow_validator` reads (through ``get_sig_validation_args``): the key of
+:func:`cached_validator`'s cache."""
+
+_cache_lock = threading.Lock()
+_cached: tuple[tuple[Any, ...], Any] | None = None
+
+
+def _validator_key() -> tuple[Any, ...]:
+    """The values of :data:`VALIDATOR_OPTIONS` now, plus the private key file's ``(mtime_ns, size)`` when one is
+    configured (a key rotated in place, as a mounted Secret is, gives a new key). Held in this process only."""
+    from airflow.configuration import conf
+
+    values = tuple(conf.get(section, key, fallback=None) for section, key in VALIDATOR_OPTIONS)
+    path = conf.get("api_auth", "jwt_private_key_path", fallback=None)
+    try:
+        stat = os.stat(path) if path else None
+    except OSError:
+        stat = None  # airflow_validator names the unreadable file
+    return values + ((stat.st_mtime_ns, stat.st_size) if stat else None,)
+
+
+def cached_validator() -> Any:
+    """:func:`airflow_validator`, built once per process while the options it reads stay the same
+    (:func:`_validator_key`): the verify route no longer builds one per request (a ``trusted_jwks_url``
+    validator fetches its key set when built). Airflow's Execution API likewise builds its validator once per
+    app (``execution_api/app.py`` lifespan: "an app scoped validator"); keyed on the options, a changed config
+    gives a fresh one here. A build that raises is not cached (the next request tries again).
+
+    :raises ValueError: no signing key configured; ``OSError``: the key file cannot be read (as
+        :func:`airflow_validator`).
+    """
+    global _cached
+    key = _validator_key()
+    with _cache_lock:
+        if _cached is not None and _cached[0] == key:
+            return _cached[1]
+    validator = airflow_validator()
+    with _cache_lock:
+        _cached = (key, validator)
+    return validator
 
 
 def verify_probe(token: str, validator: Any) -> str:

@@ -232,6 +232,26 @@ def test_the_verify_route_says_no_key_when_the_api_server_has_none(verify, monke
     assert verify({"token": token}).json()["reason"] == "no_key"
 
 
+def test_the_verify_route_builds_its_validator_once_until_the_config_changes(verify, monkeypatch):
+    """One validator per process while the signing config stays (the route no longer builds one per request);
+    a changed key or audience gets a fresh one at once, and the route answers by the new config."""
+    built = []
+    real = probe_token.airflow_validator
+    monkeypatch.setattr(probe_token, "airflow_validator", lambda: built.append(1) or real())
+    token = probe_token.mint_probe(_generator(SECRET, "urn:airflow.apache.org:task"))
+    for _ in range(3):
+        assert verify({"token": token}).json()["reason"] == "verified"
+    assert probe_token.cached_validator() is probe_token.cached_validator()
+    assert len(built) <= 1  # 0 when an earlier test of this process built it under the same config
+    first = probe_token.cached_validator()
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "t" * 86)
+    assert verify({"token": token}).json()["reason"] == "signature"
+    assert probe_token.cached_validator() is not first
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", SECRET)
+    monkeypatch.setenv("AIRFLOW__EXECUTION_API__JWT_AUDIENCE", "urn:other")
+    assert verify({"token": token}).json()["reason"] == "audience"
+
+
 def test_warm_pools_are_counted_per_version_and_tenant_against_their_caps() -> None:
     """A version over its max_pool_size (a lagging cache, a second scheduler) or a tenant over warm_tenant_cap
     fails the check naming it; within the caps it is ok; configured with no warm pod running is ok; not
