@@ -3,7 +3,8 @@ items 4 and 6), with the test plugin (``tests/plugin_pkg``, installed by ``make 
 
 Real parts as in ``test_exchange.py`` (whose ``xenv`` fixture is reused): the kube-apiserver, tokens minted by
 the TokenRequest API bound to real pods, the ledger, leoflow's FastAPI app with its lifespan. Metrics go
-through Airflow's own Stats, initialized with Airflow's StatsD factory pointed at a UDP listener of the test.
+through Airflow's own Stats, initialized with Airflow's StatsD factory pointed at a UDP listener of the test (the
+``statsd`` fixture of ``conftest.py``).
 """
 
 from __future__ import annotations

@@ -417,6 +417,33 @@ def test_the_pool_tells_the_plugins_when_a_versions_ready_warm_pods_change(monke
     assert calls == [(f"kubernetes:{V1}", 0, 1)]
 
 
+def test_the_pool_gauges_its_pods_by_state_only_once_its_cache_has_synced(monkeypatch):
+    """``leoflow.warm.kubernetes.pods.<state>`` totals (zeros included) on each synced tick; an unsynced cache
+    sends nothing (it shows no pods: zeros would be a lie); a terminal pod is no worker and is not counted."""
+    sent = []
+    monkeypatch.setattr("leoflow_airflow.metrics.gauge", lambda name, value: sent.append((name, value)))
+    core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
+    pool = make_pool(core, ledger, informer, warm_min_idle="2", warm_max_pool_size="3")
+    informer.synced = False
+    pool.tick(NOW)
+    assert sent == []
+    informer.synced = True
+    pool.tick(NOW)
+    informer.show(core, phase="Pending")
+    sent.clear()
+    pool.tick(NOW)
+    prefix = "leoflow.warm.kubernetes.pods."
+    assert dict(sent) == {prefix + "idle": 0, prefix + "starting": 2, prefix + "busy": 0, prefix + "draining": 0}
+    first, second = sorted(core.pods)
+    ledger.rows["uid-" + first] = Row("uid-" + first, first, registered_at=NOW, last_seen_at=NOW)
+    informer.pods[second] = view(second, "uid-" + second, phase="Failed", created=NOW,
+                                 labels=core.pods[second].metadata.labels)
+    sent.clear()
+    pool.tick(NOW)
+    assert dict(sent)[prefix + "idle"] == 1 and dict(sent)[prefix + "starting"] == 0, sent
+    assert warmpods.pod_state_counts([]) == {"idle": 0, "starting": 0, "busy": 0, "draining": 0}
+
+
 def test_the_pool_never_deletes_a_worker_that_holds_an_attempt():
     core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
     pool = make_pool(core, ledger, informer, warm_min_idle="1", warm_max_pool_size="1")
