@@ -218,6 +218,16 @@ EXPECTED: dict[str, Expected] = {
 }
 """dag_id -> how its triggered run must end. Every DAG the stack loads must be listed here."""
 
+KUBE_EXAMPLE_FILES: tuple[str, ...] = ("example_bash_operator", "example_short_circuit_operator",
+                                       "example_setup_teardown")
+"""The examples the Kubernetes end-to-end tests run beside every ``leoflow_*`` DAG (bash and a skip by exit code
+99, short circuit, setup/teardown): the parity set those tests check cold (``test_kube_runtime_e2e.py``) and with
+warm pools on (``test_kube_warm_e2e.py``). The full :data:`EXAMPLE_FILES` (24 DAG runs, about 190 pods, each a
+cold Python start on a 2-core machine, 12 min) is what ``make demo-k8s`` runs."""
+KUBE_DAGS: tuple[str, ...] = tuple(d for d in EXPECTED if d.startswith("leoflow_") or d in KUBE_EXAMPLE_FILES)
+"""The DAG ids of the Kubernetes parity set, checked against :data:`EXPECTED` (each of :data:`KUBE_EXAMPLE_FILES`
+holds one DAG of its own name)."""
+
 EXPECTED_TRACES: tuple[str, ...] = (
     "leoflow_callbacks cb_fails 1 failure",
     "leoflow_callbacks cb_retries 1 retry",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -31,8 +32,8 @@ def _seconds(start: str | None, end: str | None) -> float:
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
 
-def run_all(stack: AirflowStack, dag_ids: list[str], *, timeout: float,
-            start_scheduler: bool = False) -> dict[str, RunResult]:
+def run_all(stack: AirflowStack, dag_ids: list[str], *, timeout: float, start_scheduler: bool = False,
+            before_unpause: Callable[[dict[str, str]], None] | None = None) -> dict[str, RunResult]:
     """Trigger every DAG in ``dag_ids`` while paused, then unpause them all, and wait for all runs to end.
 
     With ``start_scheduler`` (a stack started with ``start(scheduler=False)``) the scheduler starts only once
@@ -41,12 +42,18 @@ def run_all(stack: AirflowStack, dag_ids: list[str], *, timeout: float,
     (``database is locked``; seen by a new user's ``make demo`` on a loaded host). Without it the writes are at
     least ordered so the triggers do not compete with the first tasks.
 
+    ``before_unpause(runs)``, given ``{dag_id: run_id}``, is called after every trigger and before any unpause
+    (a test waits there for what the queued runs start, e.g. their warm pools); on a stack whose DAGs are
+    unpaused at creation, pause them first or their runs start at once.
+
     Returns ``{dag_id: RunResult}``. Raises ``TimeoutError`` when some run has not ended after ``timeout``
     seconds, and ``devtools.stack.StackError`` when the API refuses a call.
     """
     runs = {}
     for dag_id in dag_ids:
         runs[dag_id] = stack.trigger(dag_id)
+    if before_unpause is not None:
+        before_unpause(dict(runs))
     for dag_id in dag_ids:
         stack.unpause(dag_id)
     if start_scheduler:

@@ -512,10 +512,17 @@ class AirflowStack:
         """Unpause ``dag_id``; the call is idempotent, so a transport error or a 5xx (a busy SQLite: see
         :meth:`warm_execution_api`) is retried, up to ``attempts`` calls. Raises ``StackError`` if the API
         refuses (e.g. unknown DAG: 404) or every attempt failed."""
+        self._set_paused(dag_id, False, attempts)
+
+    def pause(self, dag_id: str, *, attempts: int = 4) -> None:
+        """Pause ``dag_id`` (its runs then stay queued): as :meth:`unpause`, with the same retries and errors."""
+        self._set_paused(dag_id, True, attempts)
+
+    def _set_paused(self, dag_id: str, paused: bool, attempts: int) -> None:
         last: Exception | None = None
         for attempt in range(attempts):
             try:
-                response = self._api().patch(f"/dags/{dag_id}", json={"is_paused": False})
+                response = self._api().patch(f"/dags/{dag_id}", json={"is_paused": paused})
             except httpx.HTTPError as exc:
                 last = exc
             else:

@@ -39,7 +39,8 @@ class FaultStack(AirflowStack):
     ``log_events`` readers below read the SQLite file only."""
 
     def __init__(self, home: Path, *, extra_env: dict[str, str] | None = None, parallelism: int = 8,
-                 public_api_apart: bool = False, sql_alchemy_conn: str | None = None) -> None:
+                 public_api_apart: bool = False, sql_alchemy_conn: str | None = None,
+                 dags_folder: Path = FAULT_DAGS, example_dags: tuple[str, ...] = ()) -> None:
         self.fault_plan = Path(home).resolve() / "fault-plan.json"
         env = {
             "AIRFLOW__LEOFLOW__TEST_FAULT_INJECTION": "True",
@@ -47,8 +48,9 @@ class FaultStack(AirflowStack):
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             **(extra_env or {}),
         }
-        super().__init__(home, executor=EXECUTOR, parallelism=parallelism, dags_folder=FAULT_DAGS, extra_env=env,
-                         public_api_apart=public_api_apart, sql_alchemy_conn=sql_alchemy_conn)
+        super().__init__(home, executor=EXECUTOR, parallelism=parallelism, dags_folder=dags_folder, extra_env=env,
+                         public_api_apart=public_api_apart, sql_alchemy_conn=sql_alchemy_conn,
+                         example_dags=example_dags)
 
     def up(self, dags: list[str]) -> FaultStack:
         """Migrate and start, waiting for ``dags``; returns self."""
@@ -189,19 +191,23 @@ class FaultStack(AirflowStack):
 
 
 @contextmanager
-def kube_fault_stack(work: Path, *, extra_env: dict[str, str], dags: list[str],
-                     parallelism: int = 8) -> Iterator[tuple[FaultStack, Any]]:
+def kube_fault_stack(work: Path, *, extra_env: dict[str, str], dags: list[str], parallelism: int = 8,
+                     dags_folder: Path = FAULT_DAGS,
+                     example_dags: tuple[str, ...] = ()) -> Iterator[tuple[FaultStack, Any]]:
     """``(stack, kube)``: a :class:`FaultStack` under ``work/airflow`` (started, ``dags`` serialized) on a
     :class:`devtools.kube.KubeStack` under ``work/kube`` (``K8SENV_DIR`` reuses a running control plane), for a
     module's Kubernetes end-to-end tests; prints the pods when the body raises, stops both after it and fails
-    when a stack process is left. Skips (or fails under ``K8SENV_REQUIRED``) without the Kubernetes binaries."""
+    when a stack process is left. Skips (or fails under ``K8SENV_REQUIRED``) without the Kubernetes binaries.
+    ``dags_folder`` (default ``tests/fault_dags``) and ``example_dags`` (Airflow's bundled example files, a second
+    bundle) are the :class:`~devtools.stack.AirflowStack`'s."""
     from devtools.kube import KubeStack, require_binaries
 
     require_binaries()
     t0 = time.monotonic()
     reuse = os.environ.get("K8SENV_DIR")
     with KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False) as kube:
-        stack = FaultStack(work / "airflow", extra_env=extra_env, parallelism=parallelism)
+        stack = FaultStack(work / "airflow", extra_env=extra_env, parallelism=parallelism, dags_folder=dags_folder,
+                           example_dags=example_dags)
         try:
             kube.configure(stack)
             stack.up(dags)

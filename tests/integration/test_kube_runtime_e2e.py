@@ -38,17 +38,13 @@ from devtools.stack import OUR_DAGS, REPO_ROOT
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(KUBE_RUN_TIMEOUT_SECONDS + 600)]
 
-E2E_EXAMPLE_FILES = ("example_bash_operator", "example_short_circuit_operator", "example_setup_teardown")
-"""Airflow examples run here beside every leoflow_* DAG of the demo: bash (and a skip by exit code 99), short
-circuit, setup/teardown. The demo's full set (``expected.EXAMPLE_FILES``: 24 DAG runs, about 190 pods, each a
-cold Python start on this 2-core machine, 12 min) is what ``make demo-k8s`` runs; set ``LEOFLOW_KUBE_E2E_FULL=1``
-to run it here too."""
+E2E_EXAMPLE_FILES = expected.KUBE_EXAMPLE_FILES
+"""Airflow examples run here beside every leoflow_* DAG of the demo (``expected.KUBE_EXAMPLE_FILES``); set
+``LEOFLOW_KUBE_E2E_FULL=1`` to run the demo's full set (``expected.EXAMPLE_FILES``) here too."""
 FULL = os.environ.get("LEOFLOW_KUBE_E2E_FULL") == "1"
 EXAMPLE_FILES = expected.EXAMPLE_FILES if FULL else E2E_EXAMPLE_FILES
-E2E_DAGS = tuple(d for d in expected.EXPECTED
-                 if FULL or d.startswith("leoflow_") or d in E2E_EXAMPLE_FILES)
-"""The DAG ids whose runs are checked against ``expected.EXPECTED`` (each of ``EXAMPLE_FILES`` holds one DAG of its
-own name)."""
+E2E_DAGS = tuple(expected.EXPECTED) if FULL else expected.KUBE_DAGS
+"""The DAG ids whose runs are checked against ``expected.EXPECTED``."""
 CREDS_DAG = "leoflow_test_creds"
 CREDS_DAG_FILE = REPO_ROOT / "tests" / "dags" / f"{CREDS_DAG}.py"
 LOST_DAG = "leoflow_test_lost_report"

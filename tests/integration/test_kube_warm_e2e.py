@@ -12,7 +12,10 @@ harness running every pod, warm pods included, as local processes running the re
    ``/dev/shm`` is gone before the next attempt on that worker;
 4. a warm worker killed mid-attempt: the attempt is re-driven on the infra budget (no user retry spent), the pool
    refills, no body runs twice; an OOM-killed one: the TI's Log row names ``OOMKilled``;
-5. a lost control plane: the scheduler is SIGKILLed and a new one started; the new one's ``start()`` deletes the
+5. the parity set (``devtools.expected.KUBE_DAGS``: every ``leoflow_*`` DAG of ``dags/`` and three Airflow
+   examples, the set ``test_kube_runtime_e2e.py`` runs cold) with a pool per DAG: every run ends as under
+   LocalExecutor, each DAG's tasks took warm pods, and no attempt ran twice;
+6. a lost control plane: the scheduler is SIGKILLed and a new one started; the new one's ``start()`` deletes the
    anchors of the dead scheduler job and the garbage collector removes every warm pod they owned.
 
 Each asserts what a user notices: TI states, try numbers and ``max_tries``, the TI's event log, how often each body
@@ -25,19 +28,23 @@ the warm placements (``leoflow.warm.kubernetes.hit``), the warm pods' requests (
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
 import pytest
 
+from devtools import expected
 from devtools.kube import KubeStack
-from devtools.stack import API_USER
+from devtools.runs import run_all
+from devtools.stack import API_USER, OUR_DAGS
 from devtools.statsd import StatsdListener, airflow_env
-from fault_helpers import FaultStack, executions, kube_fault_stack, overlaps, wait_until
+from fault_helpers import FAULT_DAGS, FaultStack, executions, kube_fault_stack, overlaps, wait_until
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(1800)]
 
@@ -49,10 +56,15 @@ POOLS = {
     ISO_DAG: {"min_idle": 1, "max_pool_size": 1, "prewarm": True},
 }
 """``[leoflow] warm_pools``: the per-DAG override (no DAG code changes); ``warm_min_idle`` stays 0 elsewhere."""
+PARITY_DAGS = list(expected.KUBE_DAGS)
+PARITY_POOLS = {dag_id: {"min_idle": 1, "max_pool_size": 2} for dag_id in PARITY_DAGS}
+PARITY_POOLS["leoflow_fanout"] = {"min_idle": 2, "max_pool_size": 3}
+"""The parity set's pools: no ``prewarm`` (a pool exists while its DAG has a queued or running run), small (each warm
+pod is a real process on a 2-core machine); a task that finds no idle warm pod gets a cold pod, as it would."""
 LABEL = "leoflow.io/"
 INFRA = "leoflow infra re-drive"
 EXTRA = {
-    "AIRFLOW__LEOFLOW__WARM_POOLS": json.dumps(POOLS),
+    "AIRFLOW__LEOFLOW__WARM_POOLS": json.dumps({**POOLS, **PARITY_POOLS}),
     "AIRFLOW__LEOFLOW__WARM_ISOLATION": "read-only-root",
     "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "10",
     "AIRFLOW__LEOFLOW__POD_RETENTION_SUCCESS": "3600",
@@ -69,8 +81,13 @@ def statsd():
 @pytest.fixture(scope="module")
 def kube_stack(tmp_path_factory: pytest.TempPathFactory, statsd: StatsdListener):
     """``(stack, kube)``: the module's Airflow (started, :data:`DAGS` serialized) on its Kubernetes."""
-    with kube_fault_stack(tmp_path_factory.mktemp("kube-warm"), extra_env={**EXTRA, **airflow_env(statsd.port)},
-                          dags=DAGS) as both:
+    work = tmp_path_factory.mktemp("kube-warm")
+    dags = work / "dags"
+    dags.mkdir()
+    for path in [*sorted(FAULT_DAGS.glob("*.py")), *sorted(OUR_DAGS.glob("*.py"))]:
+        shutil.copyfile(path, dags / path.name)
+    with kube_fault_stack(work, extra_env={**EXTRA, **airflow_env(statsd.port)}, dags=[*DAGS, *PARITY_DAGS],
+                          dags_folder=dags, example_dags=expected.KUBE_EXAMPLE_FILES) as both:
         yield both
 
 
@@ -99,9 +116,9 @@ def _task_pods(kube: KubeStack, dag_id: str) -> list[dict]:
 
 
 def _versions(stack: FaultStack) -> dict[str, str]:
-    """``{dag_id: its latest dag_version_id}`` for :data:`DAGS`."""
+    """``{dag_id: its latest dag_version_id}`` for every DAG."""
     rows = stack.db("select dag_id, id from dag_version order by version_number")
-    return {dag_id: str(vid) for dag_id, vid in rows if dag_id in DAGS}
+    return {dag_id: str(vid) for dag_id, vid in rows}
 
 
 def _workers(stack: FaultStack) -> list[dict]:
@@ -341,6 +358,71 @@ def test_an_oom_killed_warm_worker_is_named_in_the_task_s_log(kube_stack, statsd
     assert [r[3] for r in ledger] == ["oom_redrive", "reported"], ledger
     _check_bodies(stack, run_id, lost_tries={1}, ended_tries={2})
     assert "leoflow.recovery.oom_redrive" in statsd.wait_names({"leoflow.recovery.oom_redrive"})
+
+
+def test_the_parity_dag_set_ends_as_cold_with_warm_pools_on(kube_stack) -> None:
+    """The parity set (:data:`PARITY_DAGS`) with :data:`PARITY_POOLS`: each DAG is triggered paused, its pool
+    fills for its queued run, then all are unpaused at once. Every run ends as under LocalExecutor (run and task
+    states, the callbacks' trace lines); every DAG's tasks took warm pods (attempts in the ledger bound to a warm
+    pod); every cold pod created during the run carries exactly one attempt; every attempt epoch was reported by
+    its worker, one per try but a reschedule's (no re-drive, nothing ran twice). None of the set asks for resources in its
+    ``executor_config``, so none is cold by design."""
+    stack, kube = kube_stack
+    for dag_id in PARITY_DAGS:
+        stack.pause(dag_id)
+    before = set(kube.pods())
+    t0 = time.monotonic()
+
+    def pools_filled(runs: dict[str, str]) -> None:
+        wait_until(lambda: all(len(_idle(stack, kube, d)) >= PARITY_POOLS[d]["min_idle"] for d in runs), 300,
+                   "every parity DAG's warm pool to hold min_idle idle workers", poll=1.0)
+        print(f"parity pools filled in {time.monotonic() - t0:.0f}s")
+
+    runs = run_all(stack, PARITY_DAGS, timeout=600, before_unpause=pools_filled)
+    print(f"parity runs ended in {time.monotonic() - t0:.0f}s")
+    problems = {d: expected.mismatches(d, runs[d].state, runs[d].tasks) for d in PARITY_DAGS}
+    assert {d: p for d, p in problems.items() if p} == {}
+    traces = sorted(line for path in stack.traces_dir.glob("*.log") for line in path.read_text().splitlines()
+                    if line.split(" ", 1)[0] in PARITY_DAGS)
+    assert traces == list(expected.EXPECTED_TRACES)
+
+    cols = ("dag_id", "task_id", "map_index", "try_number", "attempt_epoch", "state", "resolution", "pod_uid", "ti_id")
+
+    def attempts() -> list[dict]:
+        rows = [dict(zip(cols, row)) for d in PARITY_DAGS
+                for row in stack.db(f"select {', '.join(cols)} from leoflow_attempt where dag_id=? and run_id=? "
+                                    "order by id", d, runs[d].run_id)]
+        return rows if rows and all(r["state"] == "closed" for r in rows) else None
+
+    rows = wait_until(attempts, 90, "every parity attempt to be settled")
+    warm = set(_warm_pods(kube))
+    cold = {uid for uid, versions in kube.pods().items() if uid not in before and uid not in warm}
+    by_dag = {d: [r["pod_uid"] in warm for r in rows if r["dag_id"] == d] for d in PARITY_DAGS}
+    print("warm / all attempts:", {d: f"{sum(v)}/{len(v)}" for d, v in by_dag.items()})
+    assert [d for d, v in by_dag.items() if not any(v)] == [], "DAGs none of whose tasks took a warm pod"
+    # every attempt ran in a pod, warm or its own cold one; every cold pod of the run carries one attempt
+    assert [r for r in rows if r["pod_uid"] not in warm | cold] == []
+    cold_uids = [r["pod_uid"] for r in rows if r["pod_uid"] in cold]
+    assert sorted(cold_uids) == sorted(cold), "a cold pod carried no attempt, or more than one"
+    # nothing ran twice: every epoch reported by its worker (no infra re-drive), and a task instance has one epoch
+    # per try plus one per reschedule Airflow recorded (leoflow_sensor's reschedule mode reschedules once)
+    assert {r["resolution"] for r in rows} == {"reported"}, rows
+    reschedules = Counter(str(ti_id).replace("-", "") for (ti_id,) in stack.db("select ti_id from task_reschedule"))
+    epochs = Counter(r["ti_id"].replace("-", "") for r in rows)
+    tries_of: dict[str, set[int]] = {}
+    for r in rows:
+        tries_of.setdefault(r["ti_id"].replace("-", ""), set()).add(r["try_number"])
+    assert {ti: n for ti, n in epochs.items() if n != len(tries_of[ti]) + reschedules[ti]} == {}, rows
+    assert sum(reschedules[ti] for ti in epochs) == 1, reschedules
+    tries = {(r["dag_id"], r["task_id"], r["map_index"], r["try_number"]) for r in rows}
+    for d in PARITY_DAGS:
+        assert [e for e, _ in stack.db("select event, extra from log where dag_id=? and run_id=?", d,
+                                       runs[d].run_id) if e == INFRA] == [], d
+    # the TIs a worker ran are those the ledger holds, at their last try
+    executed = {(ti["dag_id"], ti["task_id"], ti["map_index"], ti["try_number"])
+                for d in PARITY_DAGS for ti in stack.task_instances(d, runs[d].run_id)
+                if ti["state"] in ("success", "failed") and ti["operator"] != "EmptyOperator"}
+    assert executed <= tries, executed - tries
 
 
 def test_a_lost_control_plane_s_warm_pods_are_garbage_collected(kube_stack) -> None:
