@@ -2,8 +2,9 @@
 Airflow (scheduler, dag-processor, api-server on SQLite) with ``[leoflow] runtime = kubernetes`` on the k8senv
 control plane, the pods run by the node harness (devtools/kube.py).
 
-* A ResourceQuota with no room left: ten tasks stay QUEUED (backpressure), none fails or spends a try; once
-  the quota is raised all ten run, each body once, and succeed.
+* A ResourceQuota with no room left: ten tasks stay QUEUED (backpressure, counted as
+  ``leoflow.dispatch.backpressure`` at a StatsD listener), none fails or spends a try; once the quota is raised
+  all ten run, each body once, and succeed.
 * The same under API Priority and Fairness: a FlowSchema sends the scheduler's pod creates to a priority level
   that rejects (429) while one of its requests executes; once the FlowSchema is deleted all ten run once.
 * A ``pod_override`` that Pod Security ``restricted`` forbids (``runAsUser: 0``): the API server refuses the
@@ -42,6 +43,7 @@ import pytest
 
 from devtools.kube import HARNESS_NODE, SCHEDULER_SERVICE_ACCOUNT, KubeStack, require_binaries
 from devtools.stack import REPO_ROOT, AirflowStack
+from devtools.statsd import StatsdListener, airflow_env
 from tests.integration.lite_procs import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(1200)]
@@ -69,12 +71,14 @@ class Env:
     stack: AirflowStack
     kube: KubeStack
     work: Path
+    statsd: StatsdListener
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> Iterator[Env]:
     """A started control plane + harness and a started Airflow whose scheduler and api-server use the
-    least-privilege ServiceAccount kubeconfig; stopped at the end (nothing may be left running)."""
+    least-privilege ServiceAccount kubeconfig and whose metrics go to a StatsD listener; stopped at the end
+    (nothing may be left running)."""
     require_binaries()
     work = tmp_path_factory.mktemp("kube-bp")
     dags = work / "dags"
@@ -83,9 +87,11 @@ def env(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> Iter
         shutil.copyfile(path, dags / path.name)
     reuse = os.environ.get("K8SENV_DIR")
     kube = KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False)
+    statsd = StatsdListener()
     stack = airflow_stack_factory("kube-bp", executor=LEOFLOW, parallelism=len(TASKS) + 2, dags_folder=dags,
-                                  extra_env={"AIRFLOW__LEOFLOW__POD_OVERRIDE_ALLOW": POD_OVERRIDE_ALLOW})
-    with kube:
+                                  extra_env={"AIRFLOW__LEOFLOW__POD_OVERRIDE_ALLOW": POD_OVERRIDE_ALLOW,
+                                             **airflow_env(statsd.port)})
+    with kube, statsd:
         kube.configure(stack)
         stack.extra_env["AIRFLOW__LEOFLOW__KUBE_CONFIG"] = str(kube.scheduler_kubeconfig(work / "scheduler.kubeconfig"))
         try:
@@ -93,7 +99,7 @@ def env(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> Iter
             stack.start(wait_for_dags=[BACKPRESSURE_DAG, PODSECURITY_DAG])
             for dag_id in (BACKPRESSURE_DAG, PODSECURITY_DAG):
                 stack.unpause(dag_id)
-            yield Env(stack, kube, work)
+            yield Env(stack, kube, work, statsd)
         finally:
             left = stack.stop()
         assert not left, f"processes left after stopping the stack: {left}"
@@ -204,8 +210,10 @@ def _filler_pod(name: str):
 def test_a_full_resource_quota_keeps_ten_tasks_queued_then_each_runs_once(env: Env) -> None:
     """A ResourceQuota whose one pod is taken (a filler pod nobody runs): every create of the ten tasks is
     refused ``exceeded quota``, which is backpressure. Once every task has met it, all ten are still QUEUED at
-    try 1, no pod of the run exists and nothing failed. The quota is raised: the run succeeds, every task at
-    try 1, each body ran exactly once."""
+    try 1, no pod of the run exists and nothing failed, and the executor's dispatches of the re-offered tasks
+    were answered backpressure (the runtime's create back-off is closed: ``leoflow.dispatch.backpressure`` at
+    the StatsD listener). The quota is raised: the run succeeds, every task at try 1, each body ran exactly
+    once."""
     from kubernetes import client
 
     core, ns = _core(env), env.kube.namespace
@@ -222,6 +230,10 @@ def test_a_full_resource_quota_keeps_ten_tasks_queued_then_each_runs_once(env: E
         wait_for(lambda: _backpressured_all(env.stack, run_id, "exceeded quota"), BACKPRESSURE_TIMEOUT,
                  what="every task's pod create to meet the full quota")
         _assert_waiting(env, run_id, "exceeded quota", before)
+        # ten refusals in a row close the create back-off for up to 30 s (BACKOFF_MAX_SECONDS): the re-offered
+        # tasks' next dispatch is answered from it
+        want = {"leoflow.dispatch.backpressure"}
+        assert want <= env.statsd.wait_names(want, timeout=30), env.statsd.names("airflow.")
         core.patch_namespaced_resource_quota("full", ns, {"spec": {"hard": {"pods": "100"}}})
         _assert_each_ran_once(env, run_id, before)
     finally:

@@ -15,6 +15,10 @@ runtime's message; as ``test_kube_runtime.py`` does), and kube-scheduler's ``Pod
 
 The reapers' clock (``Lifecycle(utcnow=…)``) is moved ahead instead of sleeping through thresholds: what each
 test shows is what the reaper decides at a given age, from the pod's real status.
+
+The same scene drives ``LeoflowExecutor``'s dispatch step (``_process_workloads``) to each disposition it can
+reach in one process (``dispatched``, ``deferred``, ``stale``, ``refused``), each counted by name at a StatsD
+listener.
 """
 
 from __future__ import annotations
@@ -95,19 +99,23 @@ class Scene:
         self.actions.extend(out)
         return out
 
-    def dispatch(self, workload=None):
-        """Dispatch a QUEUED TI (or re-dispatch ``workload``); once its pod is created, return (workload, ledger
-        row)."""
+    def workload(self, *, state: str = "queued", task_id: str = "task", executor_config: dict | None = None):
+        """A new ``ExecuteTask`` (try 1) whose TI row ``FakeAirflow`` holds in ``state``."""
         from airflow.executors.workloads import BundleInfo, ExecuteTask
         from airflow.executors.workloads.task import TaskInstanceDTO
 
+        ti = TaskInstanceDTO(id=uuid.uuid4(), task_id=task_id, dag_id="dag", run_id="run", try_number=1,
+                             dag_version_id=uuid.uuid4(), map_index=-1, pool_slots=1, priority_weight=1,
+                             queue="default", executor_config=executor_config)
+        self.airflow.put(str(ti.id), state, try_number=1, logical=("dag", "run", task_id, -1))
+        return ExecuteTask(token="", dag_rel_path="dag.py", bundle_info=BundleInfo(name="dags"), log_path=LOG_PATH,
+                           ti=ti)
+
+    def dispatch(self, workload=None):
+        """Dispatch a QUEUED TI (or re-dispatch ``workload``); once its pod is created, return (workload, ledger
+        row)."""
         if workload is None:
-            ti = TaskInstanceDTO(id=uuid.uuid4(), task_id="task", dag_id="dag", run_id="run", try_number=1,
-                                 dag_version_id=uuid.uuid4(), map_index=-1, pool_slots=1, priority_weight=1,
-                                 queue="default")
-            workload = ExecuteTask(token="", dag_rel_path="dag.py", bundle_info=BundleInfo(name="dags"),
-                                   log_path=LOG_PATH, ti=ti)
-            self.airflow.put(str(ti.id), "queued", try_number=1, logical=("dag", "run", "task", -1))
+            workload = self.workload()
         wait_for(lambda: self.runtime.admit() is None, 30, what="the runtime to admit launches")
         assert self.life.dispatch_task(workload).disposition is Disposition.DISPATCHED
         ref = self.ledger.current(str(workload.ti.id)).ref
@@ -288,3 +296,57 @@ def test_an_unschedulable_pod_waits_as_backpressure_then_is_deleted_and_reoffere
         assert (again.ref.ti_id, again.ref.attempt_epoch) == (row.ref.ti_id, 2) and again.pod_uid != row.pod_uid
     finally:
         scene.close()
+
+
+def test_each_dispatch_disposition_is_counted_by_name_through_the_executor(scene, statsd, tmp_path, monkeypatch):
+    """``LeoflowExecutor._process_workloads`` over the scene's lifecycle (the scheduler's dispatch step: Airflow's
+    ``trigger_tasks`` hands it the queued workloads) counts each dispatch as ``leoflow.dispatch.<disposition>``
+    (Airflow's Stats, a StatsD listener) and acts on it as Airflow sees it: ``dispatched`` (a pod created, its
+    key running), ``deferred`` (the same ti_id offered again while its epoch is on its way: it stays queued),
+    ``stale`` (a TI no longer QUEUED: dropped, never failed) and ``refused`` (a ``pod_override`` outside
+    ``[leoflow] pod_override_allow``: failed at once, the reason naming the field; its epoch closed
+    ``launch_failed``, no pod).
+
+    The executor is built as the scheduler builds it but not ``start()``-ed (that reads Airflow's metadata DB):
+    its ledger and lifecycle are the scene's, so what it dispatches to is the real runtime on the real API
+    server."""
+    from airflow.utils.state import TaskInstanceState
+    from kubernetes.client import models as k8s
+
+    from leoflow_airflow.executor import LeoflowExecutor
+
+    monkeypatch.setenv("AIRFLOW__LOGGING__BASE_LOG_FOLDER", str(tmp_path / "logs"))
+    monkeypatch.setenv("AIRFLOW__LOGGING__REMOTE_LOGGING", "False")
+    executor = LeoflowExecutor()
+    executor._ledger, executor._life, executor._started = scene.ledger, scene.life, True
+    wait_for(lambda: scene.runtime.admit() is None, 30, what="the runtime to admit launches")
+
+    def offer(workload, disposition: str) -> None:
+        """Queue ``workload`` as Airflow's ``queue_workload`` does, run one dispatch step, and check the listener
+        received ``leoflow.dispatch.<disposition>``."""
+        executor.queued_tasks[workload.key] = workload
+        executor._process_workloads([workload])
+        want = {f"leoflow.dispatch.{disposition}"}
+        assert want <= statsd.wait_names(want), statsd.names("airflow.")
+
+    first = scene.workload()
+    offer(first, "dispatched")
+    assert first.key in executor.running and first.key not in executor.queued_tasks
+
+    again = first.model_copy()  # Airflow offering the same ti_id again before its epoch is settled
+    offer(again, "deferred")
+    assert executor.queued_tasks[first.key] is again  # re-offered on the next heartbeat
+    assert [a.ref.attempt_epoch for a in scene.ledger.attempts_of_task("dag", "run", "task", -1)] == [1]
+
+    moved_on = scene.workload(state="success", task_id="moved_on")
+    offer(moved_on, "stale")
+    assert moved_on.key not in executor.queued_tasks and moved_on.key not in executor.event_buffer
+    assert scene.ledger.current(str(moved_on.ti.id)) is None
+
+    override = k8s.V1Pod(spec=k8s.V1PodSpec(host_network=True, containers=[]))
+    refused = scene.workload(task_id="refused", executor_config={"pod_override": override})
+    offer(refused, "refused")
+    state, reason = executor.event_buffer[refused.key]
+    assert state == TaskInstanceState.FAILED and "spec.hostNetwork" in reason, reason
+    assert refused.key not in executor.queued_tasks and refused.key not in executor.running
+    assert scene.ledger.current(str(refused.ti.id)).resolution == Resolution.LAUNCH_FAILED
