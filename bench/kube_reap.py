@@ -335,8 +335,9 @@ class ReapBench(Bench):
         from leoflow_airflow.ledger.store import LedgerStore
         from leoflow_airflow.lifecycle.core import Lifecycle
 
+        # sweep_interval 0: every measured cycle is a presence pass (the cost a pass has, not the pacing's average)
         super().__init__(kubeconfig, namespace, workdir, reap_grace="0", pod_override_allow="spec.nodeName",
-                         **extra)
+                         **{"sweep_interval": "0", **extra})
         self.nodes = nodes
         self.ledger = LedgerStore(engine)
         self.reads = LedgerCounter(self.ledger)

@@ -133,6 +133,12 @@ OPTIONS: tuple[Option, ...] = (
            "silent is treated as lost by leoflow. Must sit inside the recovery window (docs/DESIGN.md §2; `airflow leoflow check` shows it).", _positive),
     Option("maintenance_interval", "float", "5", "Upper bound, in seconds, between two reconcile passes "
            "of the executor's sync().", _positive),
+    Option("sweep_interval", "float", "1", "Seconds between two presence passes of the executor's sync(), at "
+           "least: the page of running attempts it observes, the lost-agent reapers on that page and the "
+           "orphan-run reaper's page of Airflow's running task instances. The attempts that need action now "
+           "(claimed, exited, settling) are read on every sync(). 0: a presence pass on every sync() (each "
+           "scheduler loop, several a second while tasks start and end). At most maintenance_interval.",
+           _non_negative),
     Option("settle_timeout", "float", "10", "HTTP timeout, in seconds, of one settle call to the "
            "Execution API.", _positive),
     Option("settle_budget", "integer", "20", "Settle calls at most per sync(), so the scheduler loop "
@@ -190,11 +196,11 @@ OPTIONS: tuple[Option, ...] = (
            "scheduling do not count).", _positive),
     Option("reap_grace", "float", "30", "Seconds after start or adoption before any reaper acts (the settling "
            "gate; one full reconcile sweep is needed too).", _non_negative),
-    Option("reap_page_size", "integer", "500", "Running attempts looked at per sync(): each scheduler loop reads the "
-           "attempts that need action now (claimed, exited, settling) and one page of this many running ones, "
+    Option("reap_page_size", "integer", "500", "Running attempts looked at per presence pass: each sync() reads the "
+           "attempts that need action now (claimed, exited, settling) and each presence pass one page of this many running ones, "
            "after a cursor that wraps to the start after the last page, so a loop costs the same however many "
-           "attempts run. Every running attempt is checked once per ceil(running / reap_page_size) loops (one "
-           "sweep; the reapers wait for one full sweep after start or adoption). The orphan-run reaper pages "
+           "attempts run. Every running attempt is checked once per ceil(running / reap_page_size) presence passes "
+           "(one sweep; the reapers wait for one full sweep after start or adoption; see sweep_interval). The orphan-run reaper pages "
            "Airflow's running task instances by the same size.", _positive),
     Option("orphan_run_threshold", "float", "240", "Seconds without activity (the latest of the task instance's "
            "queued, start, heartbeat and update times and its dag run's start) after which a RUNNING task "
@@ -459,6 +465,8 @@ class LeoflowSettings:
     # --- settle
     maintenance_interval: float
     """Seconds between two reconcile passes, at most."""
+    sweep_interval: float
+    """Seconds between two presence passes of ``sync()`` (the LIVE page, the reapers), at least; 0: every one."""
     settle_timeout: float
     """Seconds of one replay call; also the wall-clock settle budget of one ``sync()``."""
     settle_budget: int
@@ -595,11 +603,15 @@ def load(get: Callable[[str, str, str], str] | None = None) -> LeoflowSettings:
     :param get: ``get(section, key, fallback) -> str``; defaults to Airflow's ``conf.get``.
     :returns: the settings; with ``runtime = kubernetes`` its group checked together and ``exchange_url``
         derived (:func:`check_kubernetes`).
-    :raises ConfigError: for the first malformed value, naming key and value; with ``runtime = kubernetes``,
-        for whatever :func:`check_kubernetes` finds.
+    :raises ConfigError: for the first malformed value, naming key and value; ``sweep_interval`` above
+        ``maintenance_interval``; with ``runtime = kubernetes``, for whatever :func:`check_kubernetes` finds.
     """
     get = _airflow_get() if get is None else get
     settings = _load(get)
+    if settings.sweep_interval > settings.maintenance_interval:
+        raise ConfigError(f"{SECTION}.sweep_interval", f"{settings.sweep_interval:g}",
+                          f"is above [leoflow] maintenance_interval ({settings.maintenance_interval:g}), the "
+                          "longest the reconcile passes may be apart: lower it, or raise maintenance_interval")
     if settings.runtime == "kubernetes":
         settings = replace(settings, kubernetes=check_kubernetes(settings.kubernetes, get))
     return settings

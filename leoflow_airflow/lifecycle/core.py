@@ -167,6 +167,8 @@ class Lifecycle:
         # and the last task instance id of the orphan-run reaper's page of Airflow's RUNNING rows (None: start)
         self._live_after = 0
         self._orphan_after: str | None = None
+        # monotonic time from which the next sync() makes a presence pass ([leoflow] sweep_interval apart)
+        self._presence_due = float("-inf")
         # which task instances this executor queued (the orphan-run reaper's candidates); the executor sets it
         # at start() from its name. Until then nothing is taken for this executor's
         self.ownership = orphan.Ownership(frozenset(), default=False)
@@ -256,15 +258,27 @@ class Lifecycle:
 
     # --- one sync() -----------------------------------------------------------------------------------
     def cycle(self) -> list[SchedulerAction]:
-        """One ``sync()``: apply the runtime's events, reconcile (every row that needs action, one page of LIVE
-        ones), reap that page and one page of Airflow's RUNNING task instances behind the settling gate,
-        collect. The gate counts a sweep when the LIVE cursor wraps: every LIVE row was looked at once."""
+        """One ``sync()``: apply the runtime's events, reconcile (every row that needs action; on a presence
+        pass also one page of LIVE ones), and on a presence pass reap that page and one page of Airflow's
+        RUNNING task instances behind the settling gate; collect. The gate counts a sweep when the LIVE cursor
+        wraps: every LIVE row was looked at once.
+
+        A presence pass comes at most every ``[leoflow] sweep_interval`` seconds (0: every cycle): the scheduler
+        calls ``sync()`` on every loop, several times a second while tasks start and end, and the page's reads
+        (the ledger's LIVE rows, Airflow's liveness of their task instances and its RUNNING rows) are most of a
+        cycle's cost, while every reaper threshold is tens of seconds. Events (a report, an exit) and the rows
+        that need action are still handled on every cycle, so a slot is freed and a lost report settled without
+        waiting for the next pass."""
         self.apply(self.runtime.poll())
         self._release_later()
-        page, presence = self.reconcile()
+        now = self.monotonic()
+        presence_pass = now >= self._presence_due
+        if presence_pass:
+            self._presence_due = now + self.settings.sweep_interval
+        page, presence = self.reconcile(presence_pass=presence_pass)
         if page.wrapped:
             self.gate.swept()
-        if self.gate.is_open(self.monotonic()):
+        if presence_pass and self.gate.is_open(self.monotonic()):
             self.reap(page, presence)
             try:
                 self.reap_orphans()
@@ -362,15 +376,16 @@ class Lifecycle:
         self._live_after = 0
         return LivePage(rows, after, None, wrapped=True)
 
-    def reconcile(self) -> tuple[LivePage, dict[AttemptRef, Presence]]:
+    def reconcile(self, *, presence_pass: bool = True) -> tuple[LivePage, dict[AttemptRef, Presence]]:
         """Turn presence into attempt states and settle dead attempts within the pass's budget.
 
-        Reads every row that needs action now (:data:`ACT_STATES`: CLAIMED, EXITED, SETTLING) and one keyset
-        page of LIVE rows (:meth:`next_page`), so its cost does not grow with the number of running attempts:
-        only the page is observed, and a LIVE row found GONE is moved to EXITED and settled at once. Returns the
-        page and its presence (the reapers act on that same page)."""
+        Reads every row that needs action now (:data:`ACT_STATES`: CLAIMED, EXITED, SETTLING) and, when
+        ``presence_pass``, one keyset page of LIVE rows (:meth:`next_page`), so its cost does not grow with the
+        number of running attempts: only the page is observed, and a LIVE row found GONE is moved to EXITED and
+        settled at once. Returns the page (without ``presence_pass``: an empty one that covers no row and ends
+        no sweep) and its presence (the reapers act on that same page)."""
         acting = self.ledger.in_states(ACT_STATES, runtime=self.runtime.kind)
-        page = self.next_page()
+        page = self.next_page() if presence_pass else LivePage([], self._live_after, self._live_after, wrapped=False)
         live = page.rows
         by_ref = {a.ref: a for a in acting}
         by_ref.update((a.ref, a) for a in live)  # read last: a row in both moved on in between
@@ -844,6 +859,7 @@ class Lifecycle:
         """
         self.gate.reset(self.monotonic())  # no reaping from a half-built picture
         self._live_after = 0  # the sweep the gate waits for starts now, at the first LIVE row
+        self._presence_due = float("-inf")  # and the next cycle observes
         not_adopted: list[Any] = []
         lost: list[Any] = []
         for ti in tis:

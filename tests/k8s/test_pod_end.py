@@ -66,7 +66,7 @@ class Scene:
                 "exchange_url": "http://127.0.0.1:9/leoflow", "namespace": namespace, "in_cluster": "False",
                 "kube_config": str(k8s_env.kubeconfig), "pod_template_file": str(template),
                 "runtime_dir": str(tmp_path / "rt"), "reap_grace": "3600",  # no reaper: the pod's end decides
-                **options}
+                "sweep_interval": "0", **options}  # every cycle a presence pass, as the checks count cycles
         self.settings = leoflow_settings.load(lambda section, key, fallback: conf.get(key, fallback))
         self.harness, self.namespace = harness, namespace
         self.engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")

@@ -76,7 +76,8 @@ class Scene:
         conf = {"runtime": "kubernetes", "image": IMAGE, "exchange_url": "http://127.0.0.1:9/leoflow",
                 "namespace": namespace, "in_cluster": "False", "kube_config": str(k8s_env.kubeconfig),
                 "pod_template_file": str(path), "runtime_dir": str(tmp_path / "rt"), "reap_grace": "0",
-                "dispatch_lost_threshold": "120", "pod_unschedulable_timeout": "300"}
+                "dispatch_lost_threshold": "120", "pod_unschedulable_timeout": "300",
+                "sweep_interval": "0"}  # every cycle a presence pass: the reapers' checks count cycles
         self.settings = leoflow_settings.load(lambda section, key, fallback: conf.get(key, fallback))
         self.harness, self.namespace = harness, namespace
         self.engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")

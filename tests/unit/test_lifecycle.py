@@ -62,7 +62,8 @@ class World:
         self.engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
         metadata.create_all(self.engine)
         self.ledger = LedgerStore(self.engine, clock=self.clock.utcnow)
-        conf = {"runtime_dir": str(tmp_path / "rt"), "reap_grace": "0", **options}
+        # a presence pass on every cycle unless a test asks otherwise: the fake clock moves only when told
+        conf = {"runtime_dir": str(tmp_path / "rt"), "reap_grace": "0", "sweep_interval": "0", **options}
         self.settings = leoflow_settings.load(get=lambda section, key, fallback: conf.get(key, fallback))
         self.runtime = FakeRuntime()
         self.airflow = FakeAirflow()
@@ -1071,3 +1072,39 @@ def test_a_live_peers_exited_row_is_left_to_it_so_its_slot_is_freed_and_a_dead_p
     world.airflow.alive_jobs = {2}  # the owner's scheduler died
     peer.cycle()
     assert (world.row(ref3).state, world.row(ref3).resolution) == (S.CLOSED, Resolution.REPORTED)
+
+
+# --- [leoflow] sweep_interval: presence passes are paced, events and rows that need action are not --------------
+def test_presence_passes_come_sweep_interval_apart_and_catch_a_silent_death(tmp_path):
+    """``sweep_interval`` 2: an agent that died without an ``Exited`` event (its presence GONE) is left
+    DISPATCHED by the cycles inside the interval (no LIVE page observed, no page of Airflow's RUNNING rows read)
+    and settled from its record by the first cycle past it, which also runs the orphan-run reaper's page."""
+    world = World(tmp_path, sweep_interval="2")
+    _w, ref = world.dispatched()  # its cycle was the first presence pass
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "success")
+    world.runtime.presence[ref] = Presence.GONE
+    observed, reads = len(world.runtime.observed), len(world.airflow.running_reads)
+    for _ in range(3):
+        world.clock.tick(0.5)
+        world.life.cycle()
+    assert world.row(ref).state == S.DISPATCHED
+    assert (len(world.runtime.observed), len(world.airflow.running_reads)) == (observed, reads)
+    world.clock.tick(0.5)  # 2 s after the first pass
+    world.life.cycle()
+    assert world.row(ref).state == S.CLOSED and world.row(ref).resolution == Resolution.REPLAYED
+    assert len(world.runtime.observed) == observed + 1 and len(world.airflow.running_reads) == reads + 1
+
+
+def test_an_exit_event_is_settled_at_once_between_presence_passes(tmp_path):
+    """``sweep_interval`` 60 (and ``maintenance_interval`` 60): the runtime's ``Exited`` event moves the attempt on and the row, now one that
+    needs action, is settled from its record by that same cycle, long before the next presence pass."""
+    world = World(tmp_path, sweep_interval="60", maintenance_interval="60")
+    _w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    world.record(ref, "success")
+    observed = len(world.runtime.observed)
+    world.clock.tick(1)
+    world.exit(ref)
+    assert world.row(ref).state == S.CLOSED and world.row(ref).resolution == Resolution.REPLAYED
+    assert len(world.runtime.observed) == observed  # settled without a presence pass

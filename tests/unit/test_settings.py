@@ -31,6 +31,7 @@ def test_defaults_parse(monkeypatch, tmp_path):
     assert s.runtime_dir == str(tmp_path / "leoflow")
     assert s.agent_lost_threshold == 120.0
     assert s.maintenance_interval == 5.0
+    assert s.sweep_interval == 1.0
     assert s.settle_timeout == 10.0
     assert s.settle_budget == 20
     assert s.launch_queue_size == 64
@@ -72,6 +73,8 @@ def test_values_are_parsed_and_stripped():
         ("agent_lost_threshold", "nan", "not a valid float"),
         ("agent_lost_threshold", "inf", "not a valid float"),
         ("maintenance_interval", "", "not a valid float"),
+        ("sweep_interval", "-1", "0 or more"),
+        ("sweep_interval", "6", "above [leoflow] maintenance_interval (5)"),
         ("settle_budget", "1.5", "not a valid integer"),
         ("settle_budget", "0", "greater than 0"),
         ("launch_queue_size", "many", "not a valid integer"),
