@@ -70,9 +70,9 @@ METRICS: tuple[Metric, ...] = (
            "Wall time of one `LeoflowExecutor.sync()` (the scheduler loop's time in leoflow: events, reconcile, "
            "settle, reap, hand-over)."),
     Metric("leoflow.dispatch.<disposition>", "counter", _BOTH,
-           "Dispatch results by disposition (`dispatched`, `backpressure`, `rejected`, `deferred`, `refused`, "
+           "Dispatch results by disposition (`dispatched`, `backpressure`, `deferred`, `refused`, "
            "`stale`).",
-           ("dispatched", "backpressure", "rejected", "deferred", "refused", "stale")),
+           ("dispatched", "backpressure", "deferred", "refused", "stale")),
     Metric("leoflow.attempt.settled.<resolution>", "counter", _BOTH,
            "Attempts closed in the ledger by this scheduler, by resolution (`reported`, `replayed`, "
            "`infra_redrive`, ...; the `Resolution` values)."),

@@ -11,11 +11,15 @@ from dataclasses import dataclass
 
 
 class Disposition(enum.StrEnum):
-    """What happened to one workload handed to :meth:`LeoflowExecutor._process_workloads`."""
+    """What happened to one workload handed to :meth:`LeoflowExecutor._process_workloads`.
+
+    A pod that is created but can never start (an image that cannot be pulled, a container that cannot be
+    configured: DESIGN's "rejected") is no dispatch result: its create answers ``dispatched``, and the
+    start-rejected reaper fails its task instance after a bounded grace (:class:`~leoflow_airflow.lifecycle.
+    runtime.StartState` ``REJECTED``)."""
 
     DISPATCHED = "dispatched"      # handed to the runtime; the attempt holds a slot
     BACKPRESSURE = "backpressure"  # the cluster said not now (ResourceQuota 403, APF 429): re-offer, never fail
-    REJECTED = "rejected"          # the runtime refused this request: failed at once (Kubernetes will add a backoff)
     DEFERRED = "deferred"          # nothing happened (local queue full, client rate limit): re-offer
     REFUSED = "refused"            # can never run here: fail at once with the reason
     STALE = "stale"                # the pre-launch guard found Airflow moved on: drop silently
