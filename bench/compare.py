@@ -280,9 +280,45 @@ class Meter:
         out["db"] = cpu.tree_cpu(table, self.pg_pid) if self.pg_pid else 0.0
         return out
 
-    def scheduler_tree_size(self) -> int:
-        """Processes (zombies included) in the scheduler's tree now."""
-        return cpu.tree_size(cpu.snapshot(), self.roots["scheduler"])
+    def attempt_processes(self) -> int:
+        """Processes (zombies included) in the scheduler's tree now that are not an idle pool process.
+
+        Idle pool processes live on between runs by design and cost no CPU while idle: LocalExecutor's workers
+        (title ``airflow worker -- LocalExecutor: <idle>``), leoflow's zygote (``leoflow_agent serve``) and its
+        Lite file workers (``leoflow warm ...``). Counting them would keep the window open after every run
+        that started one (leoflow's file workers, LocalExecutor's spawned workers) and bill the stack's idle
+        CPU of that wait to the run's tasks.
+        """
+        return sum(
+            1 for p in cpu.subtree(cpu.snapshot(), self.roots["scheduler"])
+            if p.pid != self.roots["scheduler"] and not _idle_pool_title(p.pid)
+        )
+
+
+IDLE_POOL_TITLE_PREFIXES = ("leoflow warm ",)
+"""Title prefixes of idle pool processes (see :meth:`Meter.attempt_processes`): leoflow's Lite file workers."""
+
+
+def is_idle_pool_title(title: str) -> bool:
+    """Whether a process title (``/proc/<pid>/cmdline``, NULs as spaces) is an idle pool process's: a leoflow
+    Lite file worker (``leoflow warm ...``), the zygote (``... leoflow_agent serve ...``) or an idle LocalExecutor
+    worker (``airflow worker -- LocalExecutor: <idle>``, its title between workloads). A busy LocalExecutor
+    worker (``... LocalExecutor: <dag_id> ...``), an agent (``leoflow agent ...``) and a task process are not."""
+    title = title.strip()
+    return (
+        title.startswith(IDLE_POOL_TITLE_PREFIXES)
+        or "leoflow_agent serve" in title
+        or (title.startswith("airflow worker -- LocalExecutor") and title.endswith("<idle>"))
+    )
+
+
+def _idle_pool_title(pid: int) -> bool:
+    """:func:`is_idle_pool_title` of ``pid``'s title; False when the process is gone."""
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return is_idle_pool_title(title)
 
 
 def task_instances(stack: AirflowStack, dag_id: str, run_id: str) -> list[dict[str, Any]]:
@@ -300,7 +336,8 @@ def measure_run(
     """Trigger ``dag_id`` once, wait for it, and measure it (see the module docstring for the figures).
 
     After the run ends, waits (at most 20 s) until the scheduler's tree is back to ``baseline_size``
-    processes, so lingering supervisors and agents are included in the CPU figure.
+    attempt processes (:meth:`Meter.attempt_processes`: idle pool processes not counted), so lingering
+    supervisors, agents and task processes are included in the CPU figure.
     """
     load_before = os.getloadavg()
     before = meter.sample()
@@ -311,7 +348,7 @@ def measure_run(
     except TimeoutError:
         state = "timeout"  # measured as far as it got; flagged in the table
     ended = time.monotonic()
-    while meter.scheduler_tree_size() > baseline_size and time.monotonic() - ended < 20:
+    while meter.attempt_processes() > baseline_size and time.monotonic() - ended < 20:
         time.sleep(0.2)
     settle = time.monotonic() - ended
     after = meter.sample()
@@ -415,7 +452,7 @@ def run_stack(
             raise StackError(f"no scheduler process found among {roots}")
         meter = Meter(roots, pg.postmaster_pid())
         time.sleep(3.0)  # let the executor finish starting (workers forked / zygote up)
-        baseline = meter.scheduler_tree_size()
+        baseline = meter.attempt_processes()
         idle0, t_idle = meter.sample(), time.monotonic()
         time.sleep(idle_seconds)
         idle1 = meter.sample()

@@ -5,8 +5,9 @@ exists (zombies included), of ``utime + stime + cutime + cstime`` from ``/proc/<
 ``cstime`` hold the CPU of every descendant that has already exited *and been waited for*, so a task process
 that came and went is still counted: by the LocalExecutor worker that waited for it, or by the leoflow agent
 (a subreaper) and then the zygote that waited for the agent. The benchmark takes one snapshot before a DAG
-run is triggered and one after it has ended and the tree is back to its size before the run; the difference
-is that run's CPU. The same rule covers both executors: LocalExecutor's task processes are descendants of
+run is triggered and one after it has ended and no attempt process is left in the tree (idle pool processes,
+which live on between runs by design, are not waited for: ``bench.compare.Meter.attempt_processes``); the
+difference is that run's CPU. The same rule covers both executors: LocalExecutor's task processes are descendants of
 the scheduler (scheduler -> worker -> task child), leoflow's too (scheduler -> zygote -> agent -> task
 child). What is *not* in a tree's figure: a process that left the tree (re-parented past a subreaper) is
 counted under ``orphans`` once it is re-parented to the benchmark process (which makes itself a subreaper),
