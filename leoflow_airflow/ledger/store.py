@@ -36,6 +36,9 @@ __all__ = ["FACT_COLUMNS", "Attempt", "LedgerConflict", "LedgerStore"]
 
 log = logging.getLogger(__name__)
 
+_AUTOCOMMIT_DIALECTS = frozenset({"postgresql", "mysql"})
+"""Databases on which a one-statement call runs in autocommit (:meth:`LedgerStore._tx`)."""
+
 FACT_COLUMNS: frozenset[str] = frozenset(
     {
         "scheduler_job_id",
@@ -159,6 +162,8 @@ def _dispose_after_fork(store_ref: weakref.ref[LedgerStore]) -> None:
     if store is not None:
         # close=False: the parent still owns those sockets; the child just forgets them.
         store.engine.dispose(close=False)
+        if store._single is not store.engine:
+            store._single.dispose(close=False)
 
 
 class LedgerStore:
@@ -171,9 +176,19 @@ class LedgerStore:
     after a fork).
     """
 
-    def __init__(self, engine: Engine, *, clock: Callable[[], datetime] = _utcnow) -> None:
-        """Wrap ``engine`` (whose database already has the ledger tables; see ``LeoflowDBManager``)."""
+    def __init__(self, engine: Engine, *, clock: Callable[[], datetime] = _utcnow,
+                 autocommit_engine: Engine | None = None) -> None:
+        """Wrap ``engine`` (whose database already has the ledger tables; see ``LeoflowDBManager``).
+
+        ``autocommit_engine``: an engine to the same database with ``isolation_level="AUTOCOMMIT"`` and a pool
+        of its own (:meth:`from_airflow` makes one on PostgreSQL and MySQL), for the calls that are one
+        statement (:meth:`_tx`); None: every call is a transaction on ``engine``."""
         self.engine = engine
+        # one statement needs no transaction of its own on a client-server database: in autocommit it is
+        # atomic by itself and the driver sends neither BEGIN nor COMMIT, two of a guarded write's three round
+        # trips (seen on PostgreSQL with log_statement = all). A pool of its own, set to autocommit once per
+        # connection: switching one pool's connections back and forth costs a SET at every check-in.
+        self._single = autocommit_engine if autocommit_engine is not None else engine
         self._clock = clock
         self._local = threading.local()
         self._page_cache: dict[int, Attempt] = {}  # open_page: id -> the row as last read (its row_version)
@@ -186,8 +201,9 @@ class LedgerStore:
         """A store on its own small engine to Airflow's metadata DB (``airflow.settings.SQL_ALCHEMY_CONN``).
 
         Takes Airflow's ``[database] sql_alchemy_connect_args`` and pool recycle; pool of 2 (+2 overflow,
-        none for in-memory SQLite), ``pool_pre_ping``; SQLite gets a 30 s busy timeout unless the connect
-        args set one, and MySQL READ COMMITTED like Airflow's own engine. Raises ``RuntimeError`` if
+        none for in-memory SQLite), ``pool_pre_ping``; on PostgreSQL and MySQL a second engine alike in
+        autocommit for the one-statement calls (``autocommit_engine``); SQLite gets a 30 s busy timeout
+        unless the connect args set one, and MySQL READ COMMITTED like Airflow's own engine. Raises ``RuntimeError`` if
         Airflow has no DB URL.
         """
         from airflow import settings
@@ -212,16 +228,20 @@ class LedgerStore:
                 max_overflow=2,
                 pool_recycle=conf.getint("database", "sql_alchemy_pool_recycle", fallback=1800),
             )
+        autocommit = None
+        if backend in _AUTOCOMMIT_DIALECTS:
+            autocommit = sa.create_engine(url, connect_args=connect_args, **engine_args, isolation_level="AUTOCOMMIT")
         if backend == "mysql":
             engine_args["isolation_level"] = "READ COMMITTED"
         engine = sa.create_engine(url, connect_args=connect_args, **engine_args)
-        return cls(engine)
+        return cls(engine, autocommit_engine=autocommit)
 
     @contextmanager
     def pinned(self) -> Iterator[None]:
         """Within the block, this thread's reads and writes share one pooled connection, checked out (and
-        pre-pinged) once instead of once per call; each call is still its own short transaction,
-        committed before it returns. Nested blocks reuse the outer connection. Used around one
+        pre-pinged) once instead of once per call; each call is still its own unit, done before it returns
+        (one statement in autocommit where the store has an ``autocommit_engine``, else a short transaction;
+        the claim runs in a transaction of its own, :meth:`_atomic`). Nested blocks reuse the outer connection. Used around one
         ``sync()`` or one batch of dispatches: a scheduler loop makes ~10 ledger calls per attempt, and
         a checkout with its ping is a DB round trip each (measured with py-spy on bench_fanout).
         Errors from the database propagate as from any call; the connection goes back to the pool (or
@@ -230,7 +250,7 @@ class LedgerStore:
         if getattr(self._local, "conn", None) is not None:
             yield
             return
-        with self.engine.connect() as conn:
+        with self._single.connect() as conn:
             self._local.conn = conn
             try:
                 yield
@@ -239,15 +259,28 @@ class LedgerStore:
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
-        """One transaction, on the pinned connection if there is one, else on a fresh checkout."""
+        """One statement's unit, on the pinned connection if there is one, else on a fresh checkout: in
+        autocommit with an ``autocommit_engine`` (the statement is atomic by itself), else a transaction. For
+        more than one statement that must be atomic together, :meth:`_atomic`."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            with self.engine.begin() as fresh:
+            with self._single.begin() as fresh:
                 yield fresh
             return
         if conn.in_transaction():  # a failed call's leftovers must not leak into this one
             conn.rollback()
         with conn.begin():
+            yield conn
+
+    @contextmanager
+    def _atomic(self) -> Iterator[Connection]:
+        """One transaction for several statements that must hold together (the claim): a fresh
+        checkout of the transactional engine where one-statement calls run in autocommit, else :meth:`_tx`."""
+        if self._single is self.engine:
+            with self._tx() as conn:
+                yield conn
+            return
+        with self.engine.begin() as conn:
             yield conn
 
     # ------------------------------------------------------------------ writes
@@ -283,7 +316,7 @@ class LedgerStore:
         for _ in range(CLAIM_ATTEMPTS):
             now = self._clock()
             try:
-                with self._tx() as conn:
+                with self._atomic() as conn:
                     top = conn.execute(
                         sa.select(sa.func.max(t.c.attempt_epoch)).where(t.c.ti_id == ti_id)
                     ).scalar_one()
@@ -497,8 +530,9 @@ class LedgerStore:
         (one ``id IN (…)`` statement) only for the page's ids this store has not read at that ``row_version``;
         the others are the :class:`Attempt` read before, unchanged since (every guarded write moves the
         version). A page of running attempts that did not change costs its ids, not its rows (issue 10,
-        "Benchmark"). All in one transaction; a row whose whole read finds it moved on is returned as it is
-        now; one gone meanwhile (purged) is left out.
+        "Benchmark"). Each statement on its own (in autocommit where the store has an ``autocommit_engine``:
+        under READ COMMITTED one transaction would not make them see one snapshot either); a row whose whole
+        read finds it moved on is returned as it is now; one gone meanwhile (purged) is left out.
 
         :raises ValueError: ``limit`` below 1, ``after_id`` below 0, or an empty/unknown ``states``.
         """

@@ -243,3 +243,43 @@ def test_two_schedulers_racing_assign_on_one_idle_warm_worker_exactly_one_wins(s
         assert taken.count(True) == 1, (rnd, taken)
         row = a.get(uid)
         assert (row.state, row.ref, row.attempts_taken) == ("busy", winner, 1)
+
+
+@pytest.fixture
+def autocommit_stores(db_url):
+    """Two stores as ``LedgerStore.from_airflow`` builds them on PostgreSQL: a transactional engine and an
+    autocommit one, each with a pool of one connection."""
+    engines = []
+    for _ in range(2):
+        engines += [sa.create_engine(db_url, pool_size=1, max_overflow=0),
+                    sa.create_engine(db_url, pool_size=1, max_overflow=0, isolation_level="AUTOCOMMIT")]
+    yield [LedgerStore(engines[i], autocommit_engine=engines[i + 1]) for i in (0, 2)]
+    for e in engines:
+        e.dispose()
+
+
+def test_a_pinned_block_writes_in_autocommit_and_claims_atomically(autocommit_stores):
+    """One ``sync()``'s ledger calls on PostgreSQL: the one-statement calls of a ``pinned()`` block share its
+    one connection and run in autocommit (no BEGIN/COMMIT round trips), each seen by another connection the
+    moment it returns; the claim is a transaction of its own (two claimers racing inside pinned blocks get
+    distinct epochs)."""
+    a, b = autocommit_stores
+    ti = str(uuid.uuid4())
+    with a.pinned():
+        ref = claim(a, ti).ref
+        raw = a._local.conn.connection.dbapi_connection
+        assert raw.autocommit is True  # back in autocommit after the claim's transaction
+        assert a.transition(ref, expected=[S.CLAIMED], to=S.DISPATCHED, pid=7)
+        assert b.get(ref).state == S.DISPATCHED  # visible at once: nothing left open
+        assert [x.ref for x in a.open_page(states=[S.DISPATCHED], after_id=0, limit=10) if x.ref == ref] == [ref]
+        assert raw.autocommit is True
+        second = claim(a, ti).ref
+    assert (second.attempt_epoch, b.current(ti).ref) == (2, second)
+    for _ in range(ROUNDS // 3):
+        ti = str(uuid.uuid4())
+
+        def pinned_claim(store: LedgerStore) -> int:
+            with store.pinned():
+                return claim(store, ti).ref.attempt_epoch
+
+        assert sorted(race([lambda: pinned_claim(a), lambda: pinned_claim(b)])) == [1, 2]
