@@ -523,7 +523,7 @@ def from_airflow(*, ledger: ExchangeLedger | None = None, kube: KubeReader | Non
             from leoflow_airflow.ledger.store import LedgerStore
 
             store = LedgerStore.from_airflow()
-            closers.append(store.engine.dispose)
+            closers.append(store.dispose)
             ledger = store
     except Exception as exc:  # noqa: BLE001 - logged; the api-server keeps serving everything else
         log.error("leoflow token exchange off: %s: %s", type(exc).__name__, exc)

@@ -68,10 +68,10 @@ class LedgerHolder:
             return self._store
 
     def close(self) -> None:
-        """Dispose the store's engine, if one was built."""
+        """Dispose the store's engines, if one was built."""
         with self._lock:
             if self._store is not None:
-                self._store.engine.dispose()
+                self._store.dispose()
                 self._store = None
 
 

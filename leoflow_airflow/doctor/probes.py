@@ -367,5 +367,5 @@ def _finalizers(core: Any, ns: str, timeout: float) -> Finding:
     except Exception as exc:  # noqa: BLE001
         return F.finalizers_finding(ns, [], f"the ledger cannot be read: {type(exc).__name__}: {exc}")
     finally:
-        store.engine.dispose()
+        store.dispose()
     return F.finalizers_finding(ns, leftover)

@@ -196,6 +196,13 @@ class LedgerStore:
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=lambda ref=weakref.ref(self): _dispose_after_fork(ref))
 
+    def dispose(self) -> None:
+        """Close every pooled connection of the store's engines (the transactional one and, when there is one,
+        the autocommit one); the store may be used again (new connections are opened)."""
+        self.engine.dispose()
+        if self._single is not self.engine:
+            self._single.dispose()
+
     @classmethod
     def from_airflow(cls) -> LedgerStore:
         """A store on its own small engine to Airflow's metadata DB (``airflow.settings.SQL_ALCHEMY_CONN``).

@@ -275,6 +275,8 @@ def test_a_pinned_block_writes_in_autocommit_and_claims_atomically(autocommit_st
         assert raw.autocommit is True
         second = claim(a, ti).ref
     assert (second.attempt_epoch, b.current(ti).ref) == (2, second)
+    a.dispose()  # both engines' connections closed; the store opens new ones
+    assert a.get(second).state == S.CLAIMED
     for _ in range(ROUNDS // 3):
         ti = str(uuid.uuid4())
 
