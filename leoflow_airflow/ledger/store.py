@@ -161,9 +161,7 @@ def _dispose_after_fork(store_ref: weakref.ref[LedgerStore]) -> None:
     store = store_ref()
     if store is not None:
         # close=False: the parent still owns those sockets; the child just forgets them.
-        store.engine.dispose(close=False)
-        if store._single is not store.engine:
-            store._single.dispose(close=False)
+        store.dispose(close=False)
 
 
 class LedgerStore:
@@ -196,12 +194,13 @@ class LedgerStore:
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=lambda ref=weakref.ref(self): _dispose_after_fork(ref))
 
-    def dispose(self) -> None:
-        """Close every pooled connection of the store's engines (the transactional one and, when there is one,
-        the autocommit one); the store may be used again (new connections are opened)."""
-        self.engine.dispose()
+    def dispose(self, *, close: bool = True) -> None:
+        """Drop every pooled connection of the store's engines (the transactional one and, when there is one,
+        the autocommit one); the store may be used again (new connections are opened). ``close=False`` forgets
+        them without closing (a forked child: the parent still owns the sockets)."""
+        self.engine.dispose(close=close)
         if self._single is not self.engine:
-            self._single.dispose()
+            self._single.dispose(close=close)
 
     @classmethod
     def from_airflow(cls) -> LedgerStore:
@@ -210,8 +209,8 @@ class LedgerStore:
         Takes Airflow's ``[database] sql_alchemy_connect_args`` and pool recycle; pool of 2 (+2 overflow,
         none for in-memory SQLite), ``pool_pre_ping``; on PostgreSQL and MySQL a second engine alike in
         autocommit for the one-statement calls (``autocommit_engine``); SQLite gets a 30 s busy timeout
-        unless the connect args set one, and MySQL READ COMMITTED like Airflow's own engine. Raises ``RuntimeError`` if
-        Airflow has no DB URL.
+        unless the connect args set one, and MySQL READ COMMITTED like Airflow's own engine. Raises
+        ``RuntimeError`` if Airflow has no DB URL.
         """
         from airflow import settings
         from airflow.configuration import conf
@@ -248,9 +247,9 @@ class LedgerStore:
         """Within the block, this thread's reads and writes share one pooled connection, checked out (and
         pre-pinged) once instead of once per call; each call is still its own unit, done before it returns
         (one statement in autocommit where the store has an ``autocommit_engine``, else a short transaction;
-        the claim runs in a transaction of its own, :meth:`_atomic`). Nested blocks reuse the outer connection. Used around one
-        ``sync()`` or one batch of dispatches: a scheduler loop makes ~10 ledger calls per attempt, and
-        a checkout with its ping is a DB round trip each (measured with py-spy on bench_fanout).
+        the claim runs in a transaction of its own, :meth:`_atomic`). Nested blocks reuse the outer
+        connection. Used around one ``sync()`` or one batch of dispatches: a scheduler loop makes ~10 ledger
+        calls per attempt, and a checkout with its ping is a DB round trip each (measured with py-spy on bench_fanout).
         Errors from the database propagate as from any call; the connection goes back to the pool (or
         is invalidated by SQLAlchemy) when the block exits.
         """
