@@ -249,8 +249,8 @@ class LedgerStore:
         (one statement in autocommit where the store has an ``autocommit_engine``, else a short transaction;
         the claim runs in a transaction of its own, :meth:`_atomic`). Nested blocks reuse the outer
         connection. Used around one ``sync()`` or one batch of dispatches: a scheduler loop makes ~10 ledger
-        calls per attempt, and a checkout with its ping is a DB round trip each (measured with py-spy on bench_fanout).
-        Errors from the database propagate as from any call; the connection goes back to the pool (or
+        calls per attempt, and a checkout with its ping is a DB round trip each (measured with py-spy on
+        bench_fanout). Errors from the database propagate as from any call; the connection goes back to the pool (or
         is invalidated by SQLAlchemy) when the block exits.
         """
         if getattr(self._local, "conn", None) is not None:
