@@ -246,8 +246,8 @@ class LedgerStore:
     def pinned(self) -> Iterator[None]:
         """Within the block, this thread's reads and writes share one pooled connection, checked out (and
         pre-pinged) once instead of once per call; each call is still its own unit, done before it returns
-        (one statement in autocommit where the store has an ``autocommit_engine``, else a short transaction;
-        the claim runs in a transaction of its own, :meth:`_atomic`). Nested blocks reuse the outer
+        (one statement in autocommit where the store has an ``autocommit_engine``, else a short transaction).
+        Nested blocks reuse the outer
         connection. Used around one ``sync()`` or one batch of dispatches: a scheduler loop makes ~10 ledger
         calls per attempt, and a checkout with its ping is a DB round trip each (measured with py-spy on
         bench_fanout). Errors from the database propagate as from any call; the connection goes back to the pool (or
@@ -266,8 +266,7 @@ class LedgerStore:
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
         """One statement's unit, on the pinned connection if there is one, else on a fresh checkout: in
-        autocommit with an ``autocommit_engine`` (the statement is atomic by itself), else a transaction. For
-        more than one statement that must be atomic together, :meth:`_atomic`."""
+        autocommit with an ``autocommit_engine`` (the statement is atomic by itself), else a transaction."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
             with self._single.begin() as fresh:
@@ -276,17 +275,6 @@ class LedgerStore:
         if conn.in_transaction():  # a failed call's leftovers must not leak into this one
             conn.rollback()
         with conn.begin():
-            yield conn
-
-    @contextmanager
-    def _atomic(self) -> Iterator[Connection]:
-        """One transaction for several statements that must hold together (the claim): a fresh
-        checkout of the transactional engine where one-statement calls run in autocommit, else :meth:`_tx`."""
-        if self._single is self.engine:
-            with self._tx() as conn:
-                yield conn
-            return
-        with self.engine.begin() as conn:
             yield conn
 
     # ------------------------------------------------------------------ writes
@@ -312,50 +300,56 @@ class LedgerStore:
         (the path depends on the epoch, which is only known inside the claim). ``host``: where the attempt
         will run (``leoflow_airflow.hosts.this_host()``; None leaves it unstamped).
 
-        Atomic through the unique key (ti_id, attempt_epoch): a concurrent claimer that took the same
-        epoch makes the insert fail; this method then re-reads and retries, up to ``CLAIM_ATTEMPTS``
-        times, then raises ``LedgerConflict``. Two concurrent claimers therefore get distinct epochs.
+        Atomic through the unique key (ti_id, attempt_epoch), not through a transaction: the claim is a read
+        of the highest epoch and an ``INSERT … RETURNING`` (where the dialect has it; else a read of the
+        inserted row), each in autocommit where the store has an ``autocommit_engine``. Under READ COMMITTED a
+        transaction would not stop two claimers reading the same highest epoch either; the key does: the
+        later insert fails, and this method then re-reads and retries, up to ``CLAIM_ATTEMPTS`` times, then
+        raises ``LedgerConflict``. Two concurrent claimers therefore get distinct epochs.
         ``workload_json`` must already have its token stripped (DESIGN §3 Dispatch). Any other integrity
         error propagates as ``sqlalchemy.exc.IntegrityError``. Returns the inserted row.
         """
         t = attempt_table
         for _ in range(CLAIM_ATTEMPTS):
             now = self._clock()
+            with self._tx() as conn:
+                top = conn.execute(
+                    sa.select(sa.func.max(t.c.attempt_epoch)).where(t.c.ti_id == ti_id)
+                ).scalar_one()
+            epoch = (top or 0) + 1
+            insert = t.insert().values(
+                ti_id=ti_id,
+                try_number=try_number,
+                attempt_epoch=epoch,
+                dag_id=dag_id,
+                task_id=task_id,
+                run_id=run_id,
+                map_index=map_index,
+                state=AttemptState.CLAIMED.value,
+                runtime=runtime,
+                workload_json=workload_json,
+                scheduler_job_id=scheduler_job_id,
+                host=host,
+                record_path=record_path_for(epoch) if record_path_for is not None else None,
+                created_at=now,
+                updated_at=now,
+                row_version=0,
+            )
             try:
-                with self._atomic() as conn:
-                    top = conn.execute(
-                        sa.select(sa.func.max(t.c.attempt_epoch)).where(t.c.ti_id == ti_id)
-                    ).scalar_one()
-                    epoch = (top or 0) + 1
-                    conn.execute(
-                        t.insert().values(
-                            ti_id=ti_id,
-                            try_number=try_number,
-                            attempt_epoch=epoch,
-                            dag_id=dag_id,
-                            task_id=task_id,
-                            run_id=run_id,
-                            map_index=map_index,
-                            state=AttemptState.CLAIMED.value,
-                            runtime=runtime,
-                            workload_json=workload_json,
-                            scheduler_job_id=scheduler_job_id,
-                            host=host,
-                            record_path=record_path_for(epoch) if record_path_for is not None else None,
-                            created_at=now,
-                            updated_at=now,
-                            row_version=0,
-                        )
-                    )
-                    row = conn.execute(
-                        sa.select(t).where(t.c.ti_id == ti_id, t.c.attempt_epoch == epoch)
-                    ).mappings().first()
+                with self._tx() as conn:
+                    if conn.dialect.insert_returning:
+                        row = conn.execute(insert.returning(*t.c)).mappings().first()
+                    else:
+                        conn.execute(insert)
+                        row = conn.execute(
+                            sa.select(t).where(t.c.ti_id == ti_id, t.c.attempt_epoch == epoch)
+                        ).mappings().first()
             except IntegrityError:
                 if self.get_epoch(ti_id, epoch) is None:
                     raise  # not a lost race: a real constraint violation
                 log.debug("lost the race for epoch %d of ti %s; retrying", epoch, ti_id)
                 continue
-            if row is None:  # pragma: no cover - the row was inserted just above, in the same transaction
+            if row is None:  # pragma: no cover - the row was inserted just above, by this call
                 raise LedgerConflict(f"claimed epoch {epoch} of ti {ti_id} vanished")
             return Attempt.from_row(row)
         raise LedgerConflict(f"could not claim an epoch for ti {ti_id} after {CLAIM_ATTEMPTS} tries")

@@ -258,22 +258,23 @@ def autocommit_stores(db_url):
         e.dispose()
 
 
-def test_a_pinned_block_writes_in_autocommit_and_claims_atomically(autocommit_stores):
-    """One ``sync()``'s ledger calls on PostgreSQL: the one-statement calls of a ``pinned()`` block share its
-    one connection and run in autocommit (no BEGIN/COMMIT round trips), each seen by another connection the
-    moment it returns; the claim is a transaction of its own (two claimers racing inside pinned blocks get
-    distinct epochs)."""
+def test_a_pinned_block_writes_and_claims_in_autocommit(autocommit_stores):
+    """One ``sync()``'s ledger calls on PostgreSQL: the calls of a ``pinned()`` block, the epoch claim too,
+    share its one connection and run in autocommit (no BEGIN/COMMIT round trips, no second checkout), each
+    seen by another connection the moment it returns; two claimers racing inside pinned blocks still get
+    distinct epochs (the unique key decides, not a transaction)."""
     a, b = autocommit_stores
     ti = str(uuid.uuid4())
     with a.pinned():
         ref = claim(a, ti).ref
         raw = a._local.conn.connection.dbapi_connection
-        assert raw.autocommit is True  # back in autocommit after the claim's transaction
+        assert raw.autocommit is True
         assert a.transition(ref, expected=[S.CLAIMED], to=S.DISPATCHED, pid=7)
         assert b.get(ref).state == S.DISPATCHED  # visible at once: nothing left open
         assert [x.ref for x in a.open_page(states=[S.DISPATCHED], after_id=0, limit=10) if x.ref == ref] == [ref]
         assert raw.autocommit is True
         second = claim(a, ti).ref
+    assert a.engine.pool.checkedin() + a.engine.pool.checkedout() == 0  # the claim took no transaction
     assert (second.attempt_epoch, b.current(ti).ref) == (2, second)
     a.dispose()  # both engines' connections closed; the store opens new ones
     assert a.get(second).state == S.CLAIMED
