@@ -117,7 +117,9 @@ def supervise_attempt(
 
     The SDK client's HTTP transport is a :class:`~leoflow_agent.transport.RecordingTransport` over a plain
     ``httpx.HTTPTransport`` (the SDK's own SSL context, no transport retries: the SDK client retries), and the
-    client class counts heartbeats as the supervisor does (:func:`~leoflow_agent.transport.heartbeat_counting_client`).
+    client class counts heartbeats as the supervisor does (:func:`~leoflow_agent.transport.heartbeat_counting_client`)
+    and does not send the supervisor's first heartbeat when it comes within :func:`first_heartbeat_window` of
+    the run call (that call set ``last_heartbeat_at`` already).
 
     :param workload: an ``airflow.executors.workloads.ExecuteTask`` carrying its workload token.
     :param server: the Execution API's base URL (``…/execution/``).
@@ -152,6 +154,8 @@ def supervise_attempt(
     )
     client = heartbeat_counting_client(Client)(base_url=server, token=workload.token, transport=transport)
     client.leoflow_transport = transport
+    # the supervisor's first heartbeat repeats what the run call just did (heartbeat_counting_client)
+    client.leoflow_first_heartbeat_window = first_heartbeat_window()
     _set_title(f"{title} {ti.dag_id}.{ti.task_id} map_index={ti.map_index}".strip())
     supervise_task(
         ti=ti,
@@ -231,6 +235,30 @@ def _arm_mid_task_fault(message: dict[str, Any]) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="leoflow-mid-task-fault", daemon=True).start()
+
+
+def first_heartbeat_window() -> float:
+    """Seconds after a 2xx run call within which the supervisor's first heartbeat is not sent (see
+    :func:`~leoflow_agent.transport.heartbeat_counting_client`): half ``[workers] min_heartbeat_interval``, at
+    most ``[core] task_success_overtime + [workers] socket_cleanup_timeout`` (Airflow's defaults 5, 20, 60 s:
+    2.5 s). A skipped heartbeat leaves the task instance at most ``min_heartbeat_interval`` + this without one
+    after its start, which the boot-time ladder's lower bound for ``[leoflow] agent_lost_threshold``
+    (``task_success_overtime + min_heartbeat_interval + socket_cleanup_timeout``) already exceeds, so the
+    agent-lost reaper never takes a healthy starting agent for a hung one. Never negative."""
+    interval = _conf_float("workers", "min_heartbeat_interval", 5.0)
+    slack = _conf_float("core", "task_success_overtime", 20.0) + _conf_float("workers", "socket_cleanup_timeout", 60.0)
+    return max(0.0, min(interval / 2, slack))
+
+
+def _conf_float(section: str, key: str, fallback: float) -> float:
+    """Read a number from the SDK's config (``AIRFLOW__SECTION__KEY`` or airflow.cfg); Airflow's default on a
+    missing or odd value."""
+    try:
+        from airflow.sdk.configuration import conf
+
+        return conf.getfloat(section, key, fallback=fallback)
+    except Exception:  # noqa: BLE001 - a missing/odd value falls back to Airflow's default
+        return fallback
 
 
 def _conf_int(section: str, key: str, fallback: int) -> int:

@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import signal
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 _STATE_PATH = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/state$")
 _RUN_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/run$")
 _HEARTBEAT_CALL = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/heartbeat$")
+_RUN_CALL = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/run$")
 _TERMINATED_STATUSES = frozenset({404, 409, 410})  # the supervisor's "stop, the server says so" answers
 REFUSED_AFTER_KILL = frozenset({"failed", "up_for_retry"})
 """Terminal states a graceful kill by leoflow causes (the operator's ``on_kill`` stopped the work, the task
@@ -419,22 +421,34 @@ def heartbeat_counting_client(base: type) -> type:
     transport would mark ``heartbeat_lost`` during a short api-server outage the supervisor survives, and
     then refuse (and re-run) a task that succeeded. One class per base (not per attempt) lets the zygote
     pre-build the class's cached SSL context once for every agent it forks.
+
+    The first heartbeat right after the start is not sent: the supervisor sends its first heartbeat at its
+    first wake-up after ``PATCH …/run`` (its last attempt starts at 0), a few milliseconds later, and that call
+    only sets again the ``last_heartbeat_at`` the run has just set (Airflow 3.3 ``ti_run``). A heartbeat of the
+    attempt's task instance made less than ``leoflow_first_heartbeat_window`` seconds (set it after
+    constructing; 0, the default, sends every heartbeat) after its run call answered 2xx is answered 204 here,
+    once, and is not counted; the supervisor's next one comes ``[workers] min_heartbeat_interval`` later, so
+    Airflow sees at most that interval plus the window without a heartbeat after the start. One request (and
+    the api-server's work for it) fewer per attempt, a quarter of a short task's Execution API calls.
     """
 
     class HeartbeatCountingClient(base):  # type: ignore[misc, valid-type]
         leoflow_transport: RecordingTransport | None = None
+        leoflow_first_heartbeat_window: float = 0.0
+        _leoflow_run_at: float | None = None  # time.monotonic() of the attempt's 2xx run call, until a heartbeat
 
         def request(self, method: str, url: Any, *args: Any, **kwargs: Any) -> httpx.Response:
             transport = self.leoflow_transport
             path = str(url).split("?", 1)[0]
-            match = _HEARTBEAT_CALL.search(path) if str(method).upper() == "PUT" else None
+            verb = str(method).upper()
+            match = _HEARTBEAT_CALL.search(path) if verb == "PUT" else None
             if transport is None:
                 return super().request(method, url, *args, **kwargs)
             if match is None:
-                if str(method).upper() == "PATCH" and _STATE_PATH.search(path):
+                if verb == "PATCH" and _STATE_PATH.search(path):
                     return super().request(method, url, *args, **kwargs)  # the report itself: never counted
                 try:
-                    return super().request(method, url, *args, **kwargs)
+                    response = super().request(method, url, *args, **kwargs)
                 except httpx.RequestError as exc:  # what the client retries, as for a 5xx
                     transport.call_failed(str(method), path, exc)
                     raise
@@ -442,8 +456,17 @@ def heartbeat_counting_client(base: type) -> type:
                     if exc.response.status_code >= 500:
                         transport.call_failed(str(method), path, exc)
                     raise
+                run = _RUN_CALL.search(path) if verb == "PATCH" else None
+                if run is not None and run["ti_id"] == transport.attempt_ti_id and response.is_success:
+                    self._leoflow_run_at = time.monotonic()
+                return response
             if match["ti_id"] != transport.attempt_ti_id:
                 return super().request(method, url, *args, **kwargs)
+            ran, self._leoflow_run_at = self._leoflow_run_at, None
+            if ran is not None and time.monotonic() - ran < self.leoflow_first_heartbeat_window:
+                log.debug("heartbeat of %s not sent: its run call answered %.3f s ago", transport.attempt_ti_id,
+                          time.monotonic() - ran)
+                return httpx.Response(204, request=self.build_request(method, url))
             transport.heartbeat_started()
             try:
                 response = super().request(method, url, *args, **kwargs)

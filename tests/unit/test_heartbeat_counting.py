@@ -123,3 +123,51 @@ def test_answered_errors_and_a_failed_report_itself_do_not_count():
     assert transport.unanswered is None
     assert _report(client, "failed").status_code == 200
     assert records and {(r.state, r.reason) for r in records} == {("failed", None)}  # one write per try sent
+
+
+RUN = f"task-instances/{TI}/run"
+
+
+def _counting_client(answers: list, window: float):
+    """A client whose transport logs every request that left (method, path)."""
+    sent: list[tuple[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append((request.method, request.url.path.rsplit("/", 1)[-1]))
+        return httpx.Response(answers.pop(0), json={})
+
+    transport = RecordingTransport(httpx.MockTransport(handler), attempt=ATTEMPT, sinks=[],
+                                   on_reported=lambda state, recorded: None, max_failed_heartbeats=2)
+    client = heartbeat_counting_client(RetryingClient)(transport=transport)
+    client.leoflow_transport = transport
+    client.leoflow_first_heartbeat_window = window
+    return client, sent
+
+
+def test_the_first_heartbeat_right_after_the_run_call_is_not_sent_later_ones_are():
+    """The supervisor heartbeats at once after ``PATCH …/run``, which set ``last_heartbeat_at`` already: that
+    one is answered 204 without a request; the next heartbeat and every later one leave."""
+    client, sent = _counting_client([200, 204, 204], window=2.5)
+    client.patch(RUN, json={})
+    assert client.put(HB).status_code == 204
+    client.put(HB)
+    client.put(HB)
+    assert sent == [("PATCH", "run"), ("PUT", "heartbeat"), ("PUT", "heartbeat")]
+
+
+@pytest.mark.parametrize("case", ["window 0", "run refused", "window passed", "other ti's run"])
+def test_the_first_heartbeat_is_sent_unless_a_2xx_run_call_of_this_ti_just_answered(case, monkeypatch):
+    import time as real_time
+
+    client, sent = _counting_client([409 if case == "run refused" else 200, 204], window=0 if case == "window 0" else 2.5)
+    run = RUN.replace(TI, "01900000-0000-7000-8000-000000000002") if case == "other ti's run" else RUN
+    if case == "run refused":
+        with pytest.raises(httpx.HTTPStatusError):
+            client.patch(run, json={})
+    else:
+        client.patch(run, json={})
+    if case == "window passed":
+        later = real_time.monotonic() + 2.6
+        monkeypatch.setattr("leoflow_agent.transport.time.monotonic", lambda: later)
+    client.put(HB)
+    assert sent[-1] == ("PUT", "heartbeat")
