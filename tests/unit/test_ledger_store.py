@@ -87,6 +87,27 @@ def test_current_ref_names_the_highest_epoch_as_current_does(store):
     assert store.current_ref(ti) == store.current(ti).ref == AttemptRef(ti, 4, 2)
 
 
+@pytest.mark.parametrize("returning", [True, False], ids=["insert-returning", "no-returning (MySQL)"])
+def test_a_claimer_that_lost_the_race_claims_the_next_epoch(store, returning, monkeypatch):
+    """The claim reads the highest epoch and inserts the next in two statements; a rival that inserts that epoch
+    in between (here: from the claimer's own ``record_path_for``, called between the two) wins through the unique
+    key, and the loser claims the epoch after it, with that epoch's record path. The same on a dialect without
+    ``INSERT … RETURNING``, which reads the inserted row back."""
+    monkeypatch.setattr(store.engine.dialect, "insert_returning", returning)
+    ti = str(uuid.uuid4())
+    rival: list[int] = []
+
+    def path_for(epoch: int) -> str:
+        if not rival:
+            rival.append(claim(store, ti).ref.attempt_epoch)
+        return f"/records/{epoch}"
+
+    mine = claim(store, ti, record_path_for=path_for)
+    assert rival == [1]
+    assert (mine.ref.attempt_epoch, mine.record_path, mine.state) == (2, "/records/2", S.CLAIMED)
+    assert store.current(ti) == mine
+
+
 def test_a_real_constraint_violation_is_not_mistaken_for_a_lost_race(store):
     with pytest.raises(IntegrityError):
         claim(store, dag_id=None)
