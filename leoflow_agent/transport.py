@@ -43,9 +43,8 @@ from leoflow_agent import fencing, outcome
 log = logging.getLogger(__name__)
 
 _STATE_PATH = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/state$")
-_RUN_PATH = re.compile(r"/task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/run$")
+_RUN_PATH = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/run$")
 _HEARTBEAT_CALL = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/heartbeat$")
-_RUN_CALL = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/run$")
 _TERMINATED_STATUSES = frozenset({404, 409, 410})  # the supervisor's "stop, the server says so" answers
 REFUSED_AFTER_KILL = frozenset({"failed", "up_for_retry"})
 """Terminal states a graceful kill by leoflow causes (the operator's ``on_kill`` stopped the work, the task
@@ -456,7 +455,7 @@ def heartbeat_counting_client(base: type) -> type:
                     if exc.response.status_code >= 500:
                         transport.call_failed(str(method), path, exc)
                     raise
-                run = _RUN_CALL.search(path) if verb == "PATCH" else None
+                run = _RUN_PATH.search(path) if verb == "PATCH" else None
                 if run is not None and run["ti_id"] == transport.attempt_ti_id and response.is_success:
                     self._leoflow_run_at = time.monotonic()
                 return response

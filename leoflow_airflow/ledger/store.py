@@ -247,11 +247,10 @@ class LedgerStore:
         """Within the block, this thread's reads and writes share one pooled connection, checked out (and
         pre-pinged) once instead of once per call; each call is still its own unit, done before it returns
         (one statement in autocommit where the store has an ``autocommit_engine``, else a short transaction).
-        Nested blocks reuse the outer
-        connection. Used around one ``sync()`` or one batch of dispatches: a scheduler loop makes ~10 ledger
-        calls per attempt, and a checkout with its ping is a DB round trip each (measured with py-spy on
-        bench_fanout). Errors from the database propagate as from any call; the connection goes back to the pool (or
-        is invalidated by SQLAlchemy) when the block exits.
+        Nested blocks reuse the outer connection. Used around one ``sync()`` or one batch of dispatches: a
+        scheduler loop makes ~10 ledger calls per attempt, and a checkout with its ping is a DB round trip each
+        (measured with py-spy on bench_fanout). Errors from the database propagate as from any call; the
+        connection goes back to the pool (or is invalidated by SQLAlchemy) when the block exits.
         """
         if getattr(self._local, "conn", None) is not None:
             yield
