@@ -2,8 +2,8 @@
 leave running across ``end()``, plus one short one that must still finish after the scheduler has gone.
 
 ``bash_forever`` and ``bash_forever_2`` are BashOperators whose ``bash`` (in a session of its own) runs
-``sleep 600``; ``python_forever`` sleeps in Python; ``short`` sleeps ``conf["short_seconds"]`` (default 25)
-in bash and succeeds.
+``sleep 600``; ``python_forever`` sleeps in Python; ``short`` waits, in Python, for the test's release file
+``$AIRFLOW_HOME/traces/release.<run_id>`` (at most ``conf["short_seconds"]``, default 25) and succeeds.
 """
 
 from __future__ import annotations
@@ -18,10 +18,17 @@ def leoflow_test_sleepy():
     for name in ("bash_forever", "bash_forever_2"):
         # two commands, so bash stays as the parent of sleep instead of exec-ing it
         BashOperator(task_id=name, bash_command="echo started; sleep 600; echo never")
-    BashOperator(
-        task_id="short",
-        bash_command='sleep {{ dag_run.conf.get("short_seconds", 25) }}; echo done',
-    )
+
+    @task
+    def short(dag_run=None, run_id=None) -> None:
+        """Wait for the release file (polled every 0.2 s), at most ``conf["short_seconds"]`` seconds."""
+        import os
+        import time
+
+        release = os.path.join(os.environ["AIRFLOW_HOME"], "traces", f"release.{run_id}")
+        deadline = time.monotonic() + float((dag_run.conf or {}).get("short_seconds", 25))
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.2)
 
     @task
     def python_forever() -> None:
@@ -31,6 +38,7 @@ def leoflow_test_sleepy():
         time.sleep(600)
 
     python_forever()
+    short()
 
 
 leoflow_test_sleepy()

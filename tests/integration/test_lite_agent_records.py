@@ -33,15 +33,16 @@ pytestmark = pytest.mark.airflow
 
 INFRA = "leoflow infra re-drive"
 
-# The supervisor gives up after 3 failed heartbeat calls, 2 s apart, each 3 tries of up to 8 s with 0.5-1 s
+# The supervisor gives up after 3 failed heartbeat calls, 2 s apart, each 3 tries of up to 6 s with 0.5-1 s
 # between them (Airflow's defaults: 3 calls 5 s apart, 5 tries each with waits up to 90 s, i.e. minutes). A
-# failing call then lasts about 25 s: the window the test aims the task's end at, and 3 tries keep a slow
-# api-server on a loaded machine from failing calls outside the outage.
+# failing call then lasts about 19 s: the window the test aims the task's end at (it reacts within a second),
+# and 3 tries of 6 s (Airflow's timeout is 5 s) keep a slow api-server on a loaded machine from failing calls
+# outside the outage.
 OUTAGE_SETTINGS = {
     "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "3",
     "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MIN": "0.5",
     "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MAX": "1",
-    "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "8",
+    "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "6",
     "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "2",
     "AIRFLOW__WORKERS__MAX_FAILED_HEARTBEATS": "3",
 }

@@ -165,7 +165,7 @@ def test_killed_zygote_is_restarted_and_work_goes_on(tmp_path):
             stack.unpause(dag)
         assert stack.wait_for_run(PROBE, stack.trigger(PROBE), timeout=120) == "success"
 
-        hold_run = stack.trigger(HOLD, conf={"seconds": 45})
+        hold_run = stack.trigger(HOLD, conf={"seconds": 30})  # the restart below takes 1-3 s
         running = wait_for(lambda: [a for a in agents(stack) if b".hold " in a.cmdline], 60, "the hold agent")
         agent = proc.identity(running[0].pid)
         (old,) = zygotes(stack)

@@ -240,8 +240,9 @@ class TestOneStack:
         raced the api-server's start-up (10-30 s under load) against try 2's agents dying before ``/run`` and
         leoflow's ``redispatch_limit`` re-dispatches, and spent a user retry whenever the api-server came up
         last. Restarting it once try 2 was dispatched still raced (the third epoch reached a server started
-        just in time). So the api-server stays down until leoflow gave try 2 up, or 60 s after try 2's
-        dispatch: every run takes the slow path, and the product must wait the outage out."""
+        just in time). So the api-server stays down until leoflow gave try 2 up, or 35 s after try 2's
+        dispatch (without the back-off its re-dispatches were spent within seconds): every run takes the slow
+        path, and the product must wait the outage out."""
         run = stack.trigger_with("lf_hb")
         first = _first_start(stack, "lf_hb", "slow", run)
         attempt = attempt_of(stack, "lf_hb", run, "slow", first)
@@ -254,11 +255,11 @@ class TestOneStack:
             lost_after = time.monotonic() - t_down
             wait_until(lambda: [a for a in stack.attempts("lf_hb", run, "slow") if a["try_number"] == 2], 120,
                        "leoflow to dispatch try 2 while the api-server is down")
-            # ... and stays down until leoflow gave try 2 up (its re-dispatch limit spent) or for 60 s more:
+            # ... and stays down until leoflow gave try 2 up (its re-dispatch limit spent) or for 35 s more:
             # long enough for every dispatch that does not wait for the api-server to fail
             try:
                 wait_until(lambda: [a for a in stack.attempts("lf_hb", run, "slow")
-                                    if a["try_number"] == 2 and a["resolution"] == "executor_failed"], 60,
+                                    if a["try_number"] == 2 and a["resolution"] == "executor_failed"], 35,
                            "leoflow to give try 2 up")
             except TimeoutError:
                 pass  # it waited the outage out: the behaviour this test wants

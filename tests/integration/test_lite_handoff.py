@@ -32,8 +32,9 @@ def stuck_in_queued_events(stack) -> list[str]:
 @pytest.mark.airflow
 @pytest.mark.timeout(400)
 def test_long_tasks_are_not_held_queued_into_stuck_in_queued(tmp_path):
-    """One slot and 25 s tasks, with ``task_queued_timeout`` 20 s checked every 5 s. After one such task has
-    finished, two more are triggered at once. A fixed queue-ahead would hold the second of them QUEUED for
+    """One slot and 25 s tasks, with ``task_queued_timeout`` 20 s checked every 5 s. After one 5 s task has
+    finished (already longer than the queue-ahead's horizon, ``task_queued_timeout`` / 10), two 25 s tasks are
+    triggered at once. A fixed queue-ahead would hold the second of them QUEUED for
     25 s, and Airflow would revoke and re-schedule it as stuck. The adaptive depth holds nothing ahead for
     tasks this long, so it waits in SCHEDULED: all succeed on their first epoch with no stuck-in-queued event."""
     env = {
@@ -48,7 +49,7 @@ def test_long_tasks_are_not_held_queued_into_stuck_in_queued(tmp_path):
         stack.unpause(HOLD)
         # one attempt first, so the executor has seen how long these take (before that, at scheduler start,
         # it holds one slot's worth ahead: parallelism, see QueueAhead.depth)
-        runs = [stack.trigger(HOLD, conf={"seconds": 25})]
+        runs = [stack.trigger(HOLD, conf={"seconds": 5})]
         assert stack.wait_for_run(HOLD, runs[0], timeout=120) == "success"
         runs += [stack.trigger(HOLD, conf={"seconds": 25}) for _ in range(2)]
         states = [stack.wait_for_run(HOLD, run, timeout=240) for run in runs[1:]]

@@ -1,10 +1,11 @@
 """``end()``, ``revoke_task`` and ``terminate()`` on real attempts (issue 2, acceptance 3).
 
 One real Airflow runs ``leoflow_test_sleepy`` under LeoflowExecutor (Lite): two BashOperators whose ``bash``
-(in a session of its own) runs ``sleep 600``, a Python task sleeping 600 s and a short bash task. Then:
+(in a session of its own) runs ``sleep 600``, a Python task sleeping 600 s and a short Python task that waits for the test's release file. Then:
 
 1. the scheduler is stopped (SIGTERM, Airflow's graceful path calls ``executor.end()``): no zygote is left,
-   every agent and its whole subtree carries on, and the short task still finishes and reaches success;
+   every agent and its whole subtree carries on, and the short task, released only then, still finishes and
+   reaches success;
 2. a fresh ``LeoflowExecutor`` (in a driver process with the stack's configuration, as the scheduler that
    adopts them would be) revokes ``bash_forever``: its agent, task child, ``bash`` and ``sleep`` are all gone,
    the other attempts are untouched, and its ledger row is closed as revoked;
@@ -116,7 +117,7 @@ def test_end_leaves_agents_revoke_and_terminate_leave_nothing(tmp_path):
         stack.migrate()
         stack.start(wait_for_dags=[DAG])
         stack.unpause(DAG)
-        run_id = stack.trigger(DAG, conf={"short_seconds": 40})
+        run_id = stack.trigger(DAG, conf={"short_seconds": 120})  # it runs until released below
         wait_for(lambda: all(bash_ready(stack, t) for t in ("bash_forever", "bash_forever_2")), 90,
                  "both bash attempts to run bash + sleep 600 in a session of their own")
         wait_for(lambda: len(agents(stack)) == 4, 30, "four agents")
@@ -134,10 +135,11 @@ def test_end_leaves_agents_revoke_and_terminate_leave_nothing(tmp_path):
         wait_for(lambda: proc.identity(sched.pid) is None, 60, "the scheduler to exit")
         assert not proc.is_alive(zygote_ident) and zygotes(stack) == []
         assert "leoflow zygote stopped; 4 agents left running" in log_text(stack, "scheduler")
-        for t in FOREVER:  # "short" may end on its own while the scheduler exits: its success below proves it ran on
+        for t in (*FOREVER, "short"):
             assert alive(idents[t]) == idents[t], f"{t}: end() killed part of a running attempt"
 
-        # ... and the agents carry on: the short task still reports success with no scheduler running
+        # ... and the agents carry on: the short task, released now, reports success with no scheduler running
+        (stack.traces_dir / f"release.{run_id}").touch()
         wait_for(lambda: stack.task_states(DAG, run_id).get("short") == "success", 90,
                  "the short task to succeed after the scheduler ended")
         wait_for(lambda: not alive(idents["short"]), 30, "the short attempt's processes to exit")
