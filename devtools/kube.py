@@ -124,6 +124,7 @@ class KubeStack:
         self._recorder_errors: list[str] = []
         self._recorder_rv: str | None = None
         self._stop_recorder = threading.Event()
+        self._recorder_stream: Any = None  # the recorder's current kubernetes.watch.Watch, stopped by stop()
         self._recorder: threading.Thread | None = None
         self._cluster_objects: list[tuple[str, str]] = []  # (kind, name) created here, cluster-scoped
         self.scheduler_user: str | None = None
@@ -195,6 +196,8 @@ class KubeStack:
             problems.extend(f"node harness: {e}" for e in self.harness.errors)
             self.harness = None
         self._stop_recorder.set()
+        if self._recorder_stream is not None:
+            self._recorder_stream.stop()  # shuts the stream's socket: the recorder ends now, not at its timeout
         if self._recorder is not None:
             self._recorder.join(15)
             if self._recorder.is_alive():
@@ -363,7 +366,9 @@ class KubeStack:
                     for pod in listed["items"]:
                         self._keep(pod)
                     rv = listed["metadata"]["resourceVersion"]
-                w = watch.Watch()
+                w = self._recorder_stream = watch.Watch()
+                if self._stop_recorder.is_set():
+                    break
                 for event in w.stream(core.list_namespaced_pod, self.namespace, resource_version=rv,
                                       timeout_seconds=5, allow_watch_bookmarks=True):
                     raw = event.get("raw_object") or {}

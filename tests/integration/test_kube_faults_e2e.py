@@ -35,7 +35,8 @@ scheduler; the stack stays whole.
 
 Wall time on the 2-core host: about 11 min at low load (the stack's start 55-100 s; node loss 82 s, of which PodGC's
 wait 56 s; OOM 21 s, eviction 20 s, deadline 17 s; adoption 60 s; the revoke's wait for ``task_queued_timeout``
-100 s; token lifetimes 60 s; finalizer 65 s).
+100 s; token lifetimes 60 s; finalizer 65 s; measured when ``task_queued_timeout`` was 90 s and ``[leoflow]
+pod_termination_valve`` 60 s: each wait is 20 s and 35 s shorter now).
 """
 
 from __future__ import annotations
@@ -70,9 +71,10 @@ silent heartbeat), or leoflow's own agent-lost reaper could settle the attempt f
 one asserted)."""
 
 # --- adoption, revoke, token lifetimes (tests/fault_dags/leoflow_holes.py and leoflow_more.py)
-QUEUED_TIMEOUT = 90
-"""``[scheduler] task_queued_timeout``: well above a cold pod's way from create to ``/run`` on a loaded 2-core
-host (observed 23 s for one pod at load 6.7: exchange after 2 s, then the Task SDK's start), and below ``[leoflow]
+QUEUED_TIMEOUT = 70
+"""``[scheduler] task_queued_timeout``: three times a cold pod's way from create to ``/run`` on a loaded 2-core
+host (observed 23 s for one pod at load 6.7: exchange after 2 s, then the Task SDK's start), above the token
+test's held pod (:data:`TOKEN_DEAD_AFTER` + 3 s Pending, then that start), and below ``[leoflow]
 dispatch_lost_threshold`` (120 s). A re-driven try of the node-loss test waits QUEUED for its replacement node
 well within it."""
 JWT_EXPIRATION = 10
@@ -100,6 +102,9 @@ LABEL = "leoflow.io/"
 FINALIZER_DAG = "leoflow_test_finalizer"
 
 INFRA = "leoflow infra re-drive"
+VALVE = 25
+"""``[leoflow] pod_termination_valve`` for the module (default 60): the pods its other tests delete (a revoke, an
+eviction) are on a running harness node and report their terminated status within seconds."""
 DAGS = [HOLD_DAG, NODE_DAG, ADOPT_DAG, REVOKE_DAG, WAIT_DAG, LONG_DAG, FINALIZER_DAG]
 EXTRA = {
     "AIRFLOW__LEOFLOW__POD_OVERRIDE_ALLOW": ALLOW,
@@ -112,6 +117,7 @@ EXTRA = {
     "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": str(HEARTBEAT),
     "AIRFLOW__WORKERS__MAX_FAILED_HEARTBEATS": str(MAX_FAILED_HEARTBEATS),
     "AIRFLOW__LEOFLOW__POD_RETENTION_SUCCESS": "3600",
+    "AIRFLOW__LEOFLOW__POD_TERMINATION_VALVE": str(VALVE),
 }
 
 
@@ -334,8 +340,6 @@ def test_a_lost_node_s_task_is_rerun_as_a_new_try_on_the_infra_budget(kube_stack
     assert _callbacks(stack, NODE_DAG) == [f"{NODE_DAG} {KTASK} 2 success"]
 
 
-VALVE = 60
-"""``[leoflow] pod_termination_valve`` (its default)."""
 UNREACHABLE_GRACE = 5
 """The grace of the unreachable pod's delete (as the agent-lost reaper's kill or a taint manager would send one)."""
 
@@ -345,7 +349,7 @@ def test_a_pod_on_an_unreachable_node_is_rerun_once_the_valve_opens(kube_stack) 
     (its harness stops: the body is killed, nothing reports, the Node object stays, as for a partitioned or hung
     machine nobody deleted). The pod is deleted with grace 5 s: no kubelet confirms it, so it stays deleting and
     Running, and leoflow's finalizer keeps it. leoflow waits for its terminated status (the record) the grace plus
-    ``[leoflow] pod_termination_valve`` (60 s), never less, then re-runs the TI as try 2 on the infra budget:
+    ``[leoflow] pod_termination_valve`` (:data:`VALVE`), never less, then re-runs the TI as try 2 on the infra budget:
     ``max_tries`` 0 → 1, one ``leoflow infra re-drive`` Log row naming the pod, its node and the valve, no retry or
     failure callback. The node comes back (a new harness) and try 2 succeeds; try 1's body never ended."""
     from kubernetes import client

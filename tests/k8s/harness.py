@@ -794,6 +794,7 @@ class NodeHarness:
         self._mp_lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._stream: watch.Watch | None = None  # the watcher's current stream, stopped from stop()
         self.kubelet_host = kubelet_host
         self.kubelet_port = 0
         self._kubelet: _KubeletServer | None = None
@@ -1002,7 +1003,9 @@ class NodeHarness:
                 for pod in lst.items:
                     self._handle(pod)
                 rv = lst.metadata.resource_version
-                w = watch.Watch()
+                w = self._stream = watch.Watch()
+                if self._stop.is_set():
+                    break
                 for ev in w.stream(self.core.list_pod_for_all_namespaces, resource_version=rv,
                                    timeout_seconds=5, allow_watch_bookmarks=True, **sel):
                     if self._stop.is_set():
@@ -1027,6 +1030,8 @@ class NodeHarness:
         for run in list(self.runs.values()):
             run._stop_procs(grace)
             run.done.set()
+        if self._stream is not None:
+            self._stream.stop()  # the client's stop() shuts the socket: the stream ends now, not at its timeout
         if self._watcher:
             self._watcher.join(timeout)
         if self._kubelet is not None:
