@@ -1036,9 +1036,9 @@ def _run_one(config: WarmConfig, registration: Registration, assignment: Assignm
              server: str) -> _Child:
     """Fork the child of attempt ``number`` and wait for it (the watchdog) until it exits or reports its attempt
     (its terminal PATCH returned 2xx). Returns the child: :func:`_finish` it (its exit, its leftovers, the sweep)
-    before the next attempt forks. Between its report and its exit the Task SDK's supervisor may linger for up
-    to ``[workers] min_heartbeat_interval`` (its selector's wait) and uploads the task's log; the worker awaits
-    its next attempt meanwhile, so it is free at the report, as a Lite slot is (DESIGN §3 "Run")."""
+    before the next attempt forks. Between its report and its exit the Task SDK's supervisor waits for the task
+    process's exit (50 ms at a time: :class:`~leoflow_agent.runner.ExitWatch`) and uploads the task's log; the
+    worker awaits its next attempt meanwhile, so it is free at the report, as a Lite slot is (DESIGN §3 "Run")."""
     import signal
 
     from leoflow_agent import proc
