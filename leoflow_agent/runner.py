@@ -137,11 +137,9 @@ def supervise_attempt(
     import httpx
 
     from airflow.sdk.api.client import Client
-    from airflow.sdk.execution_time.supervisor import supervise_task
+    from airflow.sdk.execution_time import supervisor as sdk_supervisor
 
     from leoflow_agent.transport import RecordingTransport, heartbeat_counting_client
-
-    from airflow.sdk.execution_time import supervisor as sdk_supervisor
 
     exit_watch = ExitWatch(sdk_supervisor)
 
@@ -166,7 +164,7 @@ def supervise_attempt(
     client.leoflow_first_heartbeat_window = first_heartbeat_window()
     _set_title(f"{title} {ti.dag_id}.{ti.task_id} map_index={ti.map_index}".strip())
     try:
-        supervise_task(
+        sdk_supervisor.supervise_task(
             ti=ti,
             bundle_info=workload.bundle_info,
             dag_rel_path=workload.dag_rel_path,
