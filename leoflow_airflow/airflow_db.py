@@ -29,15 +29,33 @@ def _row(ti: object | None) -> TIRow | None:
 
 def load_ti_row_by_id(ti_id: str) -> TIRow | None:
     """Return the live ``task_instance`` row whose primary key is ``ti_id``, or ``None``."""
-    from airflow.models.taskinstance import TaskInstance
+    return load_ti_rows_by_id([ti_id]).get(str(ti_id))
+
+
+def load_ti_rows_by_id(ti_ids: list[str]) -> dict[str, TIRow]:
+    """Return ``{ti_id: row}`` for the live ``task_instance`` rows among ``ti_ids`` (one query on the primary
+    key, the guard's columns only); an id that is not a UUID or has no row is absent.
+
+    :raises sqlalchemy.exc.SQLAlchemyError: on a DB failure.
+    """
+    from sqlalchemy import select
+
+    from airflow.models.taskinstance import TaskInstance as TI
     from airflow.utils.session import create_session
 
-    try:
-        key = uuid.UUID(str(ti_id))
-    except ValueError:
-        return None
+    keys = set()
+    for ti_id in ti_ids:
+        try:
+            keys.add(uuid.UUID(str(ti_id)))
+        except ValueError:
+            continue
+    if not keys:
+        return {}
     with create_session(scoped=False) as session:
-        return _row(session.get(TaskInstance, key))
+        rows = session.execute(
+            select(TI.id, TI.state, TI.try_number, TI.max_tries, TI.queued_by_job_id).where(TI.id.in_(sorted(keys)))
+        ).all()
+    return {str(r.id): _row(r) for r in rows}  # type: ignore[misc]
 
 
 def load_ti_row(dag_id: str, run_id: str, task_id: str, map_index: int) -> TIRow | None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.executors.base_executor import BaseExecutor, get_execution_api_server_url
 from airflow.executors.workloads import ExecuteCallback, ExecuteTask
+from airflow.utils.state import TaskInstanceState
 
 from leoflow_airflow import ladder, metrics
 from leoflow_airflow import settings as leoflow_settings
@@ -261,18 +262,27 @@ class LeoflowExecutor(BaseExecutor):
 
     # --- dispatch -------------------------------------------------------------------------------------
     def _process_workloads(self, workloads: Any) -> None:
-        """Dispatch each workload and act on its :class:`Disposition` (DESIGN §3 "Dispatch")."""
+        """Dispatch each workload and act on its :class:`Disposition` (DESIGN §3 "Dispatch"): callbacks and
+        anything else first (Airflow's ``trigger_tasks`` puts callbacks first, to finish work before starting
+        more), then the task workloads as one batch (:meth:`Lifecycle.dispatch_tasks`: its reads made once)."""
+        workloads = list(workloads)
+        batch = [w for w in workloads if isinstance(w, ExecuteTask)] if self._started else []
+        in_batch = {id(w) for w in batch}
         with self.ledger.pinned():
             for workload in workloads:
-                result = self._dispatch(workload)
-                metrics.incr(f"leoflow.dispatch.{result.disposition.value}")
-                self._apply(workload, result)
+                if id(workload) not in in_batch:
+                    self._record(workload, self._dispatch(workload))
+            if batch:
+                for workload, result in zip(batch, self.life.dispatch_tasks(batch)):
+                    self._record(workload, result)
+
+    def _record(self, workload: Any, result: DispatchResult) -> None:
+        metrics.incr(f"leoflow.dispatch.{result.disposition.value}")
+        self._apply(workload, result)
 
     def _dispatch(self, workload: Any) -> DispatchResult:
         if not self._started:
             return DispatchResult(Disposition.DEFERRED, "the executor is not started")
-        if isinstance(workload, ExecuteTask):
-            return self.life.dispatch_task(workload)
         if isinstance(workload, ExecuteCallback):
             return self.life.dispatch_callback(workload)
         return DispatchResult(Disposition.REFUSED, f"{type(workload).__name__} is not supported")
@@ -324,10 +334,21 @@ class LeoflowExecutor(BaseExecutor):
                 self.success(action.key)
             elif isinstance(action, act.ChangeState):
                 self.change_state(action.key, action.state)
+            elif isinstance(action, act.Finished):
+                self._finished(action)
             elif isinstance(action, act.SendCallback):
                 self.send_callback(action.request)
             elif isinstance(action, act.TaskEvent):
                 self._task_event(action)
+
+    def _finished(self, action: act.Finished) -> None:
+        """Put a landed terminal report into the event buffer (:class:`~leoflow_airflow.lifecycle.actions.
+        Finished`), as a ``TaskInstanceState`` where the reported state is one; the slot was freed already."""
+        try:
+            state: Any = TaskInstanceState(action.state)
+        except ValueError:
+            state = action.state
+        self.change_state(action.key, state, remove_running=False)
 
     def _note_in_task_log(self, log_path: str | None, message: str) -> None:
         """Write ``message`` into the task log of an attempt that never started (:mod:`.task_log`), so the UI's

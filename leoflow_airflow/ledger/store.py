@@ -292,8 +292,13 @@ class LedgerStore:
         scheduler_job_id: int | None,
         record_path_for: Callable[[int], str] | None = None,
         host: str | None = None,
+        known_top: int | None = None,
     ) -> Attempt:
         """Claim the next epoch of ``ti_id`` (its highest epoch + 1, or 1) and insert it as CLAIMED.
+
+        ``known_top``: the highest epoch the caller has just read (:meth:`current` or :meth:`current_many`; 0:
+        no row), so the first try inserts ``known_top + 1`` without reading it again; None reads it. A stale
+        hint costs nothing but a retry: the insert then fails on the unique key like any lost race.
 
         ``record_path_for(epoch)``, when given, names the attempt's record file, stored in the same insert
         (the path depends on the epoch, which is only known inside the claim). ``host``: where the attempt
@@ -309,13 +314,16 @@ class LedgerStore:
         error propagates as ``sqlalchemy.exc.IntegrityError``. Returns the inserted row.
         """
         t = attempt_table
+        top = known_top
         for _ in range(CLAIM_ATTEMPTS):
             now = self._clock()
-            with self._tx() as conn:
-                top = conn.execute(
-                    sa.select(sa.func.max(t.c.attempt_epoch)).where(t.c.ti_id == ti_id)
-                ).scalar_one()
+            if top is None:
+                with self._tx() as conn:
+                    top = conn.execute(
+                        sa.select(sa.func.max(t.c.attempt_epoch)).where(t.c.ti_id == ti_id)
+                    ).scalar_one()
             epoch = (top or 0) + 1
+            top = None  # a retry reads it
             insert = t.insert().values(
                 ti_id=ti_id,
                 try_number=try_number,
@@ -439,6 +447,23 @@ class LedgerStore:
         return self._one(
             sa.select(t).where(t.c.ti_id == ti_id).order_by(t.c.attempt_epoch.desc()).limit(1)
         )
+
+    def current_many(self, ti_ids: Iterable[str]) -> dict[str, Attempt]:
+        """``{ti_id: its highest-epoch row}`` for the ids among ``ti_ids`` that have one: :meth:`current` for a
+        batch of dispatches in one query (the ``(ti_id, attempt_epoch)`` unique key serves both the ``IN`` and
+        the per-id ``MAX``)."""
+        wanted = sorted(set(ti_ids))
+        if not wanted:
+            return {}
+        t = attempt_table
+        top = (
+            sa.select(t.c.ti_id, sa.func.max(t.c.attempt_epoch).label("top"))
+            .where(t.c.ti_id.in_(wanted))
+            .group_by(t.c.ti_id)
+            .subquery()
+        )
+        query = sa.select(t).join(top, sa.and_(t.c.ti_id == top.c.ti_id, t.c.attempt_epoch == top.c.top))
+        return {a.ref.ti_id: a for a in self._many(query)}
 
     def previous_try(self, dag_id: str, run_id: str, task_id: str, map_index: int, try_number: int) -> Attempt | None:
         """The latest attempt of the logical TI (dag_id, run_id, task_id, map_index) from a try before

@@ -27,6 +27,9 @@ class AirflowPort(Protocol):
     def ti_row_by_id(self, ti_id: str) -> TIRow | None:
         """The ``task_instance`` row whose id is ``ti_id``, or None."""
 
+    def ti_rows_by_id(self, ti_ids: list[str]) -> dict[str, TIRow]:
+        """``{ti_id: row}`` for the ``task_instance`` rows among ``ti_ids`` that exist (one query)."""
+
     def ti_row(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> TIRow | None:
         """The live row of one logical TI (its id may differ from the attempt's), or None."""
 
@@ -86,6 +89,12 @@ class AirflowIO:
         from leoflow_airflow.airflow_db import load_ti_row_by_id
 
         return load_ti_row_by_id(ti_id)
+
+    def ti_rows_by_id(self, ti_ids: list[str]) -> dict[str, TIRow]:
+        """See :class:`AirflowPort`."""
+        from leoflow_airflow.airflow_db import load_ti_rows_by_id
+
+        return load_ti_rows_by_id(ti_ids)
 
     def ti_row(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> TIRow | None:
         """See :class:`AirflowPort`."""

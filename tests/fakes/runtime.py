@@ -186,6 +186,9 @@ class FakeAirflow:
     def ti_row_by_id(self, ti_id: str) -> TIRow | None:
         return self.rows.get(ti_id)
 
+    def ti_rows_by_id(self, ti_ids: list[str]) -> dict[str, TIRow]:
+        return {ti_id: self.rows[ti_id] for ti_id in ti_ids if ti_id in self.rows}
+
     def ti_row(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> TIRow | None:
         ti_id = self.logical.get((dag_id, run_id, task_id, map_index))
         return None if ti_id is None else self.rows.get(ti_id)

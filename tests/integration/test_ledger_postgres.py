@@ -61,7 +61,7 @@ def stores(db_url):
         e.dispose()
 
 
-def claim(store: LedgerStore, ti_id: str):
+def claim(store: LedgerStore, ti_id: str, **kw: object):
     return store.claim_epoch(
         ti_id=ti_id,
         try_number=1,
@@ -72,6 +72,7 @@ def claim(store: LedgerStore, ti_id: str):
         runtime="lite",
         workload_json="{}",
         scheduler_job_id=1,
+        **kw,
     )
 
 
@@ -117,11 +118,13 @@ def test_two_writers_racing_one_guarded_transition_exactly_one_wins(stores):
             assert (row.state, row.pid, row.resolution) == (S.CLOSED, None, Resolution.LAUNCH_FAILED)
 
 
-def test_two_claimers_on_one_ti_get_epochs_one_and_two(stores):
+@pytest.mark.parametrize("hint", [{}, {"known_top": 0}], ids=["read-top", "given-top"])
+def test_two_claimers_on_one_ti_get_epochs_one_and_two(stores, hint):
+    """Also when both were handed the same highest epoch by a batch read (a dispatch's ``current_many``)."""
     a, b = stores
     for _ in range(ROUNDS // 2):
         ti = str(uuid.uuid4())
-        got = race([lambda: claim(a, ti), lambda: claim(b, ti)])
+        got = race([lambda: claim(a, ti, **hint), lambda: claim(b, ti, **hint)])
         assert sorted(x.ref.attempt_epoch for x in got) == [1, 2]
         assert a.current(ti).ref.attempt_epoch == 2
 

@@ -108,6 +108,28 @@ def test_a_claimer_that_lost_the_race_claims_the_next_epoch(store, returning, mo
     assert store.current(ti) == mine
 
 
+def test_a_claim_given_the_top_epoch_inserts_the_next_and_a_stale_hint_only_costs_a_retry(store):
+    """``known_top`` (the highest epoch the dispatch just read) saves the claim's read; when a rival claimed in
+    between, the hint is stale, the insert loses on the unique key, and the claim re-reads and takes the next."""
+    ti = str(uuid.uuid4())
+    assert claim(store, ti, known_top=0).ref.attempt_epoch == 1
+    assert claim(store, ti, known_top=1).ref.attempt_epoch == 2
+    stale = claim(store, ti, known_top=0, record_path_for=lambda e: f"/records/{e}")
+    assert (stale.ref.attempt_epoch, stale.record_path) == (3, "/records/3")
+    assert [a.ref.attempt_epoch for a in store.attempts_of_task("dag", "run", "task", -1)] == [1, 2, 3]
+
+
+def test_current_many_names_each_tis_highest_epoch_in_one_read(store):
+    one, two, none = (str(uuid.uuid4()) for _ in range(3))
+    claim(store, one)
+    claim(store, two)
+    latest = claim(store, two, try_number=2)
+    assert store.current_many([]) == {}
+    got = store.current_many([one, two, none, two])
+    assert set(got) == {one, two}
+    assert got[two] == latest == store.current(two) and got[one] == store.current(one)
+
+
 def test_a_real_constraint_violation_is_not_mistaken_for_a_lost_race(store):
     with pytest.raises(IntegrityError):
         claim(store, dag_id=None)

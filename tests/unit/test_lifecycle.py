@@ -21,7 +21,7 @@ from leoflow_airflow.ledger.models import metadata
 from leoflow_airflow.ledger.states import AttemptState, Resolution
 from leoflow_airflow.ledger.store import LedgerStore
 from leoflow_airflow.lifecycle.actions import (
-    ChangeState, Fail, Occupy, Release, Reoffer, SendCallback, Succeed, TaskEvent,
+    ChangeState, Fail, Finished, Occupy, Release, Reoffer, SendCallback, Succeed, TaskEvent,
 )
 from leoflow_airflow.lifecycle.core import Lifecycle, launch_id
 from leoflow_airflow.lifecycle.runtime import CallbackDone, Exited, LaunchFailed, Presence, Reported, Started
@@ -145,17 +145,21 @@ def world(tmp_path) -> World:
 
 
 # --- DESIGN §2's table ------------------------------------------------------------------------------------
-def test_normal_path_reported_then_exited_closes_reported_and_tells_airflow_nothing(world):
+def test_normal_path_reported_then_exited_closes_reported_and_tells_airflow_nothing_more(world):
+    """The landed report frees the slot and tells the scheduler the task finished (once, even if the runtime
+    says it twice); the exit closes the row with nothing more for Airflow."""
     w, ref = world.dispatched()
     assert world.row(ref).state == S.DISPATCHED and world.row(ref).pid == 4242
     world.runtime.events.append(Reported(launch_id(ref), "success"))
+    world.runtime.events.append(Reported(launch_id(ref), "success"))
     actions = world.life.cycle()
     assert Release(w.key) in actions  # the slot frees at the terminal report
+    assert [a for a in actions if isinstance(a, Finished)] == [Finished(w.key, "success")]
     world.airflow.set_state(ref.ti_id, "success")
     actions = world.exit(ref)
     row = world.row(ref)
     assert (row.state, row.resolution) == (S.CLOSED, Resolution.REPORTED)
-    assert not [a for a in actions if isinstance(a, (Fail, Succeed, Reoffer))]
+    assert not [a for a in actions if isinstance(a, (Fail, Succeed, Reoffer, Finished))]
     assert world.airflow.replays == []
 
 
@@ -293,6 +297,34 @@ def test_reoffer_of_a_ti_whose_previous_epoch_is_dead_claims_one_epoch(world):
     (reoffer,) = [a for a in actions if isinstance(a, Reoffer)]
     assert world.life.dispatch_task(reoffer.workload).disposition == Disposition.DISPATCHED
     assert world.epochs(ref.ti_id) == [(1, "closed"), (2, "claimed")]
+
+
+def test_a_batch_dispatches_each_queued_ti_once_from_one_read_of_airflow_and_the_ledger(world, monkeypatch):
+    """The scheduler hands over a batch: its task-instance rows and current epochs are read once for the batch,
+    a TI Airflow no longer holds queued is skipped, a re-offer whose previous epoch is closed claims the next
+    epoch from the batch read, and a TI offered twice in one batch launches once (its second offer sees the
+    first's claim)."""
+    reads = {"rows": 0, "row": 0, "current_many": 0, "current": 0}
+    for name, target in (("rows", world.airflow.ti_rows_by_id), ("row", world.airflow.ti_row_by_id)):
+        monkeypatch.setattr(world.airflow, f"ti_{name}_by_id",
+                            lambda *a, _n=name, _t=target: (reads.__setitem__(_n, reads[_n] + 1), _t(*a))[1])
+    for name in ("current_many", "current"):
+        original = getattr(world.ledger, name)
+        monkeypatch.setattr(world.ledger, name,
+                            lambda *a, _n=name, _o=original: (reads.__setitem__(_n, reads[_n] + 1), _o(*a))[1])
+    first, second, moved_on = world.queued(), world.queued(), world.queued()
+    world.airflow.set_state(str(moved_on.ti.id), "running")
+    redo = world.queued()
+    old = world.ledger.claim_epoch(ti_id=str(redo.ti.id), try_number=1, dag_id="dag", task_id="task", run_id="run",
+                                   map_index=-1, runtime="fake", workload_json="{}", scheduler_job_id=None)
+    assert world.ledger.transition(old.ref, expected=[S.CLAIMED], to=S.CLOSED, resolution=Resolution.ABANDONED)
+    got = [r.disposition for r in world.life.dispatch_tasks([first, second, moved_on, redo, first])]
+    assert got == [Disposition.DISPATCHED, Disposition.DISPATCHED, Disposition.STALE, Disposition.DISPATCHED,
+                   Disposition.DEFERRED]
+    assert [spec.ref.ti_id for spec in world.runtime.launched] == [str(w.ti.id) for w in (first, second, redo)]
+    assert world.epochs(str(redo.ti.id)) == [(1, "closed"), (2, "claimed")]
+    assert world.epochs(str(first.ti.id)) == [(1, "claimed")] and world.epochs(str(moved_on.ti.id)) == []
+    assert reads == {"rows": 1, "row": 1, "current_many": 1, "current": 1}  # the repeat alone is read again
 
 
 # --- hole 1: an unrecorded launch is looked up, never presumed dead ----------------------------------------
