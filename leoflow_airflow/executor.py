@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.executors.base_executor import BaseExecutor, get_execution_api_server_url
 from airflow.executors.workloads import ExecuteCallback, ExecuteTask
-from airflow.utils.state import TaskInstanceState
 
 from leoflow_airflow import ladder, metrics
 from leoflow_airflow import settings as leoflow_settings
@@ -334,21 +333,10 @@ class LeoflowExecutor(BaseExecutor):
                 self.success(action.key)
             elif isinstance(action, act.ChangeState):
                 self.change_state(action.key, action.state)
-            elif isinstance(action, act.Finished):
-                self._finished(action)
             elif isinstance(action, act.SendCallback):
                 self.send_callback(action.request)
             elif isinstance(action, act.TaskEvent):
                 self._task_event(action)
-
-    def _finished(self, action: act.Finished) -> None:
-        """Put a landed terminal report into the event buffer (:class:`~leoflow_airflow.lifecycle.actions.
-        Finished`), as a ``TaskInstanceState`` where the reported state is one; the slot was freed already."""
-        try:
-            state: Any = TaskInstanceState(action.state)
-        except ValueError:
-            state = action.state
-        self.change_state(action.key, state, remove_running=False)
 
     def _note_in_task_log(self, log_path: str | None, message: str) -> None:
         """Write ``message`` into the task log of an attempt that never started (:mod:`.task_log`), so the UI's

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ChangeState", "Fail", "Finished", "Occupy", "Release", "Reoffer", "SchedulerAction", "SendCallback", "Succeed",
+__all__ = ["ChangeState", "Fail", "Occupy", "Release", "Reoffer", "SchedulerAction", "SendCallback", "Succeed",
            "TaskEvent"]
 
 
@@ -29,26 +29,6 @@ class Succeed:
     """``executor.success(key)``: a RESTARTING TI is re-run by Airflow at once."""
 
     key: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """``executor.change_state(key, state, remove_running=False)``: the attempt's own terminal report landed
-    (the Execution API answered its ``PATCH …/state`` with 2xx) with ``state``, the state it reported
-    (``"success"``, ``"failed"``, ``"up_for_retry"``, ``"deferred"`` …).
-
-    Airflow's executors put every finished workload into the event buffer; the scheduler counts those events,
-    and a loop that queued nothing and processed none sleeps ``[scheduler] scheduler_idle_sleep_time`` (1 s by
-    default) before it looks again. Without them a leoflow scheduler slept through its tasks' ends: the
-    next batch of a fan-out was queued, and a finished dag run marked, up to a second late. Airflow acts on
-    ``success`` and ``failed`` only when the task instance is still scheduled, queued, running or restarting at
-    this very try_number; a report that landed has moved it past those (the API accepts a terminal state only
-    from running), so the event is a notice, logged as "TaskInstance Finished" as for any executor's task,
-    never a kill. Other states (``deferred``, ``up_for_reschedule``, whose task instance comes back at the
-    same try_number) are counted and otherwise ignored by Airflow."""
-
-    key: Any
-    state: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,6 @@ from leoflow_airflow.ledger.states import (
 from leoflow_airflow.lifecycle.actions import (
     ChangeState,
     Fail,
-    Finished,
     Occupy,
     Release,
     Reoffer,
@@ -343,9 +342,9 @@ class Lifecycle:
             elif isinstance(event, LaunchFailed):
                 self._launch_failed(event, launch)
             elif isinstance(event, Reported):
-                if launch.ref is not None and self.ledger.transition(
-                        launch.ref, expected=[_S.DISPATCHED], to=_S.REPORTED, reported_state=event.state):
-                    self._out.append(Finished(launch.key, event.state))  # the scheduler's loop is told
+                if launch.ref is not None:
+                    self.ledger.transition(launch.ref, expected=[_S.DISPATCHED], to=_S.REPORTED,
+                                           reported_state=event.state)
                 self._free(event.launch_id, launch)  # the slot is freed at the terminal report
             elif isinstance(event, Exited):
                 launch.exited = True

@@ -21,7 +21,7 @@ from leoflow_airflow.ledger.models import metadata
 from leoflow_airflow.ledger.states import AttemptState, Resolution
 from leoflow_airflow.ledger.store import LedgerStore
 from leoflow_airflow.lifecycle.actions import (
-    ChangeState, Fail, Finished, Occupy, Release, Reoffer, SendCallback, Succeed, TaskEvent,
+    ChangeState, Fail, Occupy, Release, Reoffer, SendCallback, Succeed, TaskEvent,
 )
 from leoflow_airflow.lifecycle.core import Lifecycle, launch_id
 from leoflow_airflow.lifecycle.runtime import CallbackDone, Exited, LaunchFailed, Presence, Reported, Started
@@ -145,21 +145,17 @@ def world(tmp_path) -> World:
 
 
 # --- DESIGN §2's table ------------------------------------------------------------------------------------
-def test_normal_path_reported_then_exited_closes_reported_and_tells_airflow_nothing_more(world):
-    """The landed report frees the slot and tells the scheduler the task finished (once, even if the runtime
-    says it twice); the exit closes the row with nothing more for Airflow."""
+def test_normal_path_reported_then_exited_closes_reported_and_tells_airflow_nothing(world):
     w, ref = world.dispatched()
     assert world.row(ref).state == S.DISPATCHED and world.row(ref).pid == 4242
     world.runtime.events.append(Reported(launch_id(ref), "success"))
-    world.runtime.events.append(Reported(launch_id(ref), "success"))
     actions = world.life.cycle()
     assert Release(w.key) in actions  # the slot frees at the terminal report
-    assert [a for a in actions if isinstance(a, Finished)] == [Finished(w.key, "success")]
     world.airflow.set_state(ref.ti_id, "success")
     actions = world.exit(ref)
     row = world.row(ref)
     assert (row.state, row.resolution) == (S.CLOSED, Resolution.REPORTED)
-    assert not [a for a in actions if isinstance(a, (Fail, Succeed, Reoffer, Finished))]
+    assert not [a for a in actions if isinstance(a, (Fail, Succeed, Reoffer))]
     assert world.airflow.replays == []
 
 
