@@ -219,11 +219,10 @@ class Lifecycle:
                 yield DispatchResult(Disposition.DEFERRED, "the executor is shutting down")
             return
         ids = [str(w.ti.id) for w in workloads]
-        rows = self.airflow.ti_rows_by_id(ids) if len(ids) > 1 else None
-        currents = self.ledger.current_many(ids) if len(ids) > 1 else None
+        rows, currents = self.airflow.ti_rows_by_id(ids), self.ledger.current_many(ids)
         seen: set[str] = set()
         for workload, ti_id in zip(workloads, ids, strict=True):
-            if rows is None or currents is None or ti_id in seen:
+            if ti_id in seen:  # its earlier workload may have claimed: read it again
                 row, previous = self.airflow.ti_row_by_id(ti_id), self.ledger.current(ti_id)
             else:
                 row, previous = rows.get(ti_id), currents.get(ti_id)
