@@ -130,6 +130,11 @@ class StandInAirflow:
         ti_id = self.by_logical.get((dag_id, run_id, task_id, map_index))
         return None if ti_id is None else self.rows.get(ti_id)
 
+    def ti_rows(self, keys: list[tuple[str, str, str, int]]) -> dict[tuple[str, str, str, int], Any]:
+        """See ``AirflowPort``."""
+        found = {k: self.ti_row(*k) for k in keys}
+        return {k: row for k, row in found.items() if row is not None}
+
     def ti_liveness(self, ti_ids: list[str]) -> dict[str, tuple[str | None, Any]]:
         """See ``AirflowPort``: the state, and a heartbeat of now (a live task heartbeats every few seconds)."""
         now = datetime.now(timezone.utc)

@@ -58,23 +58,48 @@ def load_ti_rows_by_id(ti_ids: list[str]) -> dict[str, TIRow]:
     return {str(r.id): _row(r) for r in rows}  # type: ignore[misc]
 
 
+LogicalKey = tuple[str, str, str, int]
+"""``(dag_id, run_id, task_id, map_index)``: one logical task instance, whose row id changes with each try."""
+
+_LOGICAL_CHUNK = 200
+"""Logical keys per ``(dag_id, run_id, task_id, map_index) IN (…)`` statement (bounded parameters)."""
+
+
 def load_ti_row(dag_id: str, run_id: str, task_id: str, map_index: int) -> TIRow | None:
     """Return the live ``task_instance`` row of one logical TI (its current id may differ), or ``None``."""
-    from sqlalchemy import select
+    key = (dag_id, run_id, task_id, map_index)
+    return load_ti_rows([key]).get(key)
 
-    from airflow.models.taskinstance import TaskInstance
+
+def load_ti_rows(keys: list[LogicalKey]) -> dict[LogicalKey, TIRow]:
+    """Return ``{(dag_id, run_id, task_id, map_index): row}`` for the logical TIs among ``keys`` that have a live
+    ``task_instance`` row: the guard's five columns, one query per 200 keys on Airflow's unique key of those four
+    columns (the settle pass reads every attempt it settles this way, not through one ORM load each).
+
+    :raises sqlalchemy.exc.SQLAlchemyError: on a DB failure.
+    """
+    from sqlalchemy import select, tuple_
+
+    from airflow.models.taskinstance import TaskInstance as TI
     from airflow.utils.session import create_session
 
+    wanted = sorted(set(keys))
+    found: dict[LogicalKey, TIRow] = {}
+    if not wanted:
+        return found
     with create_session(scoped=False) as session:
-        ti = session.scalars(
-            select(TaskInstance).where(
-                TaskInstance.dag_id == dag_id,
-                TaskInstance.run_id == run_id,
-                TaskInstance.task_id == task_id,
-                TaskInstance.map_index == map_index,
-            )
-        ).one_or_none()
-        return _row(ti)
+        for start in range(0, len(wanted), _LOGICAL_CHUNK):
+            chunk = wanted[start:start + _LOGICAL_CHUNK]
+            where = (TI.dag_id == chunk[0][0], TI.run_id == chunk[0][1], TI.task_id == chunk[0][2],
+                     TI.map_index == chunk[0][3]) if len(chunk) == 1 else (
+                tuple_(TI.dag_id, TI.run_id, TI.task_id, TI.map_index).in_(chunk),)
+            rows = session.execute(
+                select(TI.dag_id, TI.run_id, TI.task_id, TI.map_index, TI.id, TI.state, TI.try_number, TI.max_tries,
+                       TI.queued_by_job_id).where(*where)
+            ).all()
+            for r in rows:
+                found[(r.dag_id, r.run_id, r.task_id, int(r.map_index))] = _row(r)  # type: ignore[assignment]
+    return found
 
 
 def load_ti_liveness(ti_ids: list[str]) -> dict[str, tuple[str | None, object]]:

@@ -33,6 +33,10 @@ class AirflowPort(Protocol):
     def ti_row(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> TIRow | None:
         """The live row of one logical TI (its id may differ from the attempt's), or None."""
 
+    def ti_rows(self, keys: list[tuple[str, str, str, int]]) -> dict[tuple[str, str, str, int], TIRow]:
+        """``{(dag_id, run_id, task_id, map_index): row}`` for the logical TIs among ``keys`` that have a live
+        row (one query)."""
+
     def ti_liveness(self, ti_ids: list[str]) -> dict[str, tuple[str | None, Any]]:
         """``{ti_id: (state, last_heartbeat_at)}`` for the live rows among ``ti_ids`` (one query)."""
 
@@ -101,6 +105,12 @@ class AirflowIO:
         from leoflow_airflow.airflow_db import load_ti_row
 
         return load_ti_row(dag_id, run_id, task_id, map_index)
+
+    def ti_rows(self, keys: list[tuple[str, str, str, int]]) -> dict[tuple[str, str, str, int], TIRow]:
+        """See :class:`AirflowPort`: :func:`leoflow_airflow.airflow_db.load_ti_rows`."""
+        from leoflow_airflow.airflow_db import load_ti_rows
+
+        return load_ti_rows(keys)
 
     def ti_liveness(self, ti_ids: list[str]) -> dict[str, tuple[str | None, Any]]:
         """See :class:`AirflowPort`."""

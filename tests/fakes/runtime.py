@@ -171,6 +171,7 @@ class FakeAirflow:
     heartbeats: dict[str, Any] = field(default_factory=dict)  # ti_id -> ``last_heartbeat_at`` (unset: None)
     running: list[Any] = field(default_factory=list)  # ``reap.orphan.RunningTI`` rows ``running_tis`` pages
     running_reads: list[tuple[str | None, int]] = field(default_factory=list)  # (after, limit) of each page read
+    logical_reads: list[list[tuple[str, str, str, int]]] = field(default_factory=list)  # keys of each logical read
 
     def put(self, ti_id: str, state: str | None, *, try_number: int = 1, logical: tuple = ("dag", "run", "task", -1),
             queued_by_job_id: int | None = None) -> None:
@@ -190,8 +191,14 @@ class FakeAirflow:
         return {ti_id: self.rows[ti_id] for ti_id in ti_ids if ti_id in self.rows}
 
     def ti_row(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> TIRow | None:
+        self.logical_reads.append([(dag_id, run_id, task_id, map_index)])
         ti_id = self.logical.get((dag_id, run_id, task_id, map_index))
         return None if ti_id is None else self.rows.get(ti_id)
+
+    def ti_rows(self, keys: list[tuple[str, str, str, int]]) -> dict[tuple[str, str, str, int], TIRow]:
+        self.logical_reads.append(list(keys))
+        found = {k: self.rows.get(self.logical[k]) for k in keys if k in self.logical}
+        return {k: row for k, row in found.items() if row is not None}
 
     def jobs_alive(self, job_ids: set[int]) -> set[int]:
         return set(job_ids) & self.alive_jobs

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from leoflow_airflow.ledger.models import metadata
 from leoflow_airflow.ledger.states import AttemptRef, AttemptState, Resolution
-from leoflow_airflow.ledger.store import LedgerStore
+from leoflow_airflow.ledger.store import LedgerStore, Move
 
 S = AttemptState
 PG_URL = os.environ.get("LEOFLOW_TEST_PG_URL")
@@ -289,3 +289,44 @@ def test_a_pinned_block_writes_and_claims_in_autocommit(autocommit_stores):
                 return claim(store, ti).ref.attempt_epoch
 
         assert sorted(race([lambda: pinned_claim(a), lambda: pinned_claim(b)])) == [1, 2]
+
+
+def test_transition_many_is_one_statement_per_kind_of_move_and_each_row_stays_guarded(autocommit_stores):
+    """A loop's events of 16 attempts (Started, Reported, Exited) are three ``UPDATE … FROM (VALUES …)``
+    statements on PostgreSQL, each attempt's moves in order; racing a single writer that closes the same
+    attempts, every attempt is moved by exactly one side (the per-row ``state IN`` guard still decides)."""
+    a, b = autocommit_stores
+    refs = [claim(a, str(uuid.uuid4())).ref for _ in range(16)]
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    moves = [Move(r, (S.CLAIMED,), S.DISPATCHED, {"pid": i, "proc_start_time": None if i % 2 else i})
+             for i, r in enumerate(refs)]
+    moves += [Move(r, (S.DISPATCHED,), S.REPORTED, {"reported_state": "success"}) for r in refs]
+    moves += [Move(r, (S.DISPATCHED, S.REPORTED), S.EXITED, {"exit_status": 0 if i % 3 else None})
+              for i, r in enumerate(refs)]
+    sa.event.listen(a._single, "before_cursor_execute", count)
+    try:
+        with a.pinned():
+            assert a.transition_many(moves) == [True] * len(moves)
+    finally:
+        sa.event.remove(a._single, "before_cursor_execute", count)
+    assert [s.split()[0] for s in statements] == ["UPDATE"] * 3
+    for i, r in enumerate(refs):
+        row = b.get(r)
+        assert (row.state, row.pid, row.proc_start_time, row.reported_state, row.exit_status, row.row_version) == (
+            S.EXITED, i, None if i % 2 else i, "success", 0 if i % 3 else None, 3)
+
+    for _ in range(ROUNDS // 5):
+        refs = [claim(a, str(uuid.uuid4())).ref for _ in range(8)]
+        batch = [Move(r, (S.CLAIMED,), S.DISPATCHED, {"pid": 1}) for r in refs]
+
+        def close_all() -> list[bool]:
+            return [b.transition(r, expected=[S.CLAIMED], to=S.CLOSED, resolution=Resolution.REVOKED) for r in refs]
+
+        many, single = race([lambda: a.transition_many(batch), close_all])
+        assert [m != s for m, s in zip(many, single)] == [True] * len(refs), (many, single)
+        for r, moved in zip(refs, many):
+            assert b.get(r).state == (S.DISPATCHED if moved else S.CLOSED)

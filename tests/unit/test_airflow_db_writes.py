@@ -234,3 +234,41 @@ def test_running_tis_pages_airflows_running_rows_by_id(engine):
         assert load_running_tis(sorted(running)[-1], 5, session=session) == []
         with pytest.raises(ValueError):
             load_running_tis(None, 0, session=session)
+
+
+# --- the batch reads of task-instance rows ------------------------------------------------------------------
+
+def test_rows_are_read_by_logical_key_and_by_id_in_one_query_each(engine, monkeypatch):
+    """The settle pass's read (``load_ti_rows``: the live row of each logical TI, whatever its id now) and the
+    dispatch's (``load_ti_rows_by_id``) return the guard's five columns for the rows that exist and leave out
+    the rest (a missing TI, an id that is not a UUID); 250 keys take two statements, one id list one."""
+    from airflow import settings
+
+    from leoflow_airflow import airflow_db
+
+    monkeypatch.setattr(settings, "NonScopedSession", lambda: Session(engine))
+    with Session(engine) as session:
+        _add_run(session, "r-read")
+        ids = [_add_ti(session, "r-read", state="success" if i % 2 else "queued", max_tries=i % 3, task_id=f"t{i}")
+               for i in range(250)]
+        session.commit()
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", count)
+    try:
+        keys = [("d", "r-read", f"t{i}", -1) for i in range(250)] + [("d", "r-read", "missing", -1)]
+        rows = airflow_db.load_ti_rows(keys)
+        by_id = airflow_db.load_ti_rows_by_id([ids[0], ids[1], "not-a-uuid", str(uuid.uuid4())])
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", count)
+    assert len(rows) == 250 and ("d", "r-read", "missing", -1) not in rows
+    row = rows[("d", "r-read", "t1", -1)]
+    assert (row.id, row.state, row.try_number, row.max_tries, row.queued_by_job_id) == (ids[1], "success", 1, 1, None)
+    assert rows[("d", "r-read", "t0", -1)].state == "queued"
+    assert set(by_id) == {ids[0], ids[1]} and by_id[ids[0]] == rows[("d", "r-read", "t0", -1)]
+    assert len([s for s in statements if s.lstrip().upper().startswith("SELECT")]) == 3
+    assert airflow_db.load_ti_row("d", "r-read", "t7", -1) == rows[("d", "r-read", "t7", -1)]
+    assert airflow_db.load_ti_row("d", "r-read", "missing", -1) is None

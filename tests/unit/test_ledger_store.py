@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 
 from leoflow_airflow.ledger.models import metadata
 from leoflow_airflow.ledger.states import AttemptRef, AttemptState, IllegalTransition, Resolution
-from leoflow_airflow.ledger.store import LedgerStore
+from leoflow_airflow.ledger.store import LedgerStore, Move
 
 S = AttemptState
 T0 = datetime(2025, 11, 29, 12, 0, 0, tzinfo=timezone.utc)
@@ -151,6 +151,46 @@ def test_normal_path_sets_facts_and_timestamps(store, clock):
     assert (got.pid, got.proc_start_time, got.reported_state, got.exit_status) == (4242, 170000000025, "success", 0)
     assert (got.dispatched_at, got.reported_at, got.exited_at, got.closed_at) == (t1, t2, t3, t4)
     assert got.updated_at == t4 and got.created_at == T0
+
+
+def test_transition_many_moves_each_attempt_in_order_and_says_which_moves_changed_a_row(store, clock):
+    """A scheduler loop's events of several attempts in one call: Started, Reported and Exited of one attempt
+    land in order even when other attempts' moves come between them; a move whose guard fails is False."""
+    a, b, c, d = (claim(store) for _ in range(4))
+    t1 = clock.tick()
+    got = store.transition_many([
+        Move(a.ref, (S.CLAIMED,), S.DISPATCHED, {"pid": 11, "proc_start_time": 5}),
+        Move(b.ref, (S.CLAIMED,), S.DISPATCHED, {"pid": 12, "proc_start_time": None}),
+        Move(a.ref, (S.DISPATCHED,), S.REPORTED, {"reported_state": "success"}),
+        Move(c.ref, (S.DISPATCHED,), S.REPORTED, {"reported_state": "success"}),  # c is only CLAIMED
+        Move(b.ref, (S.DISPATCHED,), S.REPORTED, {"reported_state": "failed"}),
+        Move(a.ref, (S.DISPATCHED, S.REPORTED), S.EXITED, {"exit_status": 0}),
+        Move(b.ref, (S.DISPATCHED, S.REPORTED), S.EXITED, {"exit_status": None}),
+        Move(d.ref, (S.CLAIMED,), S.CLOSED, {"resolution": Resolution.LAUNCH_FAILED, "detail": "fork: EAGAIN"}),
+        Move(d.ref, (S.CLAIMED,), S.DISPATCHED, {"pid": 13}),  # after its close: refused
+    ])
+    assert got == [True, True, True, False, True, True, True, True, False]
+    ra, rb, rc, rd = (store.get(x.ref) for x in (a, b, c, d))
+    assert (ra.state, ra.pid, ra.proc_start_time, ra.reported_state, ra.exit_status) == (S.EXITED, 11, 5, "success", 0)
+    assert (rb.state, rb.pid, rb.reported_state, rb.exit_status) == (S.EXITED, 12, "failed", None)
+    assert (ra.dispatched_at, ra.reported_at, ra.exited_at, ra.row_version) == (t1, t1, t1, 3)
+    assert rc.state is S.CLAIMED and rc.row_version == 0
+    assert (rd.state, rd.resolution, rd.detail, rd.pid, rd.closed_at) == (S.CLOSED, Resolution.LAUNCH_FAILED,
+                                                                         "fork: EAGAIN", None, t1)
+    assert store.transition_many([]) == []
+
+
+def test_transition_many_checks_every_move_before_writing_any(store):
+    a, b = claim(store), claim(store)
+    for bad, error in (
+        (Move(b.ref, (S.CLAIMED,), S.REPORTED), IllegalTransition),
+        (Move(b.ref, (S.CLAIMED,), S.CLOSED), ValueError),  # no resolution
+        (Move(b.ref, (S.CLAIMED,), S.DISPATCHED, {"no_such_fact": 1}), TypeError),
+        (Move(b.ref, (), S.DISPATCHED), ValueError),
+    ):
+        with pytest.raises(error):
+            store.transition_many([Move(a.ref, (S.CLAIMED,), S.DISPATCHED, {"pid": 1}), bad])
+    assert store.get(a.ref).state is S.CLAIMED and store.get(b.ref).state is S.CLAIMED
 
 
 def test_guarded_write_changes_nothing_for_another_epoch_try_or_state(store, clock):

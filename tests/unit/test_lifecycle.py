@@ -170,6 +170,28 @@ def test_lost_success_report_is_replayed_and_the_lost_callback_logged(world):
     assert world.airflow.lost_success == [ref.ti_id]
 
 
+def test_a_pass_settles_many_attempts_from_one_read_of_airflow_and_reads_afresh_after_a_replay(world):
+    """A reconcile pass reads the task instances of every attempt it will settle in one query; once it has
+    acted outside the ledger (a replay PATCHed Airflow), the attempts after it are read one by one again."""
+    (lost, l_ref), (b, b_ref), (c, c_ref) = (world.dispatched(task_id=n) for n in ("lost", "b", "c"))
+    world.airflow.set_state(l_ref.ti_id, "running")
+    world.record(l_ref, "success")  # its report never landed: replayed
+    for ref in (b_ref, c_ref):
+        world.runtime.events.append(Reported(launch_id(ref), "success"))
+        world.airflow.set_state(ref.ti_id, "success")
+    world.life.cycle()
+    world.airflow.logical_reads.clear()
+    for ref in (l_ref, b_ref, c_ref):
+        world.runtime.presence[ref] = Presence.GONE
+        world.runtime.events.append(Exited(launch_id(ref), 0))
+    world.life.cycle()
+    assert [(world.row(r).state, world.row(r).resolution) for r in (l_ref, b_ref, c_ref)] == [
+        (S.CLOSED, Resolution.REPLAYED), (S.CLOSED, Resolution.REPORTED), (S.CLOSED, Resolution.REPORTED)]
+    keys = {r: ("dag", "run", name, -1) for r, name in ((l_ref, "lost"), (b_ref, "b"), (c_ref, "c"))}
+    assert world.airflow.logical_reads == [sorted(keys.values()), [keys[b_ref]], [keys[c_ref]]]
+    assert [r.state for r in world.airflow.replays] == ["success"]
+
+
 def test_replayed_up_for_retry_sends_the_retry_callback(world):
     w, ref = world.dispatched()
     world.airflow.set_state(ref.ti_id, "running")
@@ -366,6 +388,39 @@ def test_started_event_for_an_unknown_launch_kills_that_agent(world):
     world.runtime.events.append(Started("stranger:1:1", {"pid": 1, "proc_start_time": 1}))
     world.life.cycle()
     assert world.runtime.killed_launches == ["stranger:1:1"]
+
+
+def test_one_cycles_events_of_several_attempts_land_in_order_and_a_start_after_a_close_is_killed(world):
+    """The ledger moves of one cycle's events are written together (``LedgerStore.transition_many``): an
+    attempt that started, reported and exited within one cycle is settled in it with its facts; an agent that
+    starts after its attempt was closed (revoked while the launch was in flight) is killed; an agent already
+    recorded with the same pid and start time (re-found after a restart) runs on."""
+    fast, slow, gone = (world.queued(task_id=name) for name in ("fast", "slow", "gone"))
+    refs = []
+    for w in (fast, slow, gone):
+        assert world.life.dispatch_task(w).disposition == Disposition.DISPATCHED
+        refs.append(world.runtime.launched[-1].ref)
+    fast_ref, slow_ref, gone_ref = refs
+    assert world.ledger.transition(gone_ref, expected=[S.CLAIMED], to=S.CLOSED, resolution=Resolution.REVOKED)
+    world.runtime.events += [
+        Started(launch_id(fast_ref), {"pid": 1, "proc_start_time": 10}),
+        Started(launch_id(slow_ref), {"pid": 2, "proc_start_time": 20}),
+        Started(launch_id(gone_ref), {"pid": 3, "proc_start_time": 30}),
+        Reported(launch_id(fast_ref), "success"),
+        Exited(launch_id(fast_ref), 0),
+    ]
+    world.airflow.set_state(fast_ref.ti_id, "success")
+    world.runtime.presence[fast_ref] = Presence.GONE
+    actions = world.life.cycle()
+    row = world.row(fast_ref)  # settled in the same cycle: its moves landed in order before reconcile
+    assert (row.state, row.resolution, row.pid, row.reported_state, row.exit_status) == (
+        S.CLOSED, Resolution.REPORTED, 1, "success", 0)
+    assert (world.row(slow_ref).state, world.row(slow_ref).pid) == (S.DISPATCHED, 2)
+    assert world.runtime.killed_launches == [launch_id(gone_ref)]
+    assert Release(fast.key) in actions
+    world.runtime.events.append(Started(launch_id(slow_ref), {"pid": 2, "proc_start_time": 20}))
+    world.life.cycle()
+    assert world.runtime.killed_launches == [launch_id(gone_ref)]
 
 
 def test_end_still_records_what_the_runtime_owed_when_a_cycle_raises(world):
