@@ -1,7 +1,8 @@
 """``LedgerStore``: every read and guarded write of leoflow's attempt ledger.
 
 DESIGN §2 Invariant 1 (fencing): each write names the exact attempt (ti_id, try_number, attempt_epoch) and
-the states it expects, runs as ONE ``UPDATE … WHERE`` and returns whether a row changed. ``False`` means
+the states it expects, runs as ONE ``UPDATE … WHERE`` and returns whether a row changed (``transition_many``
+puts the moves of many attempts in one statement and still answers for each). ``False`` means
 someone else moved the attempt on; callers log at debug and do nothing destructive. Epochs are claimed
 atomically through the unique key (ti_id, attempt_epoch). The store owns its engine and short
 transactions: no transaction outlives a method call, so none is ever held across an HTTP call.

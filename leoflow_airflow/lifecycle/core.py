@@ -167,6 +167,7 @@ class Lifecycle:
         self._start_ends: dict[AttemptRef, tuple[reapers.After, str]] = {}
         self._kill_ids: dict[AttemptRef, int | None] = {}  # the ledger id of each ``_killing`` entry's row
         self._evidence: dict[AttemptRef, Evidence] = {}  # what _settle read, while it acts (the settled hook)
+        self._unwritten: list[Move] = []  # ledger moves of runtime events not written yet (apply)
         # what one reconcile pass read ahead for its settles (_read_ahead): logical TI -> row, ti_id -> current
         self._ahead_rows: dict[tuple[str, str, str, int], Any] = {}
         self._ahead_current: dict[str, Attempt | None] = {}
@@ -343,8 +344,14 @@ class Lifecycle:
         The slot and launch-table changes happen event by event, in order; the ledger moves the events call for
         are written together at the end (:meth:`LedgerStore.transition_many`: one statement per kind of move on
         PostgreSQL, each attempt's moves in order), and a Started whose move changed nothing is then checked
-        (:meth:`_start_refused`). Nothing of this cycle reaches Airflow before the writes are done."""
-        moves: list[Move] = []
+        (:meth:`_start_refused`). Nothing of this cycle reaches Airflow before the writes are done.
+
+        The events are the runtime's to give once, so moves that were not written (a database error, or the
+        ``SystemExit`` Airflow's SIGTERM handler raises wherever the scheduler's thread is, after which
+        ``end()`` still runs) are kept and written first by the next call (``end()``'s drain makes one): a
+        guarded move written twice changes nothing the second time."""
+        moves: list[Move] = list(self._unwritten)
+        self._unwritten = moves  # until transition_many returns
         started: list[tuple[int, Started, Launch]] = []
         for event in events:
             launch = self.table.get(event.launch_id)
@@ -379,6 +386,7 @@ class Lifecycle:
         if not moves:
             return
         changed = self.ledger.transition_many(moves)
+        self._unwritten = []
         for index, event, launch in started:
             if not changed[index]:
                 self._start_refused(event, launch)

@@ -441,6 +441,32 @@ def test_end_still_records_what_the_runtime_owed_when_a_cycle_raises(world):
     assert (world.row(ref).state, world.row(ref).pid) == (S.DISPATCHED, 6262)
 
 
+def test_agents_whose_start_a_sigterm_cut_off_are_still_recorded_by_end(world, monkeypatch):
+    """Airflow's SIGTERM handler raises ``SystemExit`` wherever the scheduler's thread is, then its ``finally``
+    calls ``executor.end()``. Cut off after the runtime gave a cycle's Started events and before their ledger
+    moves were written, the agents are still recorded (DISPATCHED with their pid) by ``end()``'s drain, so a
+    ``terminate()`` or a successor finds them; a move written twice changes nothing the second time."""
+    refs = []
+    for name in ("a", "b", "c"):
+        assert world.life.dispatch_task(world.queued(task_id=name)).disposition == Disposition.DISPATCHED
+        refs.append(world.runtime.launched[-1].ref)
+    world.runtime.events += [Started(launch_id(r), {"pid": 100 + i, "proc_start_time": i}) for i, r in enumerate(refs)]
+    real = world.ledger.transition_many
+
+    def sigterm_midway(moves):
+        real(moves[:1])  # one landed (on PostgreSQL a statement per kind commits by itself)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(world.ledger, "transition_many", sigterm_midway)
+    with pytest.raises(SystemExit):
+        world.life.cycle()
+    monkeypatch.setattr(world.ledger, "transition_many", real)
+    assert [world.row(r).state for r in refs] == [S.DISPATCHED, S.CLAIMED, S.CLAIMED]
+    world.life.drain(timeout=0, sleep=lambda s: None)
+    assert [(world.row(r).state, world.row(r).pid) for r in refs] == [(S.DISPATCHED, 100 + i) for i in range(3)]
+    assert world.runtime.killed_launches == []
+
+
 def test_end_dispatches_nothing_and_records_the_agents_the_runtime_still_reports(world):
     w = world.queued()
     assert world.life.dispatch_task(w).disposition == Disposition.DISPATCHED
