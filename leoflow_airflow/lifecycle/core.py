@@ -458,10 +458,12 @@ class Lifecycle:
             presence[ref] = Presence.GONE  # settled from DB-only evidence below
         budget = _Budget(self.settings.settle_budget, self.monotonic() + self.settings.settle_timeout, self.monotonic)
         stalled = self._replay_stalled_at
-        self._read_ahead([a for a in attempts if a.state in SETTLE_STATES
-                          or (a.state in LIVE_STATES and presence.get(a.ref) == Presence.GONE)])
+        ordered = sorted(attempts, key=lambda a: stalled.get(a.ref, float("-inf")))  # stable: ledger order
+        self._read_ahead([a for a in ordered if a.state in SETTLE_STATES
+                          or (a.state in LIVE_STATES and presence.get(a.ref) == Presence.GONE)]
+                         [:self.settings.settle_budget])
         try:
-            for attempt in sorted(attempts, key=lambda a: stalled.get(a.ref, float("-inf"))):  # stable: ledger order
+            for attempt in ordered:
                 if attempt.state == _S.CLAIMED:
                     self._claimed(attempt)
                     continue
@@ -471,12 +473,12 @@ class Lifecycle:
                 if attempt.state in SETTLE_STATES and attempt.ref not in self._settling and budget.take():
                     self._settle(attempt, budget)
         finally:
-            self._ahead_rows.clear()
-            self._ahead_current.clear()
+            self._forget_ahead()
         return page, presence
 
     def _read_ahead(self, attempts: list[Attempt]) -> None:
-        """Read, in one query each, what settling ``attempts`` will read one by one: their logical task
+        """Read, in one query each, what settling ``attempts`` (the pass's first ``[leoflow] settle_budget``
+        candidates: no more can be settled in it) will read one by one: their logical task
         instances' rows (``AirflowPort.ti_rows``) and their current epochs (``LedgerStore.current_many``).
         :meth:`_settle_one` takes each once; any act of the pass other than a ledger-only close drops the rest
         (it may have changed Airflow's rows or the epochs), so no decision rests on a read older than the pass's
@@ -490,6 +492,11 @@ class Lifecycle:
         ti_ids = sorted({a.ref.ti_id for a in attempts})
         current = self.ledger.current_many(ti_ids)
         self._ahead_current.update((ti_id, current.get(ti_id)) for ti_id in ti_ids)
+
+    def _forget_ahead(self) -> None:
+        """Drop what :meth:`_read_ahead` read and no settle took yet."""
+        self._ahead_rows.clear()
+        self._ahead_current.clear()
 
     def _not_a_live_peers(self, attempts: list[Attempt]) -> list[Attempt]:
         """``attempts`` without the rows another scheduler owns (``scheduler_job_id``) while its job is alive (one
@@ -591,8 +598,7 @@ class Lifecycle:
         key = self.key_of(attempt)
         log.debug("settling %s: %s (%s)", ref, action.act, action.why)
         if action.act != reconcile.Act.CLOSE:  # it may change Airflow's rows or the epochs: read afresh
-            self._ahead_rows.clear()
-            self._ahead_current.clear()
+            self._forget_ahead()
         if action.act == reconcile.Act.CLOSE:
             launch = self.table.get(launch_id(ref))
             if attempt.state == _S.SETTLING and action.resolution == Resolution.REPORTED and record is not None:
