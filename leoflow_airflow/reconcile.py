@@ -25,6 +25,11 @@ from leoflow_airflow.ledger.states import Resolution
 from leoflow_airflow.lifecycle.runtime import EndCause, EndKind
 
 
+OVERWRITABLE_REPORTS = frozenset({"success", "failed", "up_for_retry", "skipped", "removed"})
+"""Terminal states whose landed report :func:`decide` replays when the TI reads RUNNING again at the same
+``ti_id`` (a hand-off's TI runs again legitimately, as a new epoch)."""
+
+
 class Act(enum.StrEnum):
     """The kinds of action the reconciler takes."""
 
@@ -53,7 +58,9 @@ def decide(
 
     :param record: the attempt's outcome record as :func:`leoflow_agent.outcome.decode` returned it.
     :param ti: Airflow's live row for the attempt's logical TI (dag_id, run_id, task_id, map_index).
-    :param reported: the agent told us its terminal PATCH returned 2xx (the ledger's ``reported_state``).
+    :param reported: the agent told us its terminal PATCH returned 2xx (the ledger's ``reported_state``): the
+        row is closed whatever Airflow's row says now, except a TI RUNNING again at the same ``ti_id`` with a
+        terminal record (:data:`OVERWRITABLE_REPORTS`), whose report a late call overwrote: replayed.
     :param cause: what the runtime's status says ended the attempt (``Evidence.cause``; None for Lite). Read only
         where the record decides nothing: a TI still RUNNING with no record or a record without a state
         (:func:`settle_by_cause`), and a TI still QUEUED with no record at all (``DeadlineExceeded`` fails it;
@@ -93,6 +100,16 @@ def decide(
         if record is None and cause is not None:
             why += f": {cause.reason}"
         return Action(Act.REDISPATCH, Resolution.REDISPATCHED, why)
+    if ti.state == "running" and record is not None and record.payload is not None \
+            and record.state in OVERWRITABLE_REPORTS:
+        # reported: the agent's terminal PATCH was answered 2xx, which Airflow 3.3 sends after its commit (the
+        # Execution API's session dependency has scope="function"), yet that ti_id is RUNNING again: a call of the
+        # same execution still waiting on the database wrote over it. On SQLite ``PATCH /run`` reads the TI's
+        # state before it waits for the write lock, so a /run the Task SDK client gave up on and retried lands
+        # after the task's success (Lite chaos loop, a 15 s scheduler stop). The record is the report: replay it
+        return Action(Act.REPLAY, Resolution.REPLAYED,
+                      f"Airflow shows the task running again after the agent's {record.state} report landed (a "
+                      "late call of the same execution overwrote it); replaying the report")
     if reported or (record is not None and record.state == ti.state):
         return Action(Act.CLOSE, Resolution.REPORTED, f"Airflow has the agent's report (now {ti.state})")
     if record is not None and record.state in ("up_for_reschedule", "deferred", "awaiting_input"):

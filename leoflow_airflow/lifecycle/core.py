@@ -706,14 +706,18 @@ class Lifecycle:
     def _replayed(self, attempt: Attempt, record: OutcomeRecord, key: Any, detail: str) -> bool:
         """Close the SETTLING row of ``attempt``, whose recorded report Airflow now holds through a replay of
         ours, as REPLAYED, and make up for the callbacks the task child could not run (DESIGN §2
-        "Callbacks"): a Log row for a success, a retry callback request for an up_for_retry. True when this
-        call closed the row (the callbacks follow only then)."""
+        "Callbacks"): a Log row for a success, a retry callback request for an up_for_retry; none when the agent
+        reported the state itself (``reported_state``: a late call overwrote its landed report, and its task
+        child went on to its callbacks as usual). True when this call closed the row (the callbacks follow only
+        then)."""
         ref = attempt.ref
         log.warning("leoflow recovered the lost report of %s: %s (%s)", ref, reconcile.outcome_summary(record), detail)
         if record.assets_dropped:
             log.warning("the record of %s had its asset events dropped to fit its size budget", ref)
         if not self._close(attempt, Resolution.REPLAYED, detail, expected=[_S.SETTLING]):
             return False
+        if attempt.reported_state is not None:
+            return True
         where = dict(dag_id=attempt.dag_id, run_id=attempt.run_id, task_id=attempt.task_id,
                      map_index=attempt.map_index)
         if record.state == "success":

@@ -170,6 +170,22 @@ def test_lost_success_report_is_replayed_and_the_lost_callback_logged(world):
     assert world.airflow.lost_success == [ref.ti_id]
 
 
+def test_a_landed_success_a_late_run_call_overwrote_is_replayed_without_a_lost_callback_row(world):
+    """The agent's success PATCH was answered 204, then a retried ``PATCH /run`` of the same execution that had
+    waited on SQLite's write lock set the TI RUNNING again (Lite chaos loop): the record is replayed, so the
+    success stands, and no "callback lost" row is written (the task child ran its callbacks)."""
+    w, ref = world.dispatched()
+    world.record(ref, "success")
+    world.runtime.events.append(Reported(launch_id(ref), "success"))
+    world.life.cycle()
+    world.airflow.set_state(ref.ti_id, "running")  # the late /run wrote over the success
+    world.exit(ref)
+    row = world.row(ref)
+    assert (row.state, row.resolution, row.reported_state) == (S.CLOSED, Resolution.REPLAYED, "success")
+    assert [r.state for r in world.airflow.replays] == ["success"]
+    assert world.airflow.lost_success == []
+
+
 def test_a_pass_settles_many_attempts_from_one_read_of_airflow_and_reads_afresh_after_a_replay(world):
     """A reconcile pass reads the task instances of every attempt it will settle in one query; once it has
     acted outside the ledger (a replay PATCHed Airflow), the attempts after it are read one by one again."""

@@ -90,9 +90,15 @@ MATRIX = [
     (("skipped", TI_ID, "skipped", 1, False), (Act.CLOSE, Resolution.REPORTED)),
     (("success", TI_ID, "success", 1, True), (Act.CLOSE, Resolution.REPORTED)),
     ((None, TI_ID, "success", 1, True), (Act.CLOSE, Resolution.REPORTED)),
-    # the agent's terminal PATCH returned 2xx: never replayed, never re-driven, whatever the row says now
-    (("success", TI_ID, "running", 1, True), (Act.CLOSE, Resolution.REPORTED)),
+    # the agent's terminal PATCH returned 2xx: never re-driven, whatever the row says now ...
     ((None, TI_ID, "running", 1, True), (Act.CLOSE, Resolution.REPORTED)),
+    # ... but a terminal report a late call of the same execution overwrote (that ti_id RUNNING again; on SQLite a
+    # retried PATCH /run that waited on the write lock) is replayed from the record
+    *[((s, TI_ID, "running", 1, True), (Act.REPLAY, Resolution.REPLAYED))
+      for s in ("success", "failed", "up_for_retry", "skipped", "removed")],
+    # a hand-off's TI runs again legitimately (as a new epoch): never replayed
+    *[((s, TI_ID, "running", 1, True), (Act.CLOSE, Resolution.REPORTED))
+      for s in ("up_for_reschedule", "deferred")],
     ((None, TI_ID, "queued", 1, True), (Act.CLOSE, Resolution.REPORTED)),
     # hand-offs that landed: same ti_id is back in the scheduler's hands
     (("up_for_reschedule", TI_ID, "up_for_reschedule", 1, False), (Act.CLOSE, Resolution.REPORTED)),
