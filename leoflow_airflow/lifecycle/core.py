@@ -33,6 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timezone
 from typing import TYPE_CHECKING, Any
 
 from leoflow_agent.outcome import OutcomeRecord
@@ -910,14 +911,17 @@ class Lifecycle:
         task instances (``[leoflow] reap_page_size`` at most, after its own cursor, wrapping after the last
         page): each one of this executor's with no open attempt in the ledger and silent past ``[leoflow]
         orphan_run_threshold`` is re-driven through the infra path (``AirflowPort.infra_redrive``: a new try on
-        the infra budget, no user retry spent, a Log row ``leoflow orphan-run: <why>``). The dag run is never
-        touched.
+        the infra budget, no user retry spent, a Log row ``leoflow orphan-run: <why>``), except one whose latest
+        attempt's success report had landed, which is restored (:meth:`_restore`, ``orphan.Restore``: a late call
+        of that execution overwrote the success; its body never runs twice). The dag run is never touched.
 
         Each act re-checks: the ledger once more (an attempt claimed since the page was read wins), then the
         re-drive's own guarded transaction (the row locked ``FOR UPDATE`` only while it is still that ``ti_id``
-        in RUNNING). Returns ``[(ti_id, RedriveResult)]`` of the re-drives tried: ``REDRIVEN`` changed the row;
-        ``MOVED_ON`` and ``BUDGET_SPENT`` changed nothing (with the budget spent Airflow's own heartbeat purge
-        fails the task, through the user's retries)."""
+        in RUNNING), or for a restore the Execution API (it applies a success only to a RUNNING TI; the fence
+        admits only the ti_id's current epoch). Returns ``[(ti_id, result)]`` of the acts tried: a re-drive's
+        ``RedriveResult`` (``REDRIVEN`` changed the row; ``MOVED_ON`` and ``BUDGET_SPENT`` changed nothing: with
+        the budget spent Airflow's own heartbeat purge fails the task, through the user's retries), a restore's
+        ``settle.SettleResult`` (one that stalls on the api-server ends this pass's restores)."""
         size = self.settings.reap_page_size
         rows = self.airflow.running_tis(self._orphan_after, size + 1)
         if len(rows) > size:
@@ -931,12 +935,20 @@ class Lifecycle:
         if not rows:
             return []
         opened = self.ledger.open_ti_ids([r.ti_id for r in rows])
-        views = [orphan.OrphanView(r, r.ti_id in opened) for r in rows]
+        latest = self.ledger.current_many([r.ti_id for r in rows if r.ti_id not in opened])
+        views = [orphan.OrphanView(r, r.ti_id in opened, _landed(latest.get(r.ti_id))) for r in rows]
         results: list[tuple[str, Any]] = []
+        restores = True  # until one stalls: one unanswered api-server call per pass at most
         for action in orphan.decide(views, now, settings):
             current = self.ledger.current(action.ti_id)
             if current is not None and current.state != _S.CLOSED:
                 continue  # claimed since the page was read: watched again
+            if isinstance(action, orphan.Restore):
+                if restores and current is not None and current.ref.attempt_epoch == action.attempt_epoch:
+                    result = self._restore(action, current)
+                    restores = result.settled or not result.retryable
+                    results.append((action.ti_id, result))
+                continue
             result = self.airflow.infra_redrive(action.ti_id, f"leoflow {action.reaper}: {action.why}")
             log.warning("leoflow %s reaper: %s; re-drive: %s", action.reaper, action.why, result)
             metrics.incr(f"leoflow.reaper.{action.reaper}")
@@ -944,6 +956,25 @@ class Lifecycle:
                 metrics.incr("leoflow.recovery.orphan_redrive")
             results.append((action.ti_id, result))
         return results
+
+    def _restore(self, action: orphan.Restore, attempt: Attempt) -> Any:
+        """PATCH the landed success of ``attempt`` again (``orphan.Restore``): the body of its first report is
+        gone with the agent, so it is rebuilt, ``end_date`` the time it was first reported and no asset events
+        (Airflow registered them with the report that landed); the Execution API fence admits it as the
+        ti_id's current epoch. Returns the ``settle.SettleResult``; an applied restore writes a Log row."""
+        from leoflow_agent.outcome import AttemptIdentity, format_rfc3339, record_for_state
+
+        at = action.at or self.utcnow()
+        body = {"state": "success", "end_date": format_rfc3339(at), "task_outlets": [], "outlet_events": []}
+        record = record_for_state(action.state, body, api_version=None,
+                                  attempt=AttemptIdentity(action.ti_id, action.try_number, action.attempt_epoch))
+        result = self.airflow.replay(record)
+        log.warning("leoflow %s reaper: %s; restore: %s", action.reaper, action.why, result.detail)
+        if result.applied:
+            metrics.incr(f"leoflow.reaper.{action.reaper}")
+            metrics.incr("leoflow.recovery.orphan_restore")
+            self._out.append(TaskEvent(self.key_of(attempt), f"leoflow {action.reaper}", action.why))
+        return result
 
     # --- adoption, revoke, shutdown ---------------------------------------------------------------------
     def adopt(self, tis: Sequence[Any], now: Any) -> tuple[list[Any], list[Any]]:
@@ -1070,6 +1101,18 @@ def redispatch_backoff(in_a_row: int) -> float:
     if in_a_row <= 0:
         return 0.0
     return min(60.0, REDISPATCH_BACKOFF_SECONDS * 2 ** (in_a_row - 1))
+
+
+def _landed(attempt: Attempt | None) -> orphan.Landed | None:
+    """``attempt`` (a ti_id's latest) as :class:`orphan.Landed` when it closed after its agent's terminal report
+    landed (closed ``reported`` or ``replayed`` with a ``reported_state``), else None."""
+    if attempt is None or attempt.state != _S.CLOSED or attempt.reported_state is None \
+            or attempt.resolution not in (Resolution.REPORTED, Resolution.REPLAYED):
+        return None
+    at = attempt.reported_at
+    if at is not None and at.tzinfo is None:
+        at = at.replace(tzinfo=timezone.utc)
+    return orphan.Landed(attempt.ref.try_number, attempt.ref.attempt_epoch, attempt.reported_state, at)
 
 
 class _Budget:

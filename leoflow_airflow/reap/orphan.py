@@ -11,7 +11,14 @@ A task instance is an **orphan run** when all of these hold:
 * nothing happened to it for more than ``[leoflow] orphan_run_threshold`` seconds: the latest of its
   ``queued_dttm``, ``start_date``, ``last_heartbeat_at``, ``updated_at`` and its dag run's ``start_date``.
 
-Then it is re-driven through the infra path (:func:`leoflow_airflow.redrive.infra_redrive`: a new try on the
+A silent orphan run whose ``ti_id``'s latest attempt closed with the agent's **success report landed**
+(``reported_state`` success, closed ``reported`` or ``replayed``, same try) is not re-driven: a late call of that
+same execution wrote the TI back to RUNNING after the success (on SQLite a ``PATCH /run`` the Task SDK client
+retried while the write lock was held; DESIGN §2, the "overwritten report" row, is the same race caught before the
+settle). It is **restored**: the success is PATCHed again once the TI has been silent ``landed_grace`` seconds
+(30 by default: no heartbeat of any live execution comes that late), so the body never runs twice.
+
+Otherwise it is re-driven through the infra path (:func:`leoflow_airflow.redrive.infra_redrive`: a new try on the
 infra budget, ``max_tries + 1``, no user retry spent, a Log row with the reason), before Airflow's heartbeat
 purge (``[scheduler] task_instance_heartbeat_timeout``) would fail it and spend a user retry. The dag run itself
 is never touched: Airflow decides run states.
@@ -26,7 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["OrphanSettings", "Ownership", "Redrive", "RunningTI", "OrphanView", "candidates", "decide"]
+__all__ = ["Landed", "OrphanSettings", "Ownership", "Redrive", "Restore", "RunningTI", "OrphanView", "candidates",
+           "decide"]
 
 REAPER = "orphan-run"
 """The reaper's name in logs and in the re-drive's Log row (``leoflow orphan-run: …``)."""
@@ -64,11 +72,25 @@ class RunningTI:
 
 
 @dataclass(frozen=True)
+class Landed:
+    """The ledger's latest attempt of a ``ti_id``, closed after its agent's terminal report landed (module
+    docstring): its ``try_number`` and ``attempt_epoch``, the ``state`` reported, and when (``at``, tz-aware UTC
+    or None)."""
+
+    try_number: int
+    attempt_epoch: int
+    state: str
+    at: datetime | None = None
+
+
+@dataclass(frozen=True)
 class OrphanView:
-    """One candidate: Airflow's row and whether the ledger holds an open attempt of its ``ti_id``."""
+    """One candidate: Airflow's row, whether the ledger holds an open attempt of its ``ti_id``, and (none open)
+    whether its latest attempt closed with its report landed (``landed``)."""
 
     ti: RunningTI
     open_attempt: bool
+    landed: Landed | None = None
 
 
 @dataclass(frozen=True)
@@ -87,10 +109,12 @@ class Ownership:
 
 @dataclass(frozen=True)
 class OrphanSettings:
-    """``threshold``: ``[leoflow] orphan_run_threshold`` seconds; ``owner``: this executor's :class:`Ownership`."""
+    """``threshold``: ``[leoflow] orphan_run_threshold`` seconds; ``owner``: this executor's :class:`Ownership`;
+    ``landed_grace``: seconds of silence before an orphan run whose success had landed is restored."""
 
     threshold: float
     owner: Ownership
+    landed_grace: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -103,32 +127,67 @@ class Redrive:
     reaper: str = REAPER
 
 
-def _silent(ti: RunningTI, now: datetime, settings: OrphanSettings) -> tuple[float, str] | None:
+@dataclass(frozen=True)
+class Restore:
+    """PATCH the landed ``state`` of attempt (``ti_id``, ``try_number``, ``attempt_epoch``) again: a late call of
+    that execution wrote its RUNNING task instance back over it. ``at``: the ``end_date`` to send, when it was
+    first reported or the late call's ``start_date`` if later (tz-aware UTC or None); ``why`` is for the log and
+    the Log row."""
+
+    ti_id: str
+    try_number: int
+    attempt_epoch: int
+    state: str
+    at: datetime | None
+    why: str
+    reaper: str = REAPER
+
+
+def _silent(ti: RunningTI, now: datetime, settings: OrphanSettings,
+            threshold: float | None = None) -> tuple[float, str] | None:
     """``(seconds silent, latest activity's name)`` when ``ti`` would be an orphan run if the ledger held no open
-    attempt of it (running in a running dag run, queued by this executor, silent past the threshold); else
-    None."""
+    attempt of it (running in a running dag run, queued by this executor, silent past ``threshold``, by default
+    the settings' ``threshold``); else None."""
     if ti.state != "running" or ti.run_state != "running" or not settings.owner.owns(ti.executor):
         return None
     last = ti.last_activity()
     if last is None:
         return None  # nothing to measure silence from: never guessed
     silent = (now - last[0]).total_seconds()
-    return (silent, last[1]) if silent > settings.threshold else None
+    return (silent, last[1]) if silent > (settings.threshold if threshold is None else threshold) else None
 
 
 def candidates(rows: list[RunningTI], now: datetime, settings: OrphanSettings) -> list[RunningTI]:
-    """The rows of ``rows`` that :func:`decide` re-drives unless the ledger holds an open attempt of them, in
-    their order: the only ones whose attempts need looking up (a page of heartbeating task instances needs no
-    ledger read at all; issue 10, "Benchmark"). Pure: ``now`` is tz-aware UTC."""
-    return [ti for ti in rows if _silent(ti, now, settings) is not None]
+    """The rows of ``rows`` that :func:`decide` acts on for some ledger view of them (none open: restored past
+    ``landed_grace`` when its success had landed, else re-driven past ``threshold``), in their order: the only ones
+    whose attempts need looking up (a page of heartbeating task instances needs no ledger read at all; issue 10,
+    "Benchmark"). Pure: ``now`` is tz-aware UTC."""
+    first = min(settings.threshold, settings.landed_grace)
+    return [ti for ti in rows if _silent(ti, now, settings, first) is not None]
 
 
-def decide(snapshot: list[OrphanView], now: datetime, settings: OrphanSettings) -> list[Redrive]:
-    """The orphan runs among ``snapshot`` (module docstring), in its order. Pure: ``now`` is tz-aware UTC."""
-    actions: list[Redrive] = []
+def decide(snapshot: list[OrphanView], now: datetime, settings: OrphanSettings) -> list[Redrive | Restore]:
+    """The orphan runs among ``snapshot`` (module docstring), in its order: a :class:`Restore` for one whose
+    success had landed (silent past ``landed_grace``), else a :class:`Redrive` (silent past ``threshold``). Pure:
+    ``now`` is tz-aware UTC."""
+    actions: list[Redrive | Restore] = []
     for view in snapshot:
         ti = view.ti
-        found = None if view.open_attempt else _silent(ti, now, settings)
+        if view.open_attempt:
+            continue
+        landed = view.landed
+        if landed is not None and landed.state == "success" and landed.try_number == ti.try_number:
+            found = _silent(ti, now, settings, settings.landed_grace)
+            if found is not None:
+                # Airflow's duration is end_date - start_date: never before the late call's start_date
+                at = max((t for t in (landed.at, ti.start_date) if t is not None), default=None)
+                actions.append(Restore(ti.ti_id, landed.try_number, landed.attempt_epoch, landed.state, at, (
+                    f"task instance {ti.dag_id}.{ti.task_id} (run {ti.run_id}, map_index {ti.map_index}, try "
+                    f"{ti.try_number}) is running again after its attempt {landed.attempt_epoch}'s success report "
+                    f"landed, with no open leoflow attempt and no activity for {found[0]:.0f} s (latest: "
+                    f"{found[1]}): a late call of that execution overwrote the success; restoring it")))
+            continue
+        found = _silent(ti, now, settings)
         if found is None:
             continue
         silent, latest = found

@@ -129,6 +129,27 @@ with DAG(dag_id="lf_user", schedule=None, start_date=START, catchup=False, is_pa
     long()
 
 
+# 4b. an overwritten success: ``short`` ends at once while ``hold`` keeps the dag run running until released
+with DAG(dag_id="lf_overwrite", schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
+         default_args={"retries": 0, **CALLBACKS}):
+
+    @task
+    def short(ti=None) -> None:
+        body = _Body(ti)
+        body.line("start")
+        body.line("end")
+
+    @task
+    def hold(ti=None) -> None:
+        body = _Body(ti)
+        body.line("start")
+        body.work(150, until=_traces() / f"release.{ti.run_id}")
+        body.line("end")
+
+    short()
+    hold()
+
+
 # 5. fencing: the body waits for the test's go file, then meets its fault point (if any)
 with DAG(dag_id="lf_fence", schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
          default_args={"retries": 0, **CALLBACKS}):

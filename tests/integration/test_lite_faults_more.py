@@ -67,7 +67,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, statsd: StatsdListener):
     extra = {"AIRFLOW__LEOFLOW__INFRA_RETRY_BUDGET": "1", "AIRFLOW__LEOFLOW__ORPHAN_RUN_THRESHOLD": "20",
              **FAST_HEARTBEAT_LOSS, **airflow_env(statsd.port)}
     with FaultStack(tmp_path_factory.mktemp("faults-more"), extra_env=extra, public_api_apart=True) as s:
-        s.up(["lf_budget", "lf_bash", "lf_user", "lf_hb"])
+        s.up(["lf_budget", "lf_bash", "lf_user", "lf_hb", "lf_overwrite"])
         yield s
 
 
@@ -204,6 +204,43 @@ class TestOneStack:
         want = {"leoflow.reaper.orphan-run", "leoflow.recovery.orphan_redrive"}
         assert want <= statsd.wait_names(want), sorted(statsd.names("airflow."))
 
+    def test_a_success_a_late_call_wrote_over_is_restored_not_rerun(self, stack: FaultStack,
+                                                                     statsd: StatsdListener) -> None:
+        """``short``'s success landed and its attempt closed; then its TI is set RUNNING again, as a late
+        ``PATCH /run`` of that same execution does on SQLite (a /run the Task SDK client retried while the write
+        lock was held; DESIGN §2). Once the TI is silent for 30 s the orphan-run reaper PATCHes the success again
+        through the real Execution API (the body leoflow rebuilds must be one Airflow takes): ``short`` ends
+        SUCCESS at try 1, its body ran once, nothing was re-run or failed, one ``leoflow orphan-run`` Log row says
+        so and ``leoflow.recovery.orphan_restore`` is counted."""
+        run = stack.trigger_with("lf_overwrite", prefix="overwrite")
+        wait_until(lambda: [a["state"] for a in stack.attempts("lf_overwrite", run, "short")] == ["closed"], 90,
+                   "short's attempt to be settled")
+        assert stack.ti_row("lf_overwrite", run, "short")["state"] == "success"
+        (ti_id,), = stack.db("select id from task_instance where dag_id = ? and run_id = ? and task_id = ?",
+                             "lf_overwrite", run, "short")
+        t_over = time.time()
+        stack.db("UPDATE task_instance SET state = 'running', end_date = NULL, last_heartbeat_at = ?, updated_at = ? "
+                 "WHERE id = ?", _utc_text(t_over), _utc_text(t_over), ti_id)
+        wait_until(lambda: stack.ti_row("lf_overwrite", run, "short")["state"] == "success", 120,
+                   "the overwritten success to be restored")
+        restored_after = time.time() - t_over
+        (stack.traces_dir / f"release.{run}").touch()
+        assert _wait_run(stack, "lf_overwrite", run, 120) == "success"
+        ti = stack.ti_row("lf_overwrite", run, "short")
+        assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 1, 0), ti
+        execs = executions(stack, "lf_overwrite", "short", run)
+        assert len(execs) == 1 and execs[0].ended, execs
+        assert 30 <= restored_after < 100, f"restored {restored_after:.0f}s after the overwrite"
+        rows = stack.attempts("lf_overwrite", run, "short")
+        assert [(a["try_number"], a["attempt_epoch"], a["resolution"]) for a in rows] == [(1, 1, "reported")], rows
+        extras = [x for (x,) in stack.db("select extra from log where dag_id = ? and run_id = ? and task_id = ? "
+                                         "and event = ?", "lf_overwrite", run, "short", "leoflow orphan-run")]
+        assert len(extras) == 1 and "restoring it" in extras[0], extras
+        assert not [x for (x,) in stack.db("select extra from log where run_id = ? and event = ?", run, INFRA)]
+        cb = callbacks(stack, "lf_overwrite", run)
+        assert cb[("short", "1", "failure")] == 0, dict(cb)
+        assert "leoflow.recovery.orphan_restore" in statsd.wait_names({"leoflow.recovery.orphan_restore"})
+
     def test_api_server_blip_the_supervisor_survives_is_not_a_loss(self, stack: FaultStack) -> None:
         """The api-server freezes (SIGSTOP) for 16 s: long enough for several heartbeat *requests* to time out
         (5 s each), too short for the supervisor to give up (2 failed heartbeats of 3 tries each, ~33 s). The
@@ -285,6 +322,11 @@ class TestOneStack:
                        for a in stack.attempts("lf_hb", run, "slow")}
         assert resolutions[(1, attempt["attempt_epoch"])] == "infra_redrive", resolutions
         print(f"heartbeat_lost recorded {lost_after:.1f}s after the api-server stopped")
+
+
+def _utc_text(when: float) -> str:
+    """Unix seconds as Airflow's SQLite rows hold a UTC timestamp (``YYYY-MM-DD HH:MM:SS.ffffff``)."""
+    return datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
 def _utc(value: str | None) -> datetime:

@@ -1101,6 +1101,51 @@ def test_orphan_run_is_redriven_through_the_infra_path_and_watched_ones_are_not(
     assert world.airflow.redrives == [orphan_id]
 
 
+def test_a_success_overwritten_after_its_settle_is_restored_by_the_orphan_run_reaper_not_rerun(tmp_path):
+    """The agent's success landed and its attempt closed ``reported``; then a late ``PATCH /run`` of the same
+    execution set the TI RUNNING again (SQLite). 30 s of silence later the orphan-run reaper PATCHes the success
+    again from the ledger (that attempt's identity, its report time as ``end_date``) and writes a Log row; it
+    re-drives nothing, so the body never runs twice. A restore that stalls on the api-server ends the pass's
+    restores."""
+    world = World(tmp_path, orphan_run_threshold="240")
+    _ours(world)
+    w, ref = world.dispatched()
+    world.runtime.events.append(Reported(launch_id(ref), "success"))
+    world.life.cycle()
+    world.airflow.set_state(ref.ti_id, "success")
+    world.exit(ref)
+    assert (world.row(ref).state, world.row(ref).resolution) == (S.CLOSED, Resolution.REPORTED)
+    reported_at = world.row(ref).reported_at
+    now = world.clock.utcnow()
+    world.airflow.set_state(ref.ti_id, "running")  # the late /run
+    world.airflow.running = [_running_ti(ref.ti_id, now - timedelta(seconds=20))]
+    world.life.reap_orphans()
+    assert world.airflow.replays == [] and world.airflow.redrives == []  # not silent for 30 s yet
+    world.airflow.running = [_running_ti(ref.ti_id, now - timedelta(seconds=31))]
+    results = world.life.reap_orphans()
+    assert world.airflow.redrives == []
+    (record,) = world.airflow.replays
+    assert (record.ti_id, record.try_number, record.attempt_epoch, record.state) == (ref.ti_id, 1, 1, "success")
+    assert record.payload["state"] == "success" and record.payload["end_date"].startswith(
+        reported_at.strftime("%Y-%m-%dT%H:%M:%S"))
+    assert [r.applied for _, r in results] == [True]
+    events = [a for a in world.life.take() if isinstance(a, TaskEvent)]
+    assert [e.event for e in events] == ["leoflow orphan-run"] and "restoring it" in events[0].extra
+
+    # two such orphans while the api-server does not answer: one call, then the pass stops restoring
+    world.airflow.running = []
+    w2, ref2 = world.dispatched(task_id="t2")
+    world.runtime.events.append(Reported(launch_id(ref2), "success"))
+    world.life.cycle()
+    world.airflow.set_state(ref2.ti_id, "success")
+    world.exit(ref2)
+    world.airflow.replays.clear()
+    world.airflow.replay_result = lambda r: SettleResult(False, False, "timed out", retryable=True)
+    world.airflow.running = [_running_ti(i, now - timedelta(seconds=31)) for i in (ref.ti_id, ref2.ti_id)]
+    world.life.reap_orphans()
+    assert len(world.airflow.replays) == 1 and world.airflow.redrives == []
+
+
 def test_orphan_run_reaper_pages_airflows_running_rows_with_its_own_cursor(tmp_path):
     """Page size 2: each cycle reads one page of 2 (+1 to see the end) after the last id; the orphan last in id
     order is reached on the 3rd cycle, then the cursor wraps to the start."""

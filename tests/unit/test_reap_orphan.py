@@ -9,7 +9,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from leoflow_airflow.reap.orphan import OrphanSettings, OrphanView, Ownership, RunningTI, candidates, decide
+from leoflow_airflow.reap.orphan import (
+    Landed, OrphanSettings, OrphanView, Ownership, Restore, RunningTI, candidates, decide,
+)
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 OURS = Ownership(frozenset({"LeoflowExecutor", "leoflow_airflow.executor.LeoflowExecutor", "leo"}), default=True)
@@ -53,11 +55,14 @@ def test_decide(case, ti, open_attempt, redriven):
 
 
 @pytest.mark.parametrize(("case", "ti", "open_attempt", "redriven"), CASES)
-def test_candidates_are_exactly_the_task_instances_decide_redrives_when_no_attempt_is_open(case, ti, open_attempt,
-                                                                                          redriven):
+def test_candidates_are_exactly_the_task_instances_decide_acts_on_when_no_attempt_is_open(case, ti, open_attempt,
+                                                                                         redriven):
     """What the lifecycle asks the ledger about (issue 10, "Benchmark": a page of live task instances reads
-    nothing): a task instance is a candidate exactly when it would be re-driven had it no open attempt."""
-    would = decide([OrphanView(ti, False)], NOW, SETTINGS) != []
+    nothing): a task instance is a candidate exactly when it would be restored (its success had landed) or
+    re-driven had it no open attempt."""
+    landed = Landed(ti.try_number, 1, "success")
+    would = decide([OrphanView(ti, False)], NOW, SETTINGS) != [] or \
+        decide([OrphanView(ti, False, landed)], NOW, SETTINGS) != []
     assert (candidates([ti], NOW, SETTINGS) == [ti]) == would, case
 
 
@@ -78,3 +83,35 @@ def test_order_is_kept_and_each_view_is_judged_alone():
     other = replace(SILENT, ti_id="0199aaaa-0000-7000-8000-000000000002")
     views = [OrphanView(other, False), OrphanView(SILENT, True), OrphanView(SILENT, False)]
     assert [a.ti_id for a in decide(views, NOW, SETTINGS)] == [other.ti_id, SILENT.ti_id]
+
+
+LANDED = Landed(try_number=2, attempt_epoch=3, state="success", at=ago(60))
+
+
+@pytest.mark.parametrize(("case", "view", "expected"), [
+    ("its success had landed, silent past the grace", OrphanView(replace(SILENT, last_heartbeat_at=ago(31),
+                                                                         updated_at=ago(31)), False, LANDED), "restore"),
+    ("its success had landed, silent 300 s", OrphanView(SILENT, False, LANDED), "restore"),
+    ("landed, not yet silent for the grace", OrphanView(replace(SILENT, last_heartbeat_at=ago(29), updated_at=None),
+                                                        False, LANDED), None),
+    ("landed, but an attempt is open again", OrphanView(SILENT, True, LANDED), None),
+    ("a landed failure: re-driven as before", OrphanView(SILENT, False, replace(LANDED, state="failed")), "redrive"),
+    ("a landed failure, silent under the threshold",
+     OrphanView(replace(SILENT, last_heartbeat_at=ago(60), updated_at=None), False, replace(LANDED, state="failed")),
+     None),
+    ("landed for another try: re-driven", OrphanView(SILENT, False, replace(LANDED, try_number=1)), "redrive"),
+])
+def test_a_success_a_late_call_overwrote_is_restored_not_rerun(case, view, expected):
+    """A RUNNING TI whose latest attempt's success report had landed (a late ``PATCH /run`` of that execution
+    wrote it back, on SQLite) is restored after ``landed_grace`` (30 s) of silence, never re-driven: its body
+    must not run twice. Anything else keeps the re-drive after ``orphan_run_threshold``."""
+    actions = decide([view], NOW, SETTINGS)
+    kinds = [("restore" if isinstance(a, Restore) else "redrive") for a in actions]
+    assert kinds == ([expected] if expected else []), case
+    for action in actions:
+        if isinstance(action, Restore):
+            assert (action.ti_id, action.try_number, action.attempt_epoch, action.state, action.at) == (
+                SILENT.ti_id, 2, 3, "success", max(ago(60), view.ti.start_date))
+            assert "success report landed" in action.why and "restoring it" in action.why
+        # a candidate whenever decide acts on it for some ledger view
+        assert candidates([view.ti], NOW, SETTINGS) == [view.ti]
