@@ -150,6 +150,29 @@ with DAG(dag_id="lf_overwrite", schedule=None, start_date=START, catchup=False, 
     hold()
 
 
+def _success_callback_held(context) -> None:
+    """The traced success callback, then a wait (at most 90 s) for ``traces/release-cb.<run_id>``: the agent
+    outlives its landed report until the test lets it go."""
+    CALLBACKS["on_success_callback"](context)
+    release = _traces() / f"release-cb.{context['ti'].run_id}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not release.exists():
+        time.sleep(0.2)
+
+
+# 4c. an overwritten success the settle sees: the agent lives on in the success callback until released
+with DAG(dag_id="lf_overwrite_cb", schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
+         default_args={"retries": 0, **CALLBACKS, "on_success_callback": _success_callback_held}):
+
+    @task
+    def reported(ti=None) -> None:
+        body = _Body(ti)
+        body.line("start")
+        body.line("end")
+
+    reported()
+
+
 # 5. fencing: the body waits for the test's go file, then meets its fault point (if any)
 with DAG(dag_id="lf_fence", schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
          default_args={"retries": 0, **CALLBACKS}):

@@ -67,7 +67,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, statsd: StatsdListener):
     extra = {"AIRFLOW__LEOFLOW__INFRA_RETRY_BUDGET": "1", "AIRFLOW__LEOFLOW__ORPHAN_RUN_THRESHOLD": "20",
              **FAST_HEARTBEAT_LOSS, **airflow_env(statsd.port)}
     with FaultStack(tmp_path_factory.mktemp("faults-more"), extra_env=extra, public_api_apart=True) as s:
-        s.up(["lf_budget", "lf_bash", "lf_user", "lf_hb", "lf_overwrite"])
+        s.up(["lf_budget", "lf_bash", "lf_user", "lf_hb", "lf_overwrite", "lf_overwrite_cb"])
         yield s
 
 
@@ -240,6 +240,38 @@ class TestOneStack:
         cb = callbacks(stack, "lf_overwrite", run)
         assert cb[("short", "1", "failure")] == 0, dict(cb)
         assert "leoflow.recovery.orphan_restore" in statsd.wait_names({"leoflow.recovery.orphan_restore"})
+
+    def test_a_success_overwritten_before_its_settle_is_replayed(self, stack: FaultStack) -> None:
+        """``reported``'s success PATCH lands (its ledger row turns ``reported``) and its agent lives on in the
+        task's success callback; meanwhile the TI is set RUNNING again, as a late ``PATCH /run`` of that execution
+        does on SQLite. When the agent ends, the settle finds a landed report beside a RUNNING TI and replays the
+        recorded success (DESIGN §2, the "overwritten report" row) instead of closing the row on the report's
+        word: the task is SUCCESS at try 1 again within seconds, its body and its success callback ran once, and
+        no "lost on_success_callback" row is written (the callback ran)."""
+        dag, task = "lf_overwrite_cb", "reported"
+        run = stack.trigger_with(dag, prefix="overcb")
+        wait_until(lambda: [a["state"] for a in stack.attempts(dag, run, task)] == ["reported"], 90,
+                   "the success report to land")
+        assert stack.ti_row(dag, run, task)["state"] == "success"
+        (ti_id,), = stack.db("select id from task_instance where dag_id = ? and run_id = ? and task_id = ?",
+                             dag, run, task)
+        now = time.time()
+        stack.db("UPDATE task_instance SET state = 'running', end_date = NULL, last_heartbeat_at = ?, updated_at = ? "
+                 "WHERE id = ?", _utc_text(now), _utc_text(now), ti_id)
+        (stack.traces_dir / f"release-cb.{run}").touch()
+        wait_until(lambda: [a["state"] for a in stack.attempts(dag, run, task)] == ["closed"], 60,
+                   "the attempt to be settled")
+        wait_until(lambda: stack.ti_row(dag, run, task)["state"] == "success", 20, "the success to be replayed")
+        ti = stack.ti_row(dag, run, task)
+        assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 1, 0), ti
+        rows = stack.attempts(dag, run, task)
+        assert [(a["try_number"], a["attempt_epoch"], a["resolution"]) for a in rows] == [(1, 1, "replayed")], rows
+        execs = executions(stack, dag, task, run)
+        assert len(execs) == 1 and execs[0].ended, execs
+        cb = callbacks(stack, dag, run)
+        assert cb[(task, "1", "success")] == 1 and cb[(task, "1", "failure")] == 0, dict(cb)
+        assert not stack.db("select 1 from log where run_id = ? and event = ?", run, "leoflow lost on_success_callback")
+        assert _wait_run(stack, dag, run, 60) == "success"
 
     def test_api_server_blip_the_supervisor_survives_is_not_a_loss(self, stack: FaultStack) -> None:
         """The api-server freezes (SIGSTOP) for 16 s: long enough for several heartbeat *requests* to time out
