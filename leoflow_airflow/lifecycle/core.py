@@ -1054,22 +1054,49 @@ class Lifecycle:
         Graceful: each task gets SIGTERM and ``kill_grace`` seconds (its ``on_kill`` runs). No scheduler loop
         follows ``terminate()`` and the runtime is stopped right after it, so this call (the last one) waits,
         polling the runtime, until nothing of those attempts is left or the grace (plus 2 s for the runtime's
-        own escalation to be seen) is over, then SIGKILLs whatever still lives."""
-        live = [a for a in self.ledger.open_attempts(runtime=self.runtime.kind) if a.state in LIVE_STATES]
-        owners = {a.scheduler_job_id for a in live} - {None, self.job_id}
-        peers = self.airflow.jobs_alive(owners) if owners else set()
-        pending = [a for a in live
-                   if (a.scheduler_job_id not in peers or launch_id(a.ref) in self.table.launches)
-                   and self.runtime.kill(a, grace=self.kill_grace) == Presence.LIVE]
+        own escalation to be seen) is over, then SIGKILLs whatever still lives.
+
+        A launch of this process still CLAIMED (handed over, its agent not seen started: held in the zygote,
+        being forked, a pod being created) is killed too: the runtime drops what it holds. One whose ``Started``
+        arrives while this call waits is DISPATCHED by then, with its handle, and gets its own graceful kill;
+        what is still CLAIMED at the end is killed by its launch's marker (:meth:`Runtime.kill_launch`), as the
+        runtime stopped right after this call would otherwise leave an agent it was forking running.
+        """
+        self.apply(self.runtime.poll())  # Started events owed: those rows leave CLAIMED with their handle
         deadline = self.monotonic() + self.kill_grace + 2.0
-        while pending and self.monotonic() < deadline:
+        signalled: set[tuple[AttemptRef, int | None]] = set()  # (ref, pid): a handle seen later is signalled anew
+        pending: dict[AttemptRef, Attempt] = {}
+        while True:
+            for attempt in self._terminable():
+                if (attempt.ref, attempt.pid) in signalled:
+                    continue
+                signalled.add((attempt.ref, attempt.pid))
+                if self.runtime.kill(attempt, grace=self.kill_grace) == Presence.LIVE:
+                    pending[attempt.ref] = attempt
+            if not pending or self.monotonic() >= deadline:
+                break
             sleep(0.2)
             self.apply(self.runtime.poll())  # the runtime's escalation and the zygote's ``exited`` events
-            presence = self.runtime.observe(pending)
-            pending = [a for a in pending if presence.get(a.ref) != Presence.GONE]
-        for attempt in pending:
+            presence = self.runtime.observe(list(pending.values()))
+            pending = {ref: a for ref, a in pending.items() if presence.get(ref) != Presence.GONE}
+        for attempt in pending.values():
             log.warning("attempt %s outlived its kill grace at terminate(); SIGKILL", attempt.ref)
             self.runtime.kill(attempt, grace=0.0)
+        for attempt in self._terminable():
+            if attempt.state == _S.CLAIMED:
+                log.warning("launch of attempt %s never reported its start by terminate(); killing it by its "
+                            "marker", attempt.ref)
+                self.runtime.kill_launch(launch_id(attempt.ref))
+
+    def _terminable(self) -> list[Attempt]:
+        """What :meth:`terminate` kills, from the ledger now: open rows in ``LIVE_STATES`` and this process's
+        launches still CLAIMED, less a live peer scheduler's (unless this process launched or adopted it)."""
+        ours = self.table.launches
+        live = [a for a in self.ledger.open_attempts(runtime=self.runtime.kind)
+                if a.state in LIVE_STATES or (a.state == _S.CLAIMED and launch_id(a.ref) in ours)]
+        owners = {a.scheduler_job_id for a in live} - {None, self.job_id}
+        peers = self.airflow.jobs_alive(owners) if owners else set()
+        return [a for a in live if a.scheduler_job_id not in peers or launch_id(a.ref) in ours]
 
     def drain(self, timeout: float, sleep: Callable[[float], None] = time.sleep) -> list[SchedulerAction]:
         """``end()``: dispatch nothing new, run cycles while launches run (at most ``timeout`` seconds), then

@@ -865,6 +865,47 @@ def test_terminate_sigkills_what_outlives_the_grace(world):
     assert world.clock.t >= 1000.0 + 8.0
 
 
+def test_terminate_kills_a_launch_whose_agent_starts_while_it_waits(world):
+    """A launch handed over but not yet started when terminate() begins (held in the zygote, being forked) is
+    killed too; its Started arriving during the wait gives it a handle, and that agent gets its own graceful
+    kill instead of outliving the scheduler."""
+    world.life.kill_grace = 8.0
+    _, running = world.dispatched()
+    forking = world.queued()
+    assert world.life.dispatch_task(forking).disposition == Disposition.DISPATCHED
+    late = world.runtime.launched[-1].ref
+    slept = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        world.clock.tick(seconds)
+        if len(slept) == 1:  # the zygote finished forking it
+            world.runtime.events.append(Started(launch_id(late), {"pid": 5151, "proc_start_time": 88}))
+        if len(slept) == 3:
+            world.runtime.presence[running] = world.runtime.presence[late] = Presence.GONE
+
+    world.life.terminate(sleep=sleep)
+    assert world.runtime.killed == [running, late, late]
+    assert world.runtime.kill_graces == [8.0, 8.0, 8.0]
+    assert world.row(late).pid == 5151
+    assert world.runtime.killed_launches == []
+
+
+def test_terminate_kills_a_launch_still_claimed_at_the_end_by_its_marker(world):
+    """A launch that never reported its start by the end of terminate() is killed by its launch's marker: the
+    runtime stopped right after would otherwise leave an agent it was forking running. A CLAIMED row this
+    process never launched (a predecessor's claim) is left alone."""
+    world.life.kill_grace = 8.0
+    w = world.queued()
+    assert world.life.dispatch_task(w).disposition == Disposition.DISPATCHED
+    ref = world.runtime.launched[-1].ref
+    foreign = world.claim_only(world.queued())
+    world.life.terminate(sleep=world.clock.tick)
+    assert world.runtime.killed == [ref]
+    assert world.runtime.killed_launches == [launch_id(ref)]
+    assert launch_id(foreign.ref) not in world.runtime.killed_launches
+
+
 # --- hole 2 (part): adopting what this process already runs changes nothing ----------------------------
 def test_adopting_an_attempt_this_process_runs_changes_nothing(world):
     w, ref = world.dispatched()
