@@ -80,8 +80,8 @@ METRICS: tuple[Metric, ...] = (
            "Recoveries by what they acted on: `replayed` (a lost report replayed from its outcome record), "
            "`infra_redrive` / `oom_redrive` (no usable evidence: a new try on the infra budget), `redispatched` "
            "(the agent died before `/run`: the same ti_id again as epoch + 1), `orphan_redrive` (the orphan-run "
-           "reaper re-drove a task instance with no attempt), `orphan_restore` (it PATCHed again a success a late "
-           "call of the same execution had overwritten).",
+           "reaper re-drove a task instance with no attempt), `orphan_restore` (it PATCHed again a terminal report "
+           "(success, failed, skipped, removed) a late call of the same execution had overwritten).",
            ("replayed", "infra_redrive", "oom_redrive", "redispatched", "orphan_redrive", "orphan_restore")),
     Metric("leoflow.reaper.<reaper>", "counter", _BOTH,
            "Reaper actions: a kill by `agent-lost`, `dispatch-lost`, `start-rejected`, `start-backpressure`, or a "

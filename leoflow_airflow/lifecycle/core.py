@@ -958,14 +958,18 @@ class Lifecycle:
         return results
 
     def _restore(self, action: orphan.Restore, attempt: Attempt) -> Any:
-        """PATCH the landed success of ``attempt`` again (``orphan.Restore``): the body of its first report is
-        gone with the agent, so it is rebuilt, ``end_date`` the time it was first reported and no asset events
-        (Airflow registered them with the report that landed); the Execution API fence admits it as the
-        ti_id's current epoch. Returns the ``settle.SettleResult``; an applied restore writes a Log row."""
+        """PATCH the landed terminal state of ``attempt`` again (``orphan.Restore``: success, failed, skipped or
+        removed): the body of its first report is gone with the agent, so it is rebuilt as Airflow's terminal
+        payload, ``end_date`` the time it was first reported, and for a success no asset events (Airflow
+        registered them with the report that landed); the Execution API fence admits it as the ti_id's current
+        epoch. Returns the ``settle.SettleResult``; an applied restore writes a Log row. No callback is made up:
+        the agent's task child ran its callbacks after the report landed."""
         from leoflow_agent.outcome import AttemptIdentity, format_rfc3339, record_for_state
 
         at = action.at or self.utcnow()
-        body = {"state": "success", "end_date": format_rfc3339(at), "task_outlets": [], "outlet_events": []}
+        body: dict[str, Any] = {"state": action.state, "end_date": format_rfc3339(at)}
+        if action.state == "success":
+            body.update(task_outlets=[], outlet_events=[])
         record = record_for_state(action.state, body, api_version=None,
                                   attempt=AttemptIdentity(action.ti_id, action.try_number, action.attempt_epoch))
         result = self.airflow.replay(record)

@@ -11,12 +11,13 @@ A task instance is an **orphan run** when all of these hold:
 * nothing happened to it for more than ``[leoflow] orphan_run_threshold`` seconds: the latest of its
   ``queued_dttm``, ``start_date``, ``last_heartbeat_at``, ``updated_at`` and its dag run's ``start_date``.
 
-A silent orphan run whose ``ti_id``'s latest attempt closed with the agent's **success report landed**
-(``reported_state`` success, closed ``reported`` or ``replayed``, same try) is not re-driven: a late call of that
-same execution wrote the TI back to RUNNING after the success (on SQLite a ``PATCH /run`` the Task SDK client
-retried while the write lock was held; DESIGN §2, the "overwritten report" row, is the same race caught before the
-settle). It is **restored**: the success is PATCHed again once the TI has been silent ``landed_grace`` seconds
-(30 by default: no heartbeat of any live execution comes that late), so the body never runs twice.
+A silent orphan run whose ``ti_id``'s latest attempt closed with the agent's **terminal report landed**
+(``reported_state`` one of :data:`RESTORABLE_REPORTS`, closed ``reported`` or ``replayed``, same try) is not
+re-driven: a late call of that same execution wrote the TI back to RUNNING after the report (on SQLite a ``PATCH
+/run`` the Task SDK client retried while the write lock was held; DESIGN §2, the "overwritten report" row, is the
+same race caught before the settle). It is **restored**: the landed state is PATCHed again once the TI has been
+silent ``landed_grace`` seconds (30 by default: no heartbeat of any live execution comes that late), so the body
+never runs twice, a failed task is not re-run on the infra budget, and no user retry is spent.
 
 Otherwise it is re-driven through the infra path (:func:`leoflow_airflow.redrive.infra_redrive`: a new try on the
 infra budget, ``max_tries + 1``, no user retry spent, a Log row with the reason), before Airflow's heartbeat
@@ -33,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["Landed", "OrphanSettings", "Ownership", "Redrive", "Restore", "RunningTI", "OrphanView", "candidates",
+__all__ = ["Landed", "OrphanSettings", "RESTORABLE_REPORTS", "Ownership", "Redrive", "Restore", "RunningTI", "OrphanView", "candidates",
            "decide"]
 
 REAPER = "orphan-run"
@@ -69,6 +70,12 @@ class RunningTI:
             ("last_heartbeat_at", self.last_heartbeat_at), ("updated_at", self.updated_at),
             ("dag run start_date", self.run_start_date)) if value is not None]
         return max(seen, key=lambda item: item[0]) if seen else None
+
+
+RESTORABLE_REPORTS: frozenset[str] = frozenset({"success", "failed", "skipped", "removed"})
+"""The landed reports an orphan run is restored to: the terminal states a late ``PATCH /run`` of the same
+execution can write over at the same ``ti_id``. Not ``up_for_retry``: Airflow gives the next try a new ``ti_id``
+when it lands (``TaskInstance.prepare_db_for_next_try``), so a late call of the old one finds no row."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +117,7 @@ class Ownership:
 @dataclass(frozen=True)
 class OrphanSettings:
     """``threshold``: ``[leoflow] orphan_run_threshold`` seconds; ``owner``: this executor's :class:`Ownership`;
-    ``landed_grace``: seconds of silence before an orphan run whose success had landed is restored."""
+    ``landed_grace``: seconds of silence before an orphan run whose terminal report had landed is restored."""
 
     threshold: float
     owner: Ownership
@@ -159,7 +166,7 @@ def _silent(ti: RunningTI, now: datetime, settings: OrphanSettings,
 
 def candidates(rows: list[RunningTI], now: datetime, settings: OrphanSettings) -> list[RunningTI]:
     """The rows of ``rows`` that :func:`decide` acts on for some ledger view of them (none open: restored past
-    ``landed_grace`` when its success had landed, else re-driven past ``threshold``), in their order: the only ones
+    ``landed_grace`` when its terminal report had landed, else re-driven past ``threshold``), in their order: the only ones
     whose attempts need looking up (a page of heartbeating task instances needs no ledger read at all; issue 10,
     "Benchmark"). Pure: ``now`` is tz-aware UTC."""
     first = min(settings.threshold, settings.landed_grace)
@@ -168,7 +175,7 @@ def candidates(rows: list[RunningTI], now: datetime, settings: OrphanSettings) -
 
 def decide(snapshot: list[OrphanView], now: datetime, settings: OrphanSettings) -> list[Redrive | Restore]:
     """The orphan runs among ``snapshot`` (module docstring), in its order: a :class:`Restore` for one whose
-    success had landed (silent past ``landed_grace``), else a :class:`Redrive` (silent past ``threshold``). Pure:
+    terminal report (:data:`RESTORABLE_REPORTS`) had landed (silent past ``landed_grace``), else a :class:`Redrive` (silent past ``threshold``). Pure:
     ``now`` is tz-aware UTC."""
     actions: list[Redrive | Restore] = []
     for view in snapshot:
@@ -176,16 +183,16 @@ def decide(snapshot: list[OrphanView], now: datetime, settings: OrphanSettings) 
         if view.open_attempt:
             continue
         landed = view.landed
-        if landed is not None and landed.state == "success" and landed.try_number == ti.try_number:
+        if landed is not None and landed.state in RESTORABLE_REPORTS and landed.try_number == ti.try_number:
             found = _silent(ti, now, settings, settings.landed_grace)
             if found is not None:
                 # Airflow's duration is end_date - start_date: never before the late call's start_date
                 at = max((t for t in (landed.at, ti.start_date) if t is not None), default=None)
                 actions.append(Restore(ti.ti_id, landed.try_number, landed.attempt_epoch, landed.state, at, (
                     f"task instance {ti.dag_id}.{ti.task_id} (run {ti.run_id}, map_index {ti.map_index}, try "
-                    f"{ti.try_number}) is running again after its attempt {landed.attempt_epoch}'s success report "
-                    f"landed, with no open leoflow attempt and no activity for {found[0]:.0f} s (latest: "
-                    f"{found[1]}): a late call of that execution overwrote the success; restoring it")))
+                    f"{ti.try_number}) is running again after its attempt {landed.attempt_epoch}'s {landed.state} "
+                    f"report landed, with no open leoflow attempt and no activity for {found[0]:.0f} s (latest: "
+                    f"{found[1]}): a late call of that execution overwrote the {landed.state}; restoring it")))
             continue
         found = _silent(ti, now, settings)
         if found is None:

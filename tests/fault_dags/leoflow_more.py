@@ -129,6 +129,14 @@ with DAG(dag_id="lf_user", schedule=None, start_date=START, catchup=False, is_pa
     long()
 
 
+def _held(ti=None) -> None:
+    """A body that keeps its dag run running until the test touches ``traces/release.<run_id>`` (at most 150 s)."""
+    body = _Body(ti)
+    body.line("start")
+    body.work(150, until=_traces() / f"release.{ti.run_id}")
+    body.line("end")
+
+
 # 4b. an overwritten success: ``short`` ends at once while ``hold`` keeps the dag run running until released
 with DAG(dag_id="lf_overwrite", schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
          default_args={"retries": 0, **CALLBACKS}):
@@ -139,15 +147,23 @@ with DAG(dag_id="lf_overwrite", schedule=None, start_date=START, catchup=False, 
         body.line("start")
         body.line("end")
 
+    short()
+    task(task_id="hold")(_held)()
+
+
+# 4d. an overwritten failure: ``fails`` fails at once (no retries) while ``hold`` keeps the dag run running
+with DAG(dag_id="lf_overwrite_failed", schedule=None, start_date=START, catchup=False,
+         is_paused_upon_creation=False, default_args={"retries": 0, **CALLBACKS}):
+
     @task
-    def hold(ti=None) -> None:
+    def fails(ti=None) -> None:
         body = _Body(ti)
         body.line("start")
-        body.work(150, until=_traces() / f"release.{ti.run_id}")
         body.line("end")
+        raise RuntimeError("lf_overwrite_failed: this task fails on purpose")
 
-    short()
-    hold()
+    fails()
+    task(task_id="hold")(_held)()
 
 
 def _success_callback_held(context) -> None:

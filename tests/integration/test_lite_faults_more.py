@@ -67,8 +67,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory, statsd: StatsdListener):
     extra = {"AIRFLOW__LEOFLOW__INFRA_RETRY_BUDGET": "1", "AIRFLOW__LEOFLOW__ORPHAN_RUN_THRESHOLD": "20",
              **FAST_HEARTBEAT_LOSS, **airflow_env(statsd.port)}
     with FaultStack(tmp_path_factory.mktemp("faults-more"), extra_env=extra, public_api_apart=True) as s:
-        s.up(["lf_budget", "lf_bash", "lf_user", "lf_hb", "lf_overwrite", "lf_overwrite_cb"])
+        s.up(["lf_budget", "lf_bash", "lf_user", "lf_hb", "lf_overwrite", "lf_overwrite_cb", "lf_overwrite_failed"])
         yield s
+
+
+def _late_run(stack: FaultStack, dag_id: str, run_id: str, task_id: str) -> float:
+    """Set the task instance RUNNING again as a late ``PATCH /run`` of its landed execution does on SQLite
+    (state running, no end_date, heartbeat and update now); returns when (epoch seconds)."""
+    (ti_id,), = stack.db("select id from task_instance where dag_id = ? and run_id = ? and task_id = ?",
+                         dag_id, run_id, task_id)
+    now = time.time()
+    stack.db("UPDATE task_instance SET state = 'running', end_date = NULL, last_heartbeat_at = ?, updated_at = ? "
+             "WHERE id = ?", _utc_text(now), _utc_text(now), ti_id)
+    return now
 
 
 class TestOneStack:
@@ -204,41 +215,44 @@ class TestOneStack:
         want = {"leoflow.reaper.orphan-run", "leoflow.recovery.orphan_redrive"}
         assert want <= statsd.wait_names(want), sorted(statsd.names("airflow."))
 
-    def test_a_success_a_late_call_wrote_over_is_restored_not_rerun(self, stack: FaultStack,
-                                                                     statsd: StatsdListener) -> None:
-        """``short``'s success landed and its attempt closed; then its TI is set RUNNING again, as a late
-        ``PATCH /run`` of that same execution does on SQLite (a /run the Task SDK client retried while the write
-        lock was held; DESIGN §2). Once the TI is silent for 30 s the orphan-run reaper PATCHes the success again
-        through the real Execution API (the body leoflow rebuilds must be one Airflow takes): ``short`` ends
-        SUCCESS at try 1, its body ran once, nothing was re-run or failed, one ``leoflow orphan-run`` Log row says
-        so and ``leoflow.recovery.orphan_restore`` is counted."""
-        run = stack.trigger_with("lf_overwrite", prefix="overwrite")
-        wait_until(lambda: [a["state"] for a in stack.attempts("lf_overwrite", run, "short")] == ["closed"], 90,
-                   "short's attempt to be settled")
-        assert stack.ti_row("lf_overwrite", run, "short")["state"] == "success"
-        (ti_id,), = stack.db("select id from task_instance where dag_id = ? and run_id = ? and task_id = ?",
-                             "lf_overwrite", run, "short")
-        t_over = time.time()
-        stack.db("UPDATE task_instance SET state = 'running', end_date = NULL, last_heartbeat_at = ?, updated_at = ? "
-                 "WHERE id = ?", _utc_text(t_over), _utc_text(t_over), ti_id)
-        wait_until(lambda: stack.ti_row("lf_overwrite", run, "short")["state"] == "success", 120,
-                   "the overwritten success to be restored")
+    @pytest.mark.parametrize(("dag", "task", "landed", "failure_callbacks"), [
+        ("lf_overwrite", "short", "success", 0),
+        ("lf_overwrite_failed", "fails", "failed", 1),
+    ])
+    def test_a_report_a_late_call_wrote_over_is_restored_not_rerun(self, stack: FaultStack, statsd: StatsdListener,
+                                                                   dag: str, task: str, landed: str,
+                                                                   failure_callbacks: int) -> None:
+        """``task``'s terminal report (a success; a failure with no retries left) landed and its attempt closed;
+        then its TI is set RUNNING again, as a late ``PATCH /run`` of that same execution does on SQLite (a /run
+        the Task SDK client retried while the write lock was held; DESIGN §2). Once the TI is silent for 30 s the
+        orphan-run reaper PATCHes the landed state again through the real Execution API (the body leoflow rebuilds
+        must be one Airflow takes), where a re-drive past the 20 s ``orphan_run_threshold`` would run the body
+        again: ``task`` ends in its landed state at try 1, its body ran once, its failure callback ran only if it
+        failed, nothing was re-run, one ``leoflow orphan-run`` Log row says so and
+        ``leoflow.recovery.orphan_restore`` is counted."""
+        run = stack.trigger_with(dag, prefix=f"over{landed}")
+        wait_until(lambda: [a["state"] for a in stack.attempts(dag, run, task)] == ["closed"], 90,
+                   f"{task}'s attempt to be settled")
+        assert stack.ti_row(dag, run, task)["state"] == landed
+        t_over = _late_run(stack, dag, run, task)
+        wait_until(lambda: stack.ti_row(dag, run, task)["state"] == landed, 120,
+                   f"the overwritten {landed} to be restored")
         restored_after = time.time() - t_over
         (stack.traces_dir / f"release.{run}").touch()
-        assert _wait_run(stack, "lf_overwrite", run, 120) == "success"
-        ti = stack.ti_row("lf_overwrite", run, "short")
-        assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 1, 0), ti
-        execs = executions(stack, "lf_overwrite", "short", run)
+        assert _wait_run(stack, dag, run, 120) == landed
+        ti = stack.ti_row(dag, run, task)
+        assert (ti["state"], ti["try_number"], ti["max_tries"]) == (landed, 1, 0), ti
+        execs = executions(stack, dag, task, run)
         assert len(execs) == 1 and execs[0].ended, execs
         assert 30 <= restored_after < 100, f"restored {restored_after:.0f}s after the overwrite"
-        rows = stack.attempts("lf_overwrite", run, "short")
+        rows = stack.attempts(dag, run, task)
         assert [(a["try_number"], a["attempt_epoch"], a["resolution"]) for a in rows] == [(1, 1, "reported")], rows
         extras = [x for (x,) in stack.db("select extra from log where dag_id = ? and run_id = ? and task_id = ? "
-                                         "and event = ?", "lf_overwrite", run, "short", "leoflow orphan-run")]
-        assert len(extras) == 1 and "restoring it" in extras[0], extras
+                                         "and event = ?", dag, run, task, "leoflow orphan-run")]
+        assert len(extras) == 1 and f"{landed} report landed" in extras[0] and "restoring it" in extras[0], extras
         assert not [x for (x,) in stack.db("select extra from log where run_id = ? and event = ?", run, INFRA)]
-        cb = callbacks(stack, "lf_overwrite", run)
-        assert cb[("short", "1", "failure")] == 0, dict(cb)
+        cb = callbacks(stack, dag, run)
+        assert cb[(task, "1", "failure")] == failure_callbacks, dict(cb)
         assert "leoflow.recovery.orphan_restore" in statsd.wait_names({"leoflow.recovery.orphan_restore"})
 
     def test_a_success_overwritten_before_its_settle_is_replayed(self, stack: FaultStack) -> None:
@@ -253,11 +267,7 @@ class TestOneStack:
         wait_until(lambda: [a["state"] for a in stack.attempts(dag, run, task)] == ["reported"], 90,
                    "the success report to land")
         assert stack.ti_row(dag, run, task)["state"] == "success"
-        (ti_id,), = stack.db("select id from task_instance where dag_id = ? and run_id = ? and task_id = ?",
-                             dag, run, task)
-        now = time.time()
-        stack.db("UPDATE task_instance SET state = 'running', end_date = NULL, last_heartbeat_at = ?, updated_at = ? "
-                 "WHERE id = ?", _utc_text(now), _utc_text(now), ti_id)
+        _late_run(stack, dag, run, task)
         (stack.traces_dir / f"release-cb.{run}").touch()
         wait_until(lambda: [a["state"] for a in stack.attempts(dag, run, task)] == ["closed"], 60,
                    "the attempt to be settled")

@@ -1142,6 +1142,18 @@ def test_orphan_run_is_redriven_through_the_infra_path_and_watched_ones_are_not(
     assert world.airflow.redrives == [orphan_id]
 
 
+def _reported_and_closed(world, state: str, **kw):
+    """Dispatch a workload whose agent reports ``state`` (Airflow takes it) and exits: its attempt closes
+    ``reported``. Returns its ref."""
+    _, ref = world.dispatched(**kw)
+    world.runtime.events.append(Reported(launch_id(ref), state))
+    world.life.cycle()
+    world.airflow.set_state(ref.ti_id, state)
+    world.exit(ref)
+    assert (world.row(ref).state, world.row(ref).resolution) == (S.CLOSED, Resolution.REPORTED)
+    return ref
+
+
 def test_a_success_overwritten_after_its_settle_is_restored_by_the_orphan_run_reaper_not_rerun(tmp_path):
     """The agent's success landed and its attempt closed ``reported``; then a late ``PATCH /run`` of the same
     execution set the TI RUNNING again (SQLite). 30 s of silence later the orphan-run reaper PATCHes the success
@@ -1150,12 +1162,7 @@ def test_a_success_overwritten_after_its_settle_is_restored_by_the_orphan_run_re
     restores."""
     world = World(tmp_path, orphan_run_threshold="240")
     _ours(world)
-    w, ref = world.dispatched()
-    world.runtime.events.append(Reported(launch_id(ref), "success"))
-    world.life.cycle()
-    world.airflow.set_state(ref.ti_id, "success")
-    world.exit(ref)
-    assert (world.row(ref).state, world.row(ref).resolution) == (S.CLOSED, Resolution.REPORTED)
+    ref = _reported_and_closed(world, "success")
     reported_at = world.row(ref).reported_at
     now = world.clock.utcnow()
     world.airflow.set_state(ref.ti_id, "running")  # the late /run
@@ -1175,16 +1182,32 @@ def test_a_success_overwritten_after_its_settle_is_restored_by_the_orphan_run_re
 
     # two such orphans while the api-server does not answer: one call, then the pass stops restoring
     world.airflow.running = []
-    w2, ref2 = world.dispatched(task_id="t2")
-    world.runtime.events.append(Reported(launch_id(ref2), "success"))
-    world.life.cycle()
-    world.airflow.set_state(ref2.ti_id, "success")
-    world.exit(ref2)
+    ref2 = _reported_and_closed(world, "success", task_id="t2")
     world.airflow.replays.clear()
     world.airflow.replay_result = lambda r: SettleResult(False, False, "timed out", retryable=True)
     world.airflow.running = [_running_ti(i, now - timedelta(seconds=31)) for i in (ref.ti_id, ref2.ti_id)]
     world.life.reap_orphans()
     assert len(world.airflow.replays) == 1 and world.airflow.redrives == []
+
+
+def test_a_failure_overwritten_after_its_settle_is_restored_as_airflows_terminal_payload(tmp_path):
+    """The same race after a landed ``failed`` report: the restore PATCHes ``failed`` again with Airflow's
+    terminal payload (state and end_date, no asset fields), re-drives nothing (a failed task must not run again
+    on the infra budget) and makes up no callback (the task child ran its failure callback)."""
+    world = World(tmp_path, orphan_run_threshold="240")
+    _ours(world)
+    ref = _reported_and_closed(world, "failed")
+    world.life.take()
+    world.airflow.set_state(ref.ti_id, "running")  # the late /run
+    world.airflow.running = [_running_ti(ref.ti_id, world.clock.utcnow() - timedelta(seconds=31))]
+    world.life.reap_orphans()
+    assert world.airflow.redrives == []
+    (record,) = world.airflow.replays
+    assert (record.state, sorted(record.payload)) == ("failed", ["end_date", "state"])
+    assert not record.callbacks_pending
+    actions = world.life.take()
+    assert [a.event for a in actions if isinstance(a, TaskEvent)] == ["leoflow orphan-run"]
+    assert not [a for a in actions if isinstance(a, SendCallback)]
 
 
 def test_orphan_run_reaper_pages_airflows_running_rows_with_its_own_cursor(tmp_path):

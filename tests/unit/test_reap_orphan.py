@@ -95,23 +95,32 @@ LANDED = Landed(try_number=2, attempt_epoch=3, state="success", at=ago(60))
     ("landed, not yet silent for the grace", OrphanView(replace(SILENT, last_heartbeat_at=ago(29), updated_at=None),
                                                         False, LANDED), None),
     ("landed, but an attempt is open again", OrphanView(SILENT, True, LANDED), None),
-    ("a landed failure: re-driven as before", OrphanView(SILENT, False, replace(LANDED, state="failed")), "redrive"),
-    ("a landed failure, silent under the threshold",
-     OrphanView(replace(SILENT, last_heartbeat_at=ago(60), updated_at=None), False, replace(LANDED, state="failed")),
-     None),
+    ("a landed failure, silent past the grace: restored",
+     OrphanView(replace(SILENT, last_heartbeat_at=ago(31), updated_at=None), False, replace(LANDED, state="failed")),
+     "restore"),
+    ("a landed skip, silent 300 s", OrphanView(SILENT, False, replace(LANDED, state="skipped")), "restore"),
+    ("a landed removal, silent 300 s", OrphanView(SILENT, False, replace(LANDED, state="removed")), "restore"),
+    ("a landed up_for_retry (the next try has a new ti_id): re-driven",
+     OrphanView(SILENT, False, replace(LANDED, state="up_for_retry")), "redrive"),
+    ("a landed deferral (a hand-off, not a report to restore): re-driven",
+     OrphanView(SILENT, False, replace(LANDED, state="deferred")), "redrive"),
+    ("a landed deferral, silent under the threshold",
+     OrphanView(replace(SILENT, last_heartbeat_at=ago(60), updated_at=None), False,
+                replace(LANDED, state="deferred")), None),
     ("landed for another try: re-driven", OrphanView(SILENT, False, replace(LANDED, try_number=1)), "redrive"),
 ])
-def test_a_success_a_late_call_overwrote_is_restored_not_rerun(case, view, expected):
-    """A RUNNING TI whose latest attempt's success report had landed (a late ``PATCH /run`` of that execution
-    wrote it back, on SQLite) is restored after ``landed_grace`` (30 s) of silence, never re-driven: its body
-    must not run twice. Anything else keeps the re-drive after ``orphan_run_threshold``."""
+def test_a_terminal_report_a_late_call_overwrote_is_restored_not_rerun(case, view, expected):
+    """A RUNNING TI whose latest attempt's terminal report (success, failed, skipped, removed) had landed (a late
+    ``PATCH /run`` of that execution wrote it back, on SQLite) is restored after ``landed_grace`` (30 s) of
+    silence, never re-driven: its body must not run twice, nor a failed task run again. Anything else keeps the
+    re-drive after ``orphan_run_threshold``."""
     actions = decide([view], NOW, SETTINGS)
     kinds = [("restore" if isinstance(a, Restore) else "redrive") for a in actions]
     assert kinds == ([expected] if expected else []), case
     for action in actions:
         if isinstance(action, Restore):
             assert (action.ti_id, action.try_number, action.attempt_epoch, action.state, action.at) == (
-                SILENT.ti_id, 2, 3, "success", max(ago(60), view.ti.start_date))
-            assert "success report landed" in action.why and "restoring it" in action.why
+                SILENT.ti_id, 2, 3, view.landed.state, max(ago(60), view.ti.start_date))
+            assert f"{view.landed.state} report landed" in action.why and "restoring it" in action.why
         # a candidate whenever decide acts on it for some ledger view
         assert candidates([view.ti], NOW, SETTINGS) == [view.ti]
