@@ -34,8 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["Landed", "OrphanSettings", "RESTORABLE_REPORTS", "Ownership", "Redrive", "Restore", "RunningTI", "OrphanView", "candidates",
-           "decide"]
+from leoflow_airflow.reconcile import OVERWRITABLE_REPORTS
+
+__all__ = ["Landed", "OrphanSettings", "RESTORABLE_REPORTS", "Ownership", "Redrive", "Restore", "RunningTI",
+           "OrphanView", "candidates", "decide"]
 
 REAPER = "orphan-run"
 """The reaper's name in logs and in the re-drive's Log row (``leoflow orphan-run: …``)."""
@@ -72,9 +74,10 @@ class RunningTI:
         return max(seen, key=lambda item: item[0]) if seen else None
 
 
-RESTORABLE_REPORTS: frozenset[str] = frozenset({"success", "failed", "skipped", "removed"})
-"""The landed reports an orphan run is restored to: the terminal states a late ``PATCH /run`` of the same
-execution can write over at the same ``ti_id``. Not ``up_for_retry``: Airflow gives the next try a new ``ti_id``
+RESTORABLE_REPORTS: frozenset[str] = OVERWRITABLE_REPORTS - {"up_for_retry"}
+"""The landed reports an orphan run is restored to (success, failed, skipped, removed): the reports
+:data:`leoflow_airflow.reconcile.OVERWRITABLE_REPORTS` names, as they can be written over at the same ``ti_id``
+after the settle. Not ``up_for_retry``: Airflow gives the next try a new ``ti_id``
 when it lands (``TaskInstance.prepare_db_for_next_try``), so a late call of the old one finds no row."""
 
 
@@ -166,17 +169,17 @@ def _silent(ti: RunningTI, now: datetime, settings: OrphanSettings,
 
 def candidates(rows: list[RunningTI], now: datetime, settings: OrphanSettings) -> list[RunningTI]:
     """The rows of ``rows`` that :func:`decide` acts on for some ledger view of them (none open: restored past
-    ``landed_grace`` when its terminal report had landed, else re-driven past ``threshold``), in their order: the only ones
-    whose attempts need looking up (a page of heartbeating task instances needs no ledger read at all; issue 10,
-    "Benchmark"). Pure: ``now`` is tz-aware UTC."""
+    ``landed_grace`` when its terminal report had landed, else re-driven past ``threshold``), in their order: the
+    only ones whose attempts need looking up (a page of heartbeating task instances needs no ledger read at all;
+    issue 10, "Benchmark"). Pure: ``now`` is tz-aware UTC."""
     first = min(settings.threshold, settings.landed_grace)
     return [ti for ti in rows if _silent(ti, now, settings, first) is not None]
 
 
 def decide(snapshot: list[OrphanView], now: datetime, settings: OrphanSettings) -> list[Redrive | Restore]:
     """The orphan runs among ``snapshot`` (module docstring), in its order: a :class:`Restore` for one whose
-    terminal report (:data:`RESTORABLE_REPORTS`) had landed (silent past ``landed_grace``), else a :class:`Redrive` (silent past ``threshold``). Pure:
-    ``now`` is tz-aware UTC."""
+    terminal report (:data:`RESTORABLE_REPORTS`) had landed (silent past ``landed_grace``), else a
+    :class:`Redrive` (silent past ``threshold``). Pure: ``now`` is tz-aware UTC."""
     actions: list[Redrive | Restore] = []
     for view in snapshot:
         ti = view.ti
