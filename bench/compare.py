@@ -21,6 +21,9 @@ Figures per (executor, DAG, parallelism):
   (run ``start_date`` -> ``end_date``) is kept in the JSON as ``run_wall_s``;
 - as a user sees it (issue 11's bars): ``user tasks/s`` = tasks / (the run's ``end_date`` - the moment the
   trigger was sent), and for the chain the **per-hop** time, that wall divided by its 20 tasks;
+- where that wall went (:func:`phases`): the trigger -> the run's start (Airflow's idle sleep, a draw in [0, 1] s
+  for either executor), the run's two ends, the first task queued -> the last task's end, and for the chain its
+  **link cycle** (one link queued -> the next queued, median), the per-hop time without the run's ends;
 - ``machine CPU/task``: the scheduler's tree, the api-server, the dag-processor, orphans and PostgreSQL's
   server tree together, per task (every process the run made work);
 - queued-to-start p50/p95 = TI ``queued_when`` -> ``start_date`` (REST API task-instance list), seconds;
@@ -71,6 +74,9 @@ VARIANT_ENV = {"leoflow-cold": {"AIRFLOW__LEOFLOW__LITE_WARM_FILES": "0"}}
 forked by the zygote, every task process parsing its DAG file), to see what the warm workers bring."""
 DAGS = {"bench_fanout": 50, "bench_chain": 20, "bench_sleep": 50}
 """DAG id -> number of task instances it has."""
+
+PHASES = ("to_start", "edges", "tasks", "link_cycle")
+"""The parts of a run's user wall :func:`phases` returns, in order."""
 
 PINNED = {
     # Same for both executors; parallelism itself is set per stack.
@@ -407,12 +413,47 @@ def measure_run(
                  for t in tis if t.get("start_date") and t.get("end_date")] or [float("nan")]
             ),
             "slot_seconds_per_task": parallelism * span / n if n else float("nan"),
+            "phases": phases(triggered, run_start, run_end, [
+                (_parse_ts(t.get("queued_when")), _parse_ts(t.get("end_date")))
+                for t in sorted(tis, key=lambda t: t["task_id"])
+            ]),
             "tis": [
                 [t["task_id"], t.get("queued_when"), t.get("start_date"), t.get("end_date"), t["state"]]
                 for t in tis
             ],
         },
     )
+
+
+def phases(triggered: datetime, run_start: datetime | None, run_end: datetime | None,
+           tis: list[tuple[datetime | None, datetime | None]]) -> dict[str, float]:
+    """Split one run's trigger -> dag run end (issue 11's "as a user sees it") into where it went, seconds.
+
+    ``tis``: ``(queued_when, end_date)`` of each task instance, in the DAG's order (a chain: link order).
+    Returns ``{"to_start", "edges", "tasks", "link_cycle"}`` (nan where a timestamp is missing):
+
+    - ``to_start``: the trigger -> the run's ``start_date``. Airflow's scheduler starts a queued run on its next
+      loop, and an idle loop sleeps ``[scheduler] scheduler_idle_sleep_time`` (1 s): a draw in [0, ~1] s for
+      either executor, whatever it does.
+    - ``edges``: the run's start -> its first task queued, plus its last task's end -> the run's end (the
+      scheduler's loops around the tasks).
+    - ``tasks``: the first task queued -> the last task's end: where an executor's work shows.
+    - ``link_cycle``: the median of ``queued_when`` of one task -> of the next (a chain's per-link time
+      without the run's two ends; nan with fewer than two tasks).
+
+    ``to_start + edges + tasks`` is the user wall. Pure; raises nothing.
+    """
+    nan = float("nan")
+    queued = [q for q, _ in tis if q is not None]
+    ends = [e for _, e in tis if e is not None]
+    first_q, last_end = (min(queued), max(ends)) if queued and ends else (None, None)
+    to_start = (run_start - triggered).total_seconds() if run_start else nan
+    tasks = (last_end - first_q).total_seconds() if first_q and last_end else nan
+    edges = ((first_q - run_start).total_seconds() + (run_end - last_end).total_seconds()
+             if run_start and run_end and first_q and last_end else nan)
+    gaps = [(b - a).total_seconds() for (a, _), (b, _) in zip(tis, tis[1:]) if a is not None and b is not None]
+    return {"to_start": to_start, "edges": edges, "tasks": tasks,
+            "link_cycle": statistics.median(gaps) if gaps else nan}
 
 
 # ---------------------------------------------------------------------------------------------- one stack
@@ -544,6 +585,8 @@ def summarize(figures: list[RunFigures], variant: str = "leoflow") -> list[dict[
                 "user_tasks_per_s": _median([f.user_tasks_per_s for f in sel]),
                 "user_wall_s": _median([f.user_wall_s for f in sel]),
                 "machine_cpu_per_task_s": _median([f.machine_cpu_per_task_s for f in sel]),
+                **{f"{k}_s": _median([f.extra.get("phases", {}).get(k, float("nan")) for f in sel])
+                   for k in PHASES},
             }
         row["throughput_ratio"] = _ratio(row["leoflow"]["tasks_per_s"], row["local"]["tasks_per_s"])
         row["cpu_ratio"] = _ratio(row["leoflow"]["cpu_per_task_s"], row["local"]["cpu_per_task_s"])
@@ -556,6 +599,7 @@ def summarize(figures: list[RunFigures], variant: str = "leoflow") -> list[dict[
         )
         tasks = DAGS.get(dag_id, 1)
         row["per_hop_delta_ms"] = 1000.0 * (row["leoflow"]["user_wall_s"] - row["local"]["user_wall_s"]) / tasks
+        row["link_cycle_delta_ms"] = 1000.0 * (row["leoflow"]["link_cycle_s"] - row["local"]["link_cycle_s"])
         rows.append(row)
     return rows
 
@@ -603,6 +647,19 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"{lo['machine_cpu_per_task_s']:6.3f} {le['machine_cpu_per_task_s']:6.3f} "
             f"{r['machine_cpu_ratio']:5.2f}x (bar <= 0.9x: {'PASS' if r['machine_cpu_ratio'] <= 0.9 else 'MISS'})"
             f"{hop}"
+        )
+    lines.append("")
+    lines.append("where the user wall went (medians, s, local / " + variant + "): trigger -> run start (the scheduler's "
+                 "idle sleep, executor-independent) | run's two ends | first queued -> last end; chain link cycle")
+    for r in rows:
+        lo, le = r["local"], r["leoflow"]
+        cycle = ""
+        if r["dag_id"] == "bench_chain":
+            cycle = (f"; link cycle {1000 * lo['link_cycle_s']:.0f} -> {1000 * le['link_cycle_s']:.0f} ms "
+                     f"({r['link_cycle_delta_ms']:+.0f} ms)")
+        lines.append(
+            f"  {r['dag_id']:13s} p={r['parallelism']:<3d} {lo['to_start_s']:5.2f} / {le['to_start_s']:5.2f} | "
+            f"{lo['edges_s']:5.2f} / {le['edges_s']:5.2f} | {lo['tasks_s']:6.2f} / {le['tasks_s']:6.2f}{cycle}"
         )
     lines.append("")
     for r in rows:
