@@ -25,9 +25,10 @@ demo: $(STAMP)
 demo-k8s: $(STAMP)
 	$(PY) -m devtools.demo --runtime kubernetes
 
-## make test: the whole suite (starts PostgreSQL and the Kubernetes control plane itself).
+## make test: the whole suite (starts PostgreSQL and the Kubernetes control plane itself); PYTEST_ARGS go to pytest
+## (`make test PYTEST_ARGS=--chaos` adds the opt-in chaos suites).
 test:
-	scripts/run-tests all
+	scripts/run-tests all $(PYTEST_ARGS)
 
 ## make test-fast: unit tests only, no servers.
 test-fast: $(STAMP)

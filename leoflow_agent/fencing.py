@@ -8,9 +8,10 @@ from here). Every request leoflow sends to Airflow's Execution API on behalf of 
 the agent's transport (:class:`leoflow_agent.transport.RecordingTransport`) on each request of the Task SDK
 supervisor, and the reconciler's replay of a recorded report (``leoflow_airflow.settle``). The api-server's
 fence refuses, with 409 and a body in Airflow's own ``{"detail": {"reason", "message"}}`` shape, a request of
-an execution that is no longer the ledger's current epoch of its ``ti_id``; :data:`FENCE_REASONS` are the
-reasons it gives. The header names an execution, it proves nothing: the request's execution token, which
-Airflow validates on the route, is what authorises it. A forged header can only get its own request refused.
+an execution that is no longer the ledger's current epoch of its ``ti_id``, or whose ``ti_id`` is no longer its
+task instance's current try; :data:`FENCE_REASONS` are the reasons it gives. The header names an execution, it
+proves nothing: the request's execution token, which Airflow validates on the route, is what authorises it. A
+forged header can only get its own request refused.
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ UNIDENTIFIED = "leoflow_unidentified_execution"
 """Fence reason: the ``ti_id`` has a leoflow attempt but the request names none (no header, a malformed one, or
 one naming another ``ti_id`` than the request's token)."""
 
-FENCE_REASONS = frozenset({STALE, UNIDENTIFIED})
+SUPERSEDED = "leoflow_superseded_try"
+"""Fence reason: the request's ``ti_id`` is no longer its task instance's current try. A newer try of the same
+task instance (a user's clear, Airflow's retry, leoflow's infra re-drive) gave the task instance a new ``ti_id``,
+so this execution belongs to a try that has been superseded, whatever its header says."""
+
+FENCE_REASONS = frozenset({STALE, UNIDENTIFIED, SUPERSEDED})
 """Every ``detail.reason`` the fence answers 409 with."""
 
 MAX_HEADER_CHARS = 200

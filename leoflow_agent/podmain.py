@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import random
+import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -43,6 +44,7 @@ from typing import Any
 
 from leoflow_agent import outcome
 from leoflow_agent.exchange import EXCHANGE_PATH, Grant, GrantError, decode_grant, request_body
+from leoflow_agent.lease import EXIT_LEASE_EXPIRED
 
 __all__ = [
     "BACKOFF_BASE_SECONDS",
@@ -56,10 +58,12 @@ __all__ = [
     "EXCHANGE_DEADLINE_MAX_SECONDS",
     "EXIT_CODES",
     "EXIT_CONFIG",
+    "EXIT_LEASE_EXPIRED",
     "EXIT_OK",
     "EXIT_REFUSED",
     "EXIT_START_FAILED",
     "EXIT_UNREACHABLE",
+    "EXCHANGE_SERVER_SLACK_SECONDS",
     "REQUEST_TIMEOUT_SECONDS",
     "RETRY_AFTER_CAP_SECONDS",
     "TERMINATION_MESSAGE_PATH",
@@ -89,6 +93,9 @@ ENV_MESSAGE_BUDGET = "LEOFLOW_TERMINATION_MESSAGE_BUDGET"
 container count)."""
 ENV_CEILING = "LEOFLOW_CREDENTIAL_CEILING_SECONDS"
 """``[leoflow] credential_ceiling_seconds``: the pod's ``activeDeadlineSeconds`` (0: none)."""
+ENV_LEASE = "LEOFLOW_AGENT_LEASE_SECONDS"
+"""``[leoflow] agent_lease_seconds``: the agent kills its task and exits when the Execution API gave no answer for
+that long (:mod:`leoflow_agent.lease`; k8s review §14). Absent or 0: no lease."""
 ENV_TEST_FAULT = "LEOFLOW_TEST_FAULT"
 """TEST ONLY: a fault point (``leoflow_agent.protocol.FAULT_POINTS`` but ``mid_task`` / ``hang_before_run``) at
 which the agent SIGKILLs itself. The Kubernetes runtime sets it only when ``[leoflow] test_fault_injection`` chose a
@@ -114,6 +121,8 @@ EXIT_CODES: Mapping[int, str] = {
     EXIT_OK: "the supervisor returned", EXIT_START_FAILED: "the workload could not be run",
     EXIT_CONFIG: "the agent's environment is unusable", EXIT_REFUSED: "the exchange was refused",
     EXIT_UNREACHABLE: "the exchange did not answer before the deadline",
+    EXIT_LEASE_EXPIRED: "the Execution API did not answer for the agent's lease: its task was killed "
+                        "(heartbeat_lost record)",
 }
 """Every exit code of ``python -m leoflow_agent pod`` and what it means."""
 
@@ -123,8 +132,15 @@ BACKOFF_CAP_SECONDS = 30.0
 """The longest back-off before jitter, in seconds."""
 RETRY_AFTER_CAP_SECONDS = 60.0
 """A ``Retry-After`` longer than this, in seconds, is read as this (a proxy's hour-long value never idles a pod)."""
-REQUEST_TIMEOUT_SECONDS = 10.0
-"""Connect/read/write timeout of one exchange request, in seconds (never past the deadline)."""
+REQUEST_TIMEOUT_SECONDS = 30.0
+"""Connect/read/write timeout of one exchange request, in seconds (never past the deadline). Above the server's
+worst case (two Kubernetes calls of ``[leoflow] exchange_timeout_seconds`` each, plus the ledger and the mint),
+which the settings bound by :data:`EXCHANGE_SERVER_SLACK_SECONDS` under this, so the agent does not give up on
+an answer the server is still making (k8s review §4)."""
+EXCHANGE_SERVER_SLACK_SECONDS = 5.0
+"""What the server's exchange may take besides its two Kubernetes calls (ledger read and write, plugins, the
+mint, the network), in seconds: ``[leoflow] exchange_timeout_seconds`` may be at most
+``(REQUEST_TIMEOUT_SECONDS - EXCHANGE_SERVER_SLACK_SECONDS) / 2``."""
 EXCHANGE_DEADLINE_MAX_SECONDS = 600.0
 """The longest the agent keeps trying to exchange, in seconds: Airflow's default ``[scheduler]
 task_queued_timeout``, past which the scheduler itself stops waiting for a queued task."""
@@ -145,6 +161,7 @@ class PodConfig:
     :param message_budget: bytes the record may take in the termination message (>= 1).
     :param ceiling_seconds: the credential ceiling, in seconds (0: none).
     :param fault: TEST ONLY fault point (:data:`ENV_TEST_FAULT`) or None.
+    :param lease_seconds: the agent's lease (:data:`ENV_LEASE`), seconds > 0, or None: no lease.
     """
 
     exchange_url: str
@@ -152,6 +169,7 @@ class PodConfig:
     message_budget: int
     ceiling_seconds: int
     fault: str | None = None
+    lease_seconds: float | None = None
 
     @property
     def exchange_endpoint(self) -> str:
@@ -164,7 +182,8 @@ def config_from_env(environ: Mapping[str, str]) -> PodConfig:
 
     :raises PodConfigError: :data:`ENV_EXCHANGE_URL` missing or not an ``http(s)://`` URL, :data:`ENV_TOKEN_FILE`
         missing, :data:`ENV_MESSAGE_BUDGET` not an integer >= 1 (an absent one reads as
-        ``outcome.TERMINATION_MESSAGE_BUDGET``), :data:`ENV_CEILING` not an integer >= 0 (absent: 0).
+        ``outcome.TERMINATION_MESSAGE_BUDGET``), :data:`ENV_CEILING` not an integer >= 0 (absent: 0),
+        :data:`ENV_LEASE` not a number >= 0 (absent or 0: no lease).
     """
     url = environ.get(ENV_EXCHANGE_URL, "").strip().rstrip("/")
     if not url.startswith(("http://", "https://")) or len(url) <= len("https://"):
@@ -189,9 +208,16 @@ def config_from_env(environ: Mapping[str, str]) -> PodConfig:
     fault = environ.get(ENV_TEST_FAULT, "").strip() or None
     if fault is not None and fault not in POD_FAULT_POINTS:
         raise PodConfigError(f"{ENV_TEST_FAULT} must be one of {sorted(POD_FAULT_POINTS)}, got {fault[:50]!r}")
+    lease_text = environ.get(ENV_LEASE, "").strip()
+    try:
+        lease = float(lease_text) if lease_text else 0.0
+    except ValueError:
+        raise PodConfigError(f"{ENV_LEASE} must be a number of seconds, got {lease_text[:50]!r}") from None
+    if not 0 <= lease < float("inf"):
+        raise PodConfigError(f"{ENV_LEASE} must be at least 0 (0: no lease), got {lease_text[:50]!r}")
     return PodConfig(exchange_url=url, token_file=token_file,
                      message_budget=integer(ENV_MESSAGE_BUDGET, outcome.TERMINATION_MESSAGE_BUDGET, 1),
-                     ceiling_seconds=integer(ENV_CEILING, 0, 0), fault=fault)
+                     ceiling_seconds=integer(ENV_CEILING, 0, 0), fault=fault, lease_seconds=lease or None)
 
 
 def exchange_deadline_seconds(ceiling_seconds: int) -> float:
@@ -246,8 +272,8 @@ class Verdict(enum.Enum):
 def classify_status(status: int) -> Verdict:
     """200: granted. 429 and every 5xx (the exchange's own 503, or a proxy's 502/504 while the api-server
     restarts): try again. Anything else (403 above all; a 404 from a wrong ``exchange_url``): refused for good.
-    A retry after a grant whose answer was lost is refused (``already_exchanged``), which the reconciler
-    handles like any refusal."""
+    A retry after a grant whose answer was lost (a timeout, a dropped connection: :func:`exchange_with_retries`
+    tries again) is granted again by the server to the same pod (k8s review §4)."""
     if status == 200:
         return Verdict.GRANTED
     if status == 429 or 500 <= status <= 599:
@@ -467,7 +493,8 @@ def run_pod(config: PodConfig, *, termination_path: str = TERMINATION_MESSAGE_PA
         return supervise_attempt(workload, server=server, attempt=attempt,
                                  sinks=[termination_sink(termination_path, config.message_budget)],
                                  on_reported=reported, title="leoflow-agent pod", subprocess_logs_to_stdout=True,
-                                 fault=config.fault)
+                                 fault=config.fault, hostname=socket.gethostname(),
+                                 lease_seconds=config.lease_seconds)
     except BaseException:  # noqa: BLE001 - an agent must always exit with a code
         log.exception("attempt %s: the supervisor failed", attempt)
         return EXIT_START_FAILED

@@ -111,6 +111,8 @@ def supervise_attempt(
     killed: Callable[[], bool] | None = None,
     title: str = "",
     subprocess_logs_to_stdout: bool = False,
+    hostname: str | None = None,
+    lease_seconds: float | None = None,
 ) -> int:
     """Run one ``ExecuteTask`` workload under the Task SDK supervisor with leoflow's wrapping transport; the one
     way every agent runs a task (a Lite agent: :func:`run_launch`; a task pod: :mod:`leoflow_agent.podmain`).
@@ -127,10 +129,20 @@ def supervise_attempt(
     :param sinks: where outcome records go, each written before a terminal PATCH leaves.
     :param on_reported: ``(state, recorded)`` once a terminal PATCH returned 2xx.
     :param fault: a fault-injection point (test mode only) or ``None``.
-    :param killed: ``killed() -> bool`` (see ``RecordingTransport``); ``None``: never killed by leoflow.
+    :param killed: ``killed() -> bool`` (see ``RecordingTransport``); ``None``: never killed by leoflow. Either
+        way a SIGTERM the agent receives counts as a kill (:class:`~leoflow_agent.transport.SigtermWatch`).
     :param title: the process title's prefix (followed by ``dag_id.task_id map_index=N``).
     :param subprocess_logs_to_stdout: the task's log lines also go to stdout (a pod's log), as Airflow's
         ``execute_workload`` has them in a KubernetesExecutor pod.
+    :param hostname: the hostname every call of the attempt reports (a pod's name); ``None``: Airflow's
+        ``get_hostname()`` asked once. Pinned for the attempt (:func:`leoflow_agent.hostname.pin`).
+    :param lease_seconds: ``[leoflow] agent_lease_seconds`` (task pods): when the Execution API gives no answer
+        below 500 for that long, the agent marks the attempt ``heartbeat_lost``, kills its task's process groups
+        (SIGTERM, then SIGKILL after ``[core] killed_task_cleanup_time``) and exits with
+        :data:`leoflow_agent.lease.EXIT_LEASE_EXPIRED` (:class:`~leoflow_agent.lease.LeaseWatchdog`; k8s review
+        §14). The lease ends once a terminal report was answered 2xx (the supervisor then sends nothing while its
+        task ends, and the server holds the outcome). ``None``: no lease (Lite: the scheduler proves a death by
+        pid there, and an API server outage must not kill healthy bodies).
     :returns: 0 once the supervisor returned, whatever the task's outcome (exit codes are never the outcome,
         DESIGN §3). Whatever the supervisor raises propagates.
     """
@@ -139,15 +151,27 @@ def supervise_attempt(
     from airflow.sdk.api.client import Client
     from airflow.sdk.execution_time import supervisor as sdk_supervisor
 
-    from leoflow_agent.transport import RecordingTransport, heartbeat_counting_client
+    from leoflow_agent.transport import RecordingTransport, SigtermWatch, heartbeat_counting_client
 
+    from leoflow_agent.hostname import pin
+
+    pin(hostname)
     exit_watch = ExitWatch(sdk_supervisor)
+    sigterm = SigtermWatch.install()  # any SIGTERM holds a later report as killed (DESIGN §2)
 
     def reported(state: str, recorded: bool) -> None:
+        if watchdog is not None:
+            watchdog.stop()  # the server holds the outcome; the supervisor now sends nothing while its task ends
         on_reported(state, recorded)
         exit_watch.closely()
 
     ti = workload.ti
+    watchdog: Any = None
+    if lease_seconds is not None:
+        from leoflow_agent.lease import LeaseWatchdog, exit_now
+
+        watchdog = LeaseWatchdog(lease_seconds, cleanup=_conf_int("core", "killed_task_cleanup_time", 60),
+                                 on_expired=lambda why: transport.lease_lost(why), exit=exit_now)
     transport = RecordingTransport(
         httpx.HTTPTransport(retries=0, verify=sdk_ssl_context()),
         attempt=attempt,
@@ -156,13 +180,16 @@ def supervise_attempt(
         fault=fault,
         max_failed_heartbeats=_conf_int("workers", "max_failed_heartbeats", 3),
         task_log=task_log_writer(workload.log_path),
-        killed=killed or _never_killed,
+        killed=lambda: sigterm() or (killed or _never_killed)(),
+        on_answer=watchdog.answered if watchdog is not None else None,
     )
     client = heartbeat_counting_client(Client)(base_url=server, token=workload.token, transport=transport)
     client.leoflow_transport = transport
     # the supervisor's first heartbeat repeats what the run call just did (heartbeat_counting_client)
     client.leoflow_first_heartbeat_window = first_heartbeat_window()
     _set_title(f"{title} {ti.dag_id}.{ti.task_id} map_index={ti.map_index}".strip())
+    if watchdog is not None:
+        watchdog.start()
     try:
         sdk_supervisor.supervise_task(
             ti=ti,
@@ -176,7 +203,10 @@ def supervise_attempt(
             sentry_integration=getattr(workload, "sentry_integration", ""),
         )
     finally:
+        if watchdog is not None:
+            watchdog.stop()
         exit_watch.restore()
+        sigterm.uninstall()
     return 0
 
 

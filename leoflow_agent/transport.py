@@ -46,10 +46,18 @@ _STATE_PATH = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/sta
 _RUN_PATH = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/run$")
 _HEARTBEAT_CALL = re.compile(r"(?:^|/)task-instances/(?P<ti_id>[0-9a-fA-F-]{36})/heartbeat$")
 _TERMINATED_STATUSES = frozenset({404, 409, 410})  # the supervisor's "stop, the server says so" answers
-REFUSED_AFTER_KILL = frozenset({"failed", "up_for_retry"})
-"""Terminal states a graceful kill by leoflow causes (the operator's ``on_kill`` stopped the work, the task
-failed): refused once the kill marker exists. Success, skips and hand-offs still land (the work is done or
-handed off; re-running it would run a finished body twice)."""
+REFUSED_AFTER_API_LOSS = frozenset({"failed", "up_for_retry"})
+"""Terminal states an unanswered Execution API call causes (the Task SDK fails the task): refused once a call of
+the attempt went unanswered. Success, skips and hand-offs still land."""
+
+REFUSED_AFTER_KILL = frozenset({"failed", "up_for_retry", "success"})
+"""Terminal states refused once the attempt was signalled to stop (leoflow's graceful kill, or on Kubernetes any
+SIGTERM: a pod delete, an eviction, a node drain). A failure is what the kill caused (the operator's ``on_kill``
+stopped the work). A success whose report leaves after the signal is a body that returned after it, which
+apache/airflow#73006 shows can be false: an ``on_kill`` that cancels the work can let ``execute()`` return
+normally. It is held as ``killed`` and re-run on the infra budget (DESIGN §2 "A success after SIGTERM"). A body
+that returned before the signal has reported already: its success is never refused. Skips and hand-offs
+(deferral, reschedule) still land."""
 
 RecordSink = Callable[[outcome.OutcomeRecord], "outcome.WrittenRecord | None"]
 """Writes one outcome record durably and returns what it wrote (``None``: nothing to say); raises
@@ -117,8 +125,9 @@ class RecordingTransport(httpx.BaseTransport):
     :param task_log: writes a line into the TI's log (:data:`TaskLog`): a record not written, a record that
         dropped asset events, heartbeat loss.
     :param fault: one of :data:`leoflow_agent.protocol.FAULT_POINTS` or ``None``.
-    :param killed: ``killed() -> bool``: True once leoflow killed this attempt gracefully (Lite: its kill marker
-        exists). A terminal report of a state in :data:`REFUSED_AFTER_KILL` is then refused locally and a
+    :param killed: ``killed() -> bool``: True once the attempt was signalled to stop (leoflow's kill marker
+        exists, or the agent got SIGTERM: :class:`SigtermWatch`). A terminal report of a state in
+        :data:`REFUSED_AFTER_KILL` is then refused locally and a
         ``killed`` record written (unless a terminal record is kept), so the reconciler re-drives the attempt
         as an infra loss. Read only when a terminal report leaves.
     :param max_failed_heartbeats: ``[workers] max_failed_heartbeats``: after this many consecutive failed
@@ -128,6 +137,9 @@ class RecordingTransport(httpx.BaseTransport):
         by ``heartbeat_lost`` (the supervisor heartbeats on while its success PATCH fails; the reconciler then
         replays that success). A heartbeat counts as the supervisor counts it: one SDK call, after the SDK
         client's own retries (:meth:`heartbeat_result`), never one HTTP request.
+    :param on_answer: ``on_answer(status_code)`` for every response the server sent (not for transport errors,
+        nor for the refusals this wrapper answers locally): the agent's lease (``leoflow_agent.lease``) renews
+        on it. ``None``: nobody listens (Lite).
     """
 
     def __init__(
@@ -141,8 +153,10 @@ class RecordingTransport(httpx.BaseTransport):
         max_failed_heartbeats: int = 3,
         task_log: TaskLog = _no_task_log,
         killed: Callable[[], bool] = lambda: False,
+        on_answer: Callable[[int], None] | None = None,
     ) -> None:
         self._inner = inner
+        self._on_answer = on_answer
         self._killed = killed
         self._max_failed_heartbeats = max(1, int(max_failed_heartbeats))
         self._failed_heartbeats = 0
@@ -242,11 +256,11 @@ class RecordingTransport(httpx.BaseTransport):
     def _refused_after_api_loss(self, request: httpx.Request) -> bool:
         """True (``api_unreachable`` record written unless a terminal one is kept, the TI's log told) when a call
         of this attempt went unanswered (:attr:`unanswered`) and ``request`` reports a state of
-        :data:`REFUSED_AFTER_KILL`. Never raises."""
+        :data:`REFUSED_AFTER_API_LOSS`. Never raises."""
         if self.unanswered is None:
             return False
         state = _reported_state(request)
-        if state not in REFUSED_AFTER_KILL:
+        if state not in REFUSED_AFTER_API_LOSS:
             return False
         if self.terminal_recorded is None:
             self._write_refusal(outcome.api_unreachable(self._attempt))
@@ -268,9 +282,9 @@ class RecordingTransport(httpx.BaseTransport):
             return False
         if self.terminal_recorded is None:
             self._write_refusal(outcome.killed(self._attempt))
-        self._tell("warning", f"leoflow killed this attempt (SIGTERM, so on_kill ran, then its grace); the {state} "
-                              "report that followed is refused here, so the scheduler runs the task again as an "
-                              "infra loss, without spending a retry.")
+        self._tell("warning", f"leoflow killed this attempt, or its pod was deleted or evicted (SIGTERM, so on_kill "
+                              f"ran), before its {state} report left; the report is refused here, so the scheduler "
+                              "runs the task again as an infra loss, without spending a retry.")
         return True
 
     def _tell(self, level: str, message: str) -> None:
@@ -299,15 +313,36 @@ class RecordingTransport(httpx.BaseTransport):
         self._failed_heartbeats += 1
         if self._failed_heartbeats < self._max_failed_heartbeats or self.heartbeat_lost:
             return
+        self._mark_heartbeat_lost(
+            kept=f"leoflow: {self._failed_heartbeats} heartbeats in a row failed after this attempt recorded "
+                 f"{self.terminal_recorded}; that record is kept and later reports are refused here, so the "
+                 "scheduler replays it once the API server answers.",
+            lost=f"leoflow: {self._failed_heartbeats} heartbeats in a row failed; this attempt is recorded as "
+                 "heartbeat_lost and later reports are refused here, so the scheduler runs it again as an infra "
+                 "loss, without spending a retry.")
+
+    def lease_lost(self, why: str) -> None:
+        """Mark the attempt ``heartbeat_lost`` because its lease expired (``leoflow_agent.lease``: the Execution
+        API gave no answer for ``[leoflow] agent_lease_seconds``, and the agent now kills its task): the
+        ``heartbeat_lost`` record is written unless a terminal record is kept, every later terminal report is
+        refused here, and the TI's log says why (k8s review §14). Idempotent; never raises."""
+        if self.heartbeat_lost:
+            return
+        self._mark_heartbeat_lost(
+            kept=f"leoflow: {why} after this attempt recorded {self.terminal_recorded}; the agent kills the task, "
+                 "keeps that record and refuses later reports, so the scheduler replays it once the API server "
+                 "answers.",
+            lost=f"leoflow: {why}; the agent kills the task and records heartbeat_lost, so the scheduler runs it "
+                 "again as an infra loss, without spending a retry, and never beside this one.")
+
+    def _mark_heartbeat_lost(self, *, kept: str, lost: str) -> None:
+        """Set :attr:`heartbeat_lost`; tell the TI's log ``kept`` when a terminal record is kept (it stays), else
+        ``lost`` and write the ``heartbeat_lost`` record."""
         self.heartbeat_lost = True
         if self.terminal_recorded is not None:
-            self._tell("error", f"leoflow: {self._failed_heartbeats} heartbeats in a row failed after this "
-                                f"attempt recorded {self.terminal_recorded}; that record is kept and later reports "
-                                "are refused here, so the scheduler replays it once the API server answers.")
+            self._tell("error", kept)
             return
-        self._tell("error", f"leoflow: {self._failed_heartbeats} heartbeats in a row failed; this attempt is "
-                            "recorded as heartbeat_lost and later reports are refused here, so the scheduler runs "
-                            "it again as an infra loss, without spending a retry.")
+        self._tell("error", lost)
         self._write_refusal(outcome.heartbeat_lost(self._attempt))
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -349,6 +384,11 @@ class RecordingTransport(httpx.BaseTransport):
             if recorded is not None and self._fault == "after_record":
                 _suicide("after_record")
         response = self._inner.handle_request(request)
+        if self._on_answer is not None:
+            try:
+                self._on_answer(response.status_code)
+            except Exception:  # noqa: BLE001 - a listener never fails the request
+                log.exception("the answer listener failed")
         if response.status_code == 409:
             self._note_fenced(request, response)
         if is_run and self._fault == "after_run" and response.status_code < 300:
@@ -383,6 +423,59 @@ class RecordingTransport(httpx.BaseTransport):
     def close(self) -> None:
         """Close the wrapped transport."""
         self._inner.close()
+
+
+class SigtermWatch:
+    """Whether this process has received SIGTERM since :meth:`install`, seen through the signal wakeup fd
+    (``signal.set_wakeup_fd``), so it works under whatever Python handler is installed at the time: the Task SDK
+    supervisor installs its own while it waits (``WatchedSubprocess.wait`` forwards SIGTERM to the task and calls
+    no earlier handler), and a kubelet's SIGTERM (pod delete, eviction, node drain) reaches the agent through
+    dumb-init. Call it as ``watch() -> bool`` (the transport's ``killed``). Main thread only. Never raises
+    once installed."""
+
+    def __init__(self, read_fd: int, write_fd: int, previous_fd: int) -> None:
+        self._read_fd, self._write_fd, self._previous_fd = read_fd, write_fd, previous_fd
+        self._seen = False
+
+    @classmethod
+    def install(cls) -> SigtermWatch:
+        """Start watching (a non-blocking pipe becomes the wakeup fd; the previous one is kept for
+        :meth:`uninstall`). Raises ``ValueError`` off the main thread, ``OSError`` when no pipe can be made."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        try:
+            previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        except ValueError:
+            os.close(read_fd)
+            os.close(write_fd)
+            raise
+        return cls(read_fd, write_fd, previous)
+
+    def __call__(self) -> bool:
+        """True once a SIGTERM arrived (the answer never goes back to False)."""
+        while not self._seen:
+            try:
+                data = os.read(self._read_fd, 512)
+            except (BlockingIOError, OSError):
+                break
+            if not data:
+                break
+            self._seen = signal.SIGTERM.value in data
+        return self._seen
+
+    def uninstall(self) -> None:
+        """Put the previous wakeup fd back and close the pipe (what :meth:`__call__` saw is kept)."""
+        self()
+        try:
+            signal.set_wakeup_fd(self._previous_fd)
+        except ValueError:
+            pass
+        for fd in (self._read_fd, self._write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def _reported_state(request: httpx.Request) -> str | None:

@@ -17,9 +17,11 @@ imports and the parse. What it does, in order:
    ``BundleDagBag`` that the task processes of every attempt are answered from while the file is unchanged), then
    readies the heap for forks (:func:`leoflow_agent.warm.ready_to_fork`);
 4. **awaits** an attempt: ``POST <exchange_url>/v1/warm/await`` (``Authorization: Bearer <credential>``, body
-   ``{}``), a long poll of up to ``await_seconds``. 204: nothing yet, ask again at once. 401: this worker was
-   retired (its row deleted), exit 0. 429, a 5xx, another unexpected status, a transport error or a 200 that is
-   no assignment: back off (:func:`leoflow_agent.podmain.backoff_delay`) and ask again (:func:`classify_await`);
+   ``{"taken": <the last attempt handed to it, {ti_id, try_number, attempt_epoch}, or null>}``: an attempt whose
+   answer was lost is handed again, one it ran is not; k8s review §4), a long poll of up to ``await_seconds``.
+   204: nothing yet, ask again at once. 401: this worker was retired (its row deleted), exit 0. 429, a 5xx,
+   another unexpected status, a transport error or a 200 that is no assignment: back off
+   (:func:`leoflow_agent.podmain.backoff_delay`) and ask again (:func:`classify_await`);
 5. on 200 **runs the attempt** in one forked child (:func:`run_attempt_child`): its own session, the workload
    run under the Task SDK supervisor exactly as ``podmain.run_pod`` runs a cold one
    (:func:`leoflow_agent.runner.supervise_attempt`), with two record sinks written before each terminal PATCH:
@@ -78,6 +80,7 @@ import logging
 import os
 import re
 import stat
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -730,7 +733,8 @@ def run_attempt_child(config: WarmConfig, registration: Registration, assignment
             configure_logging(output=sys.stdout.buffer, json_output=True)
             return supervise_attempt(workload, server=server, attempt=attempt, sinks=sinks, on_reported=reported,
                                      title="leoflow-agent warm pod", subprocess_logs_to_stdout=True,
-                                     fault=config.pod.fault)
+                                     fault=config.pod.fault, hostname=socket.gethostname(),
+                                     lease_seconds=config.pod.lease_seconds)
         except BaseException:  # noqa: BLE001 - an agent must always exit with a code
             log.exception("attempt %s: the supervisor failed", attempt)
             return podmain.EXIT_START_FAILED
@@ -971,6 +975,7 @@ def _await_attempts(config: WarmConfig, registration: Registration, post: Post, 
     idle_since = monotonic()
     await_url = config.endpoint(WARM_AWAIT_PATH)
     headers = {"authorization": f"Bearer {registration.credential}"}
+    taken: dict[str, Any] | None = None  # the last attempt handed to this worker: a lost answer is re-delivered
     while True:
         if lingering and (code := _exited(lingering[0])) is not None:
             _finish(config, lingering.pop(), code=code)
@@ -987,7 +992,7 @@ def _await_attempts(config: WarmConfig, registration: Registration, post: Post, 
         answer_headers: Mapping[str, str] = {}
         body = b""
         try:
-            status, answer_headers, body = post(await_url, b"{}", headers,
+            status, answer_headers, body = post(await_url, json.dumps({"taken": taken}).encode(), headers,
                                                 registration.await_seconds + AWAIT_MARGIN_SECONDS)
         except Exception as exc:  # noqa: BLE001 - a transport error of any kind is "no answer"
             what = f"no answer ({type(exc).__name__})"
@@ -1015,6 +1020,8 @@ def _await_attempts(config: WarmConfig, registration: Registration, post: Post, 
             time.sleep(delay)
             continue
         assert assignment is not None
+        taken = {"ti_id": assignment.ti_id, "try_number": assignment.try_number,
+                 "attempt_epoch": assignment.attempt_epoch}
         failures = 0
         attempts += 1
         termination.busy = True

@@ -48,6 +48,9 @@ class LadderValues:
     """``[leoflow] pod_termination_valve`` with ``runtime = kubernetes``, else None (not checked)."""
     orphan_run_threshold: float | None = None
     """``[leoflow] orphan_run_threshold`` (None: not checked)."""
+    agent_lease_seconds: float | None = None
+    """``[leoflow] agent_lease_seconds`` with ``runtime = kubernetes``, else None (not checked: Lite takes no
+    lease)."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,11 @@ def evaluate(v: LadderValues) -> LadderReport:
     A healthy supervisor stops heartbeating once its terminal state is set, hence the lower bound; Airflow's
     purge (which cannot be switched off) must never act before leoflow has decided, hence the upper bound.
 
+    Hard rung (Kubernetes, k8s review §14): ``agent_lease_seconds + killed_task_cleanup_time <
+    agent_lost_threshold``: the scheduler takes a silent heartbeat as proof of death only past
+    ``agent_lost_threshold``, so an agent cut off from the API server must have killed its task (lease, then the
+    kill's grace) before then, or the re-run runs beside it.
+
     Soft rung: ``[leoflow] orphan_run_threshold`` below the window's upper bound (else the purge may fail an
     orphaned running task before the orphan-run reaper re-runs it). Only a warning: a deployment that lowered
     ``task_instance_heartbeat_timeout`` below the default threshold must still start.
@@ -129,6 +137,19 @@ def evaluate(v: LadderValues) -> LadderReport:
             + (f"; or raise [scheduler] task_instance_heartbeat_timeout above {v.agent_lost_threshold + margin:g} s"
                if v.agent_lost_threshold >= upper else ""),
             window_values,
+        ))
+    lease = v.agent_lease_seconds
+    if lease is not None and not lease + v.killed_task_cleanup_time < v.agent_lost_threshold:
+        violations.append(Rung(
+            "agent_lease",
+            f"[leoflow] agent_lease_seconds ({lease:g}) + [core] killed_task_cleanup_time "
+            f"({v.killed_task_cleanup_time:g}) = {lease + v.killed_task_cleanup_time:g} s must be below [leoflow] "
+            f"agent_lost_threshold ({v.agent_lost_threshold:g}): a task pod cut off from the API server kills its "
+            f"task only that long after its last answer, and the scheduler re-runs the task once its heartbeat has "
+            f"been silent for agent_lost_threshold, so both would run at once; lower agent_lease_seconds below "
+            f"{v.agent_lost_threshold - v.killed_task_cleanup_time:g} s or raise agent_lost_threshold",
+            {"leoflow.agent_lease_seconds": lease, "core.killed_task_cleanup_time": v.killed_task_cleanup_time,
+             "leoflow.agent_lost_threshold": v.agent_lost_threshold},
         ))
     orphan = v.orphan_run_threshold
     warnings: list[Rung] = []
@@ -239,6 +260,7 @@ def read_values(settings: LeoflowSettings, getfloat: Callable[[str, str, float],
         pod_termination_valve=settings.kubernetes.pod_termination_valve
         if settings.runtime == "kubernetes" else None,
         orphan_run_threshold=settings.orphan_run_threshold,
+        agent_lease_seconds=settings.agent_lease_seconds if settings.runtime == "kubernetes" else None,
     )
 
 

@@ -33,6 +33,18 @@ def _positive(v: float) -> str | None:
     return None if v > 0 else "must be greater than 0"
 
 
+def _exchange_timeout(v: float) -> str | None:
+    """``exchange_timeout_seconds``: > 0, and two such calls plus the server's slack must end before the task pod's
+    agent stops waiting for the answer (k8s review §4: a lost answer spends a retry)."""
+    from leoflow_agent.podmain import EXCHANGE_SERVER_SLACK_SECONDS, REQUEST_TIMEOUT_SECONDS
+
+    most = (REQUEST_TIMEOUT_SECONDS - EXCHANGE_SERVER_SLACK_SECONDS) / 2
+    if not 0 < v <= most:
+        return (f"must be greater than 0 and at most {most:g}: the exchange makes two Kubernetes calls of this "
+                f"long each, and the task pod's agent waits {REQUEST_TIMEOUT_SECONDS:g} s for the whole answer")
+    return None
+
+
 def _non_negative(v: float) -> str | None:
     return None if v >= 0 else "must be 0 or more"
 
@@ -95,6 +107,11 @@ def _audience(v: str) -> str | None:
     return None
 
 
+def _secret_names(v: str) -> str | None:
+    bad = [n for n in _split_names(v) if not (len(n) <= 253 and _DNS_SUBDOMAIN.fullmatch(n))]
+    return f"{bad[0]!r} is not a Secret name (a DNS-1123 subdomain)" if bad else None
+
+
 def _field_paths(v: str) -> str | None:
     bad = [p for p in _split_names(v) if not _FIELD_PATH.fullmatch(p)]
     return (f"{bad[0]!r} is not a pod field path (dotted camelCase names as in a pod's YAML, no indexes, e.g. "
@@ -131,6 +148,12 @@ OPTIONS: tuple[Option, ...] = (
            "log, so several schedulers on one host each run their own zygote. Empty: `$AIRFLOW_HOME/leoflow`."),
     Option("agent_lost_threshold", "float", "120", "Seconds after which an attempt whose heartbeat went "
            "silent is treated as lost by leoflow. Must sit inside the recovery window (docs/DESIGN.md §2; `airflow leoflow check` shows it).", _positive),
+    Option("agent_lease_seconds", "float", "45", "runtime = kubernetes: seconds a task pod's agent (cold or warm) "
+           "may go without any answer of the Execution API (a status below 500) before it kills its task (SIGTERM, "
+           "then SIGKILL after [core] killed_task_cleanup_time), records heartbeat_lost and exits, so that a "
+           "partitioned pod never runs beside the re-run the scheduler starts once the heartbeat is silent. "
+           "agent_lease_seconds + [core] killed_task_cleanup_time must stay below agent_lost_threshold (the "
+           "scheduler refuses to start otherwise). Lite takes no lease.", _positive),
     Option("maintenance_interval", "float", "5", "Upper bound, in seconds, between two reconcile passes "
            "of the executor's sync().", _positive),
     Option("sweep_interval", "float", "1", "Seconds between two presence passes of the executor's sync(), at "
@@ -236,7 +259,15 @@ OPTIONS: tuple[Option, ...] = (
            "as in a pod's YAML; an entry allows everything below it; a list of objects such as spec.containers "
            "is walked without index). An override setting anything else is refused and the task fails at once "
            "naming the field. Adding a container needs `spec.containers` itself. Fields leoflow pins cannot be "
-           "listed.", _field_paths),
+           "listed. Whatever this list says, an override may not set leoflow's own labels and annotations "
+           "(`leoflow.io/*`, the `app.kubernetes.io/*` ones leoflow sets) nor reference a Secret outside "
+           "pod_secret_allow.", _field_paths),
+    Option("pod_secret_allow", "string", "", "Comma-separated names of Secrets in the task namespace that a "
+           "task's executor_config pod_override, Airflow's pod_mutation_hook or a leoflow_mutate_pod plugin may "
+           "reference in a task pod (env valueFrom.secretKeyRef, envFrom secretRef, a `secret` volume, a "
+           "projected volume's `secret` source). Empty: none; such a pod is refused and the task fails at once "
+           "naming the field. The Secret references of the operator's pod_template_file are the operator's and "
+           "always allowed.", _secret_names),
     Option("credential_ceiling_seconds", "integer", "604800", "The attempt credential ceiling, in seconds: the "
            "longest a task pod may live, counted from when the kubelet took it (so it covers the image pull). It "
            "becomes the pod's activeDeadlineSeconds (a shorter one from the template or an override is kept) and "
@@ -282,7 +313,9 @@ OPTIONS: tuple[Option, ...] = (
            "included) is refused.", _audience),
     Option("exchange_timeout_seconds", "float", "5", "Seconds each Kubernetes call of one token exchange "
            "(TokenReview, then the pod GET) may take on the api-server; a call that does not answer in time makes "
-           "the exchange answer 503 (try again), never hold the request open.", _positive),
+           "the exchange answer 503 (try again), never hold the request open. At most 12.5: two such calls and "
+           "the rest of the exchange must end before the task pod's agent stops waiting (30 s).",
+           _exchange_timeout),
     Option("warm_min_idle", "integer", "0", "Kubernetes warm pods (README \"Warm pods on Kubernetes\"): warm pods "
            "kept ready per active DAG version (a version with a queued or running dag run; with warm_prewarm also an "
            "unpaused DAG's current version). A ready warm pod has parsed the DAG file and takes an attempt in-band, "
@@ -366,6 +399,14 @@ class KubernetesSettings:
     """Audience of the pods' projected ServiceAccount token, and the only one the exchange's TokenReview asks for."""
     exchange_timeout_seconds: float
     """Seconds each Kubernetes call of one exchange may take (> 0)."""
+    pod_secret_allow: tuple[str, ...] = ()
+    """Names of the Secrets a ``pod_override`` or a hook may reference in a task pod (k8s review §9)."""
+    agent_env_deny: tuple[str, ...] = ()
+    """``[leoflow] agent_env_deny`` (shared with Lite, :attr:`LeoflowSettings.agent_env_deny`): environment
+    variable names (or ``PREFIX*``) a task pod never sets (k8s review §9)."""
+    agent_lease_seconds: float = 45.0
+    """``[leoflow] agent_lease_seconds`` (a copy of :attr:`LeoflowSettings.agent_lease_seconds`): the task pod
+    agent's lease on its task, handed to the pod (k8s review §14)."""
 
     @property
     def service_account_username(self) -> str:
@@ -374,7 +415,10 @@ class KubernetesSettings:
         return f"system:serviceaccount:{self.namespace}:{self.service_account}"
 
 
-KUBERNETES_KEYS: tuple[str, ...] = tuple(KubernetesSettings.__dataclass_fields__)
+KUBERNETES_SHARED_KEYS: tuple[str, ...] = ("agent_env_deny", "agent_lease_seconds")
+"""``[leoflow]`` options :class:`KubernetesSettings` carries a copy of, which belong to :class:`LeoflowSettings`."""
+KUBERNETES_KEYS: tuple[str, ...] = tuple(k for k in KubernetesSettings.__dataclass_fields__
+                                         if k not in KUBERNETES_SHARED_KEYS)
 """The ``[leoflow]`` options that belong to :class:`KubernetesSettings` (``LeoflowSettings.kubernetes``)."""
 
 
@@ -501,6 +545,10 @@ class LeoflowSettings:
     # --- warm pods (Kubernetes)
     warm: WarmSettings = WarmSettings()
     """The ``warm_*`` options (:class:`WarmSettings`; default: warm pods off)."""
+    agent_lease_seconds: float = 45.0
+    """Seconds a task pod's agent goes without an Execution API answer before it kills its task and exits
+    (``leoflow_agent.lease``; k8s review §14); the ladder keeps it + ``[core] killed_task_cleanup_time`` below
+    :attr:`agent_lost_threshold`."""
 
 
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
@@ -544,9 +592,11 @@ def _load(get: Callable[[str, str, str], str]) -> LeoflowSettings:
     if not values["runtime_dir"]:
         home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
         values["runtime_dir"] = os.path.join(home, "leoflow")
-    for name in ("agent_env_passthrough", "zygote_preload", "agent_env_deny", "pod_override_allow"):
+    for name in ("agent_env_passthrough", "zygote_preload", "agent_env_deny", "pod_override_allow",
+                 "pod_secret_allow"):
         values[name] = _split_names(values[name])
-    kube = KubernetesSettings(**{k: values.pop(k) for k in KUBERNETES_KEYS})
+    kube = KubernetesSettings(**{k: values.pop(k) for k in KUBERNETES_KEYS},
+                              **{k: values[k] for k in KUBERNETES_SHARED_KEYS})
     warm = WarmSettings(**{k: values.pop(k) for k in WARM_KEYS})
     return LeoflowSettings(**values, kubernetes=kube, warm=warm)
 

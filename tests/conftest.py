@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,20 @@ from devtools.stack import AirflowStack  # noqa: E402  (needs the sys.path line 
 StackFactory = Callable[..., AirflowStack]
 
 K8S_TIER = REPO_ROOT / "tests" / "k8s"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--chaos``: also run the opt-in suites marked ``chaos`` (the Kubernetes chaos suite and the two-scheduler
+    Kubernetes test), as kopf's ``--with-e2e`` does; without it they are skipped with the reason."""
+    parser.addoption("--chaos", action="store_true", default=False,
+                     help="also run the suites marked chaos (the Kubernetes chaos suite, the two-scheduler "
+                          "Kubernetes test; 25-40 minutes on 2 cores)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the ``chaos`` marker and start the per-module wall-time account (:class:`ModuleClock`)."""
+    config.addinivalue_line("markers", "chaos: an opt-in chaos suite, run with --chaos")
+    config.pluginmanager.register(ModuleClock(), "leoflow-module-clock")
 
 
 def _weight(item: pytest.Item) -> int:
@@ -52,6 +67,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``--no-loadscope-reorder`` xdist puts the modules with the most tests first: the unit tests)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):  # one after another (the default), pytest's own order is kept
         items.sort(key=_weight)
+    if not config.getoption("--chaos"):
+        skip = pytest.mark.skip(reason="an opt-in chaos suite: run with --chaos")
+        for item in items:
+            if item.get_closest_marker("chaos") is not None:
+                item.add_marker(skip)
+
+
+class ModuleClock:
+    """Adds up each test module's wall time (every test's setup, call and teardown: its module-scoped stacks'
+    start and stop included) and prints them at the end of the session, longest first, with the total, so a
+    module that grew slow shows in the run that made it slow (issue: CI's visible breakdown)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.outcomes: dict[str, set[str]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Count one phase of one test toward its module."""
+        module = report.nodeid.split("::", 1)[0]
+        self.seconds[module] = self.seconds.get(module, 0.0) + float(report.duration or 0.0)
+        if report.failed:
+            self.outcomes.setdefault(module, set()).add("failed")
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """Print the per-module table (seconds, longest first) and the total."""
+        if not self.seconds:
+            return
+        rows = sorted(self.seconds.items(), key=lambda kv: -kv[1])
+        terminalreporter.section("wall time per module (s, longest first)")
+        for module, seconds in rows:
+            mark = "  FAILED" if "failed" in self.outcomes.get(module, ()) else ""
+            terminalreporter.write_line(f"{seconds:9.1f}  {module}{mark}")
+        terminalreporter.write_line(f"{sum(self.seconds.values()):9.1f}  total over {len(rows)} modules")
 
 
 @pytest.fixture(scope="session")

@@ -178,6 +178,9 @@ def _verify_answer(body: bytes) -> dict[str, object]:
         token = parse_request(body)
     except Refused:
         return {"reason": "malformed", "version": __version__}
+    probe = probe_token.claims_a_probe(token)  # k8s review §16a: no key, no verification for a non-probe
+    if not probe:
+        return {"reason": "malformed" if probe is None else "not_a_probe", "version": __version__}
     try:
         validator = probe_token.cached_validator()
     except Exception as exc:  # noqa: BLE001 - ValueError (no key) or OSError (unreadable key file)

@@ -5,6 +5,10 @@ is :mod:`leoflow_agent.exchange`; the route is in :mod:`leoflow_airflow.api.app`
 The checks, in this order (:meth:`Exchange.exchange`); the first that fails refuses:
 
 1. the request is a JSON object with a JWT-shaped ``token`` (no Kubernetes call for garbage);
+1b. the token's claims, read WITHOUT checking its signature (:func:`check_unverified_claims`), look like a
+   projected token of our ServiceAccount for our audience: a cheap local filter, so unauthenticated garbage never
+   costs a TokenReview (k8s review §10); then at most :data:`MAX_CONCURRENT_REVIEWS` requests of this process
+   are past this point at once (:class:`ReviewGate`), the others are answered 503 at once (``busy``);
 2. TokenReview with ``spec.audiences = [[leoflow] exchange_audience]``;
 3. ``authenticated``, the audience echoed back, ``username == system:serviceaccount:<namespace>:<service_account>``;
 4. the review's ``extra`` names one pod name and one pod UID;
@@ -13,12 +17,16 @@ The checks, in this order (:meth:`Exchange.exchange`); the first that fails refu
    + 60 s: this check is what closes that window);
 6. the pod's identity annotation names the ledger's CURRENT epoch of its ``ti_id``, a Kubernetes attempt in
    state ``dispatched``, not exchanged yet, and (where the ledger recorded them) this pod's name and UID; an
-   attempt still ``claimed`` (the pod asked before the scheduler recorded its create) is undecided, 503;
+   attempt still ``claimed`` (the pod asked before the scheduler recorded its create) is undecided, 503. An
+   attempt exchanged before is granted again only to the pod the ledger recorded for it (same name and UID,
+   :func:`may_exchange_again`): its first answer was lost (a read timeout, a proxy), and the second token allows
+   nothing the first did not (k8s review §4);
 7. the stored workload is rebuilt with a token minted now, exactly as Airflow mints one
    (``ExecuteTask.generate_token`` with a ``JWTGenerator`` built like ``BaseExecutor.jwt_generator``);
 8. one guarded ledger write marks the attempt exchanged with the review's credential id (``JTI=…``); only if it
-   changed the row is the workload returned, so two exchanges of one attempt, on any api-server worker or
-   replica, never both succeed.
+   changed the row is the workload returned, so two pods' exchanges of one attempt, on any api-server worker or
+   replica, never both succeed (a repeated exchange by the recorded pod: ``LedgerStore.record_exchange_again``,
+   guarded on that pod's UID).
 
 A refusal is :class:`Refused` (HTTP 403), an undecidable exchange :class:`Unavailable` (HTTP 503, try again):
 both carry a reason from a closed set and a server-side detail that the answer never shows (it carries only an
@@ -34,10 +42,14 @@ import json
 import logging
 import os
 import re
+import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+import jwt
 
 from leoflow_agent.exchange import MAX_REQUEST_BYTES, Grant, encode_grant
 from leoflow_airflow import metrics
@@ -58,7 +70,11 @@ if TYPE_CHECKING:
     from leoflow_airflow.settings import KubernetesSettings
 
 __all__ = [
+    "BUSY_RETRY_AFTER_SECONDS",
+    "CLAIMS_LEEWAY_SECONDS",
+    "MAX_CONCURRENT_REVIEWS",
     "REFUSALS",
+    "REVIEW_GATE",
     "NOT_YET_DISPATCHED_RETRY_AFTER_SECONDS",
     "RETRY_AFTER_SECONDS",
     "UNAVAILABLE",
@@ -68,12 +84,15 @@ __all__ = [
     "ExchangeLedger",
     "ExchangeService",
     "Refused",
+    "ReviewGate",
     "Unavailable",
     "airflow_minter",
     "authenticate_pod",
     "build_generator",
     "check_can_mint",
+    "check_unverified_claims",
     "from_airflow",
+    "may_exchange_again",
     "parse_json_object",
     "parse_request",
     "signing_configured",
@@ -85,6 +104,7 @@ REFUSALS: frozenset[str] = frozenset({
     "disabled",               # this api-server serves no exchange ([leoflow] runtime is not kubernetes)
     "malformed_request",      # not a JSON object with a string "token", or too large
     "malformed_token",        # not shaped like a JWT: never sent to Kubernetes
+    "implausible_token",      # its unverified claims are no projected token of ours: never sent to Kubernetes
     "review_rejected",        # the apiserver refused the TokenReview request as invalid
     "unauthenticated",        # TokenReview: not valid (expired, wrong audience, bound object gone, garbage)
     "audience_mismatch",      # authenticated, but our audience not echoed back
@@ -112,6 +132,7 @@ UNAVAILABLE: frozenset[str] = frozenset({
     "not_configured",     # runtime = kubernetes, but the exchange's settings or Kubernetes client are unusable
     "not_yet_dispatched",  # the attempt is still claimed: its pod asked before the scheduler recorded it dispatched
     "plugin_error",       # a plugin's leoflow_exchange hook raised: fail-closed, the agent asks again
+    "busy",               # MAX_CONCURRENT_REVIEWS requests of this process are being reviewed: ask again soon
 })
 """Why an exchange could not be decided (503). Logged with the ``error_id``; never sent to the caller."""
 
@@ -121,6 +142,16 @@ NOT_YET_DISPATCHED_RETRY_AFTER_SECONDS = 1
 """``Retry-After`` of a 503 ``not_yet_dispatched``, in seconds: a pod that asks before its scheduler recorded the
 create (pod creation is asynchronous) is answered at the scheduler's next loop, about a second later; measured on
 the e2e DAG set, 30 of 167 exchanges met that race and each lost 5 s with the general value."""
+
+BUSY_RETRY_AFTER_SECONDS = 2
+"""``Retry-After`` of a 503 ``busy``, in seconds (every review slot of this api-server worker was taken)."""
+MAX_CONCURRENT_REVIEWS = 16
+"""Requests of one api-server worker process that may be between the local checks and the end of their
+TokenReview and pod GET at once (the exchange and the warm registration together): each holds one thread of the
+pool Airflow's own sync routes share (40 by default) for up to two ``exchange_timeout_seconds``, so a flood of
+plausible tokens never takes more than this many of them (k8s review §10)."""
+CLAIMS_LEEWAY_SECONDS = 30
+"""Clock skew allowed when the unverified ``exp`` is compared with this host's clock, in seconds."""
 
 _JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _MAX_TOKEN_LEN = 8192
@@ -157,6 +188,10 @@ class ExchangeLedger(Protocol):
 
     def record_exchange(self, ref: AttemptRef, *, credential_id: str | None) -> bool:
         """The guarded "exchanged" write; whether it changed the row."""
+        ...
+
+    def record_exchange_again(self, ref: AttemptRef, *, pod_uid: str, credential_id: str | None) -> bool:
+        """The guarded write of a repeated exchange by the recorded pod ``pod_uid``; whether it changed the row."""
         ...
 
 
@@ -199,6 +234,91 @@ def parse_request(body: bytes) -> str:
     return token
 
 
+def check_unverified_claims(token: str, *, audience: str, namespace: str, service_account: str,
+                            issuer: str | None = None, now: float | None = None) -> None:
+    """Refuse a JWT-shaped ``token`` whose claims, read WITHOUT checking the signature (pyjwt), cannot be a
+    projected ServiceAccount token of ``namespace``/``service_account`` bound to a pod for ``audience``: a local
+    filter before any TokenReview, so garbage costs no Kubernetes call (k8s review §10). It decides nothing in
+    the token's favour: TokenReview still authenticates every token it lets through.
+
+    Checked: at most 8192 characters in three segments that decode to a JSON object; ``aud`` (a string or a
+    list) contains ``audience``; ``exp`` is a number later than ``now`` (seconds since the epoch; default the
+    wall clock) minus :data:`CLAIMS_LEEWAY_SECONDS`; ``iss`` equals ``issuer`` when one is given (None: not
+    checked); the ``kubernetes.io`` claim names ``namespace``, a ``serviceaccount`` named ``service_account`` and
+    a ``pod`` with a non-empty ``name`` and ``uid`` (Kubernetes' bound-token claims).
+
+    :raises Refused: ``malformed_token`` (size, segments, undecodable), ``implausible_token`` (a claim check
+        failed; the detail names which, never a claim's value but the audience's and issuer's).
+    """
+    if len(token) > _MAX_TOKEN_LEN or token.count(".") != 2:
+        raise Refused("malformed_token", f"token of {len(token)} characters is not a JWT")
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError as exc:
+        raise Refused("malformed_token", f"unverified decode: {type(exc).__name__}") from None
+    aud = claims.get("aud")
+    audiences = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []
+    if audience not in audiences:
+        raise Refused("implausible_token", f"aud does not contain {audience!r}")
+    exp = claims.get("exp")
+    if isinstance(exp, bool) or not isinstance(exp, (int, float)):
+        raise Refused("implausible_token", "no numeric exp")
+    if exp <= (time.time() if now is None else now) - CLAIMS_LEEWAY_SECONDS:
+        raise Refused("implausible_token", "exp has passed")
+    if issuer is not None and claims.get("iss") != issuer:
+        raise Refused("implausible_token", f"iss is not {issuer!r}")
+    kube = claims.get("kubernetes.io")
+    kube = kube if isinstance(kube, dict) else {}
+    pod, sa = kube.get("pod"), kube.get("serviceaccount")
+    if not (isinstance(pod, dict) and isinstance(pod.get("name"), str) and pod["name"]
+            and isinstance(pod.get("uid"), str) and pod["uid"]):
+        raise Refused("implausible_token", "no kubernetes.io pod claim")
+    if kube.get("namespace") != namespace or not isinstance(sa, dict) or sa.get("name") != service_account:
+        raise Refused("implausible_token", "kubernetes.io names another namespace or ServiceAccount")
+
+
+class ReviewGate:
+    """At most ``limit`` holders at once, and no waiting: :meth:`hold` enters or raises :class:`Unavailable`
+    ``busy`` at once (answered 503 with ``Retry-After``), so requests past the bound never hold a thread of the
+    api-server's shared pool while they wait for Kubernetes (k8s review §10). Thread-safe.
+
+    :raises ValueError: ``limit`` < 1.
+    """
+
+    def __init__(self, limit: int) -> None:
+        """A gate of ``limit`` slots."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit!r}")
+        self.limit = limit
+        self._slots = threading.BoundedSemaphore(limit)
+
+    def hold(self, where: str) -> _Held:
+        """A context manager holding one slot; ``where`` names the request in the ``busy`` detail.
+
+        :raises Unavailable: ``busy`` when every slot is held.
+        """
+        if not self._slots.acquire(blocking=False):
+            raise Unavailable("busy", f"{where}: {self.limit} reviews in flight in this process")
+        return _Held(self._slots)
+
+
+class _Held:
+    """One slot of a :class:`ReviewGate`, given back on exit."""
+
+    def __init__(self, slots: threading.BoundedSemaphore) -> None:
+        self._slots = slots
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self._slots.release()
+
+
+REVIEW_GATE = ReviewGate(MAX_CONCURRENT_REVIEWS)
+"""The gate every exchange and warm registration of this process passes (:func:`authenticate_pod`)."""
+
+
 def _one(extra: Mapping[str, tuple[str, ...]], key: str) -> str | None:
     values = extra.get(key) or ()
     if len(values) != 1 or not values[0]:
@@ -217,16 +337,27 @@ class BoundPod:
     where: str
 
 
-def authenticate_pod(cfg: KubernetesSettings, kube: KubeReader, token: str) -> BoundPod:
-    """Checks 2-5 of the module docstring but the ``deletionTimestamp`` one (each caller names that refusal its
-    own way): TokenReview of the JWT-shaped ``token`` with ``[cfg.exchange_audience]``, authenticated, the
+def authenticate_pod(cfg: KubernetesSettings, kube: KubeReader, token: str, *,
+                     gate: ReviewGate | None = None) -> BoundPod:
+    """Checks 1b-5 of the module docstring but the ``deletionTimestamp`` one (each caller names that refusal its
+    own way): the unverified claims (:func:`check_unverified_claims`), then, holding a slot of ``gate`` (default
+    :data:`REVIEW_GATE`), TokenReview of the JWT-shaped ``token`` with ``[cfg.exchange_audience]``, authenticated, the
     audience echoed, ``cfg``'s ServiceAccount, bound to exactly one pod, and that pod read from ``cfg.namespace``
     with the bound UID. Shared by the exchange and the warm pods' registration (:mod:`leoflow_airflow.api.warm`).
 
-    :raises Refused: ``review_rejected``, ``unauthenticated``, ``audience_mismatch``, ``wrong_service_account``,
-        ``not_pod_bound``, ``pod_gone``, ``pod_replaced``.
-    :raises Unavailable: ``kube_unavailable`` (TokenReview or the pod GET gave no usable answer in time).
+    :raises Refused: ``malformed_token``, ``implausible_token``, ``review_rejected``, ``unauthenticated``,
+        ``audience_mismatch``, ``wrong_service_account``, ``not_pod_bound``, ``pod_gone``, ``pod_replaced``.
+    :raises Unavailable: ``busy`` (every slot of ``gate`` held), ``kube_unavailable`` (TokenReview or the pod GET
+        gave no usable answer in time).
     """
+    check_unverified_claims(token, audience=cfg.exchange_audience, namespace=cfg.namespace,
+                            service_account=cfg.service_account)
+    with (REVIEW_GATE if gate is None else gate).hold("token review"):
+        return _review_pod(cfg, kube, token)
+
+
+def _review_pod(cfg: KubernetesSettings, kube: KubeReader, token: str) -> BoundPod:
+    """The Kubernetes half of :func:`authenticate_pod` (TokenReview, then the pod GET); raises as it does."""
     try:
         review = kube.review(token, [cfg.exchange_audience])
     except KubeRejected as exc:
@@ -255,6 +386,26 @@ def authenticate_pod(cfg: KubernetesSettings, kube: KubeReader, token: str) -> B
     return BoundPod(pod=pod, credential_id=credential_id, where=where)
 
 
+def may_exchange_again(attempt: Any, pod: PodFacts) -> str | None:
+    """Whether ``attempt`` (a ledger ``Attempt`` exchanged before) may be exchanged again by ``pod`` (the pod the
+    presented token is bound to, read now, not deleting): None when it may, else why not (for the log).
+
+    It may when the attempt is still ``dispatched`` and the ledger recorded exactly this pod for it (its name and
+    its UID, written when the scheduler recorded the create): the first answer was lost, and the same pod asks
+    again with the same principal, so the second workload token allows nothing the first did not (k8s review §4).
+    An attempt delivered to a warm pod (credential ``warm:…``) is never re-granted here: its pod did not exchange.
+    """
+    if attempt.state is not AttemptState.DISPATCHED:
+        return f"state {attempt.state.value}"
+    if (attempt.exchange_credential_id or "").startswith("warm:"):
+        return f"delivered to a warm pod ({attempt.exchange_credential_id})"
+    if attempt.pod_uid is None or attempt.pod_name is None:
+        return "the ledger recorded no pod for it"
+    if attempt.pod_uid != pod.uid or attempt.pod_name != pod.name:
+        return f"the ledger recorded pod {attempt.pod_name} uid {attempt.pod_uid}"
+    return None
+
+
 class Exchange:
     """The exchange's check order over its three seams (Kubernetes, the ledger, the minter). Thread-safe as
     its seams are; holds no state of its own.
@@ -265,14 +416,18 @@ class Exchange:
     :param kube: TokenReview and pod GET (:class:`~leoflow_airflow.runtime.kubernetes.review.KubeReader`).
     :param ledger: the attempt ledger (:class:`ExchangeLedger`).
     :param mint: rebuilds an attempt's stored workload with a fresh workload token (:data:`Minter`).
+    :param gate: bounds the concurrent TokenReviews (default :data:`REVIEW_GATE`, shared with the warm pods'
+        registration).
     """
 
-    def __init__(self, *, config: KubernetesSettings, kube: KubeReader, ledger: ExchangeLedger, mint: Minter) -> None:
+    def __init__(self, *, config: KubernetesSettings, kube: KubeReader, ledger: ExchangeLedger, mint: Minter,
+                 gate: ReviewGate | None = None) -> None:
         """Keep the seams; nothing is called yet."""
         self.config = config
         self.kube = kube
         self.ledger = ledger
         self.mint = mint
+        self.gate = gate
 
     def exchange(self, token: str) -> Grant:
         """Run the checks (module docstring) on a JWT-shaped ``token`` and return the attempt's :class:`Grant`.
@@ -281,7 +436,7 @@ class Exchange:
         :raises Unavailable: Kubernetes or the ledger gave no usable answer.
         """
         cfg = self.config
-        bound = authenticate_pod(cfg, self.kube, token)
+        bound = authenticate_pod(cfg, self.kube, token, gate=self.gate)
         pod, credential_id, where = bound.pod, bound.credential_id, bound.where
         if pod.deletion_timestamp is not None:
             raise Refused("pod_terminating", f"{where}: deletionTimestamp {pod.deletion_timestamp.isoformat()}")
@@ -300,9 +455,10 @@ class Exchange:
             raise Refused("stale_epoch", f"{where}: the ledger's current attempt is {attempt.ref}")
         if attempt.runtime != "kubernetes":
             raise Refused("not_kubernetes", f"{where}: runtime {attempt.runtime}")
-        if attempt.exchanged_at is not None:
+        again = attempt.exchanged_at is not None
+        if again and (why := may_exchange_again(attempt, pod)) is not None:
             raise Refused("already_exchanged", f"{where}: exchanged at {attempt.exchanged_at.isoformat()} "
-                                               f"with credential {attempt.exchange_credential_id}")
+                                               f"with credential {attempt.exchange_credential_id}; {why}")
         if attempt.state is AttemptState.CLAIMED:
             # the scheduler created the pod and has not yet recorded it dispatched (pod creation is asynchronous,
             # so a fast pod can ask first): undecided, the agent asks again
@@ -321,14 +477,18 @@ class Exchange:
             log.error("exchange: the stored workload of attempt %s cannot be rebuilt: %s", attempt.ref, exc)
             raise Refused("bad_workload", f"{where}: {type(exc).__name__}") from None
         try:
-            changed = self.ledger.record_exchange(attempt.ref, credential_id=credential_id)
+            # a first exchange that loses its write to a concurrent one (of this pod, or of its own retry) is
+            # granted like a repeated one when the ledger recorded this pod for the attempt
+            changed = (not again and self.ledger.record_exchange(attempt.ref, credential_id=credential_id)) or (
+                attempt.pod_uid == pod.uid
+                and self.ledger.record_exchange_again(attempt.ref, pod_uid=pod.uid, credential_id=credential_id))
         except Exception as exc:  # noqa: BLE001 - any database error: undecided (the token minted is dropped)
             raise Unavailable("ledger_unavailable", f"{where}: {type(exc).__name__}: {str(exc)[:200]}") from None
         if not changed:
             raise Refused("already_exchanged", f"{where}: the guarded write changed nothing (a concurrent "
                                                "exchange, or the attempt moved on)")
-        log.info("exchange: attempt %s exchanged by pod %s/%s (uid %s, credential %s)%s", attempt.ref,
-                 cfg.namespace, pod.name, pod.uid, credential_id, annotations)
+        log.info("exchange: attempt %s %sexchanged by pod %s/%s (uid %s, credential %s)%s", attempt.ref,
+                 "re-" if again else "", cfg.namespace, pod.name, pod.uid, credential_id, annotations)
         ref = attempt.ref
         return Grant(workload=workload, ti_id=ref.ti_id, try_number=ref.try_number, attempt_epoch=ref.attempt_epoch)
 
@@ -412,12 +572,14 @@ class ExchangeService:
             metrics.incr(f"leoflow.exchange.denied.{exc.reason}")
             return Answer(403, {"error_id": error_id}, dict(_NO_STORE))
         except Unavailable as exc:
-            # a pod that asks before its scheduler recorded the create is an expected race, not a fault
-            race = exc.reason == "not_yet_dispatched"
-            log.log(logging.INFO if race else logging.ERROR, "exchange undecided: error_id=%s reason=%s %s",
-                    error_id, exc.reason, exc.detail)
+            # a pod that asks before its scheduler recorded the create is an expected race, not a fault; a full
+            # review gate is load, not a fault either
+            race, busy = exc.reason == "not_yet_dispatched", exc.reason == "busy"
+            level = logging.INFO if race else logging.WARNING if busy else logging.ERROR
+            log.log(level, "exchange undecided: error_id=%s reason=%s %s", error_id, exc.reason, exc.detail)
             # the race ends at the scheduler's next loop (about a second): ask again soon
-            retry_after = NOT_YET_DISPATCHED_RETRY_AFTER_SECONDS if race else RETRY_AFTER_SECONDS
+            retry_after = (NOT_YET_DISPATCHED_RETRY_AFTER_SECONDS if race else BUSY_RETRY_AFTER_SECONDS if busy
+                           else RETRY_AFTER_SECONDS)
             metrics.incr(f"leoflow.exchange.undecided.{exc.reason}")
             return Answer(503, {"error_id": error_id}, {**_NO_STORE, "Retry-After": str(retry_after)})
         except Exception:  # noqa: BLE001 - a defect: logged in full, answered like an undecided exchange

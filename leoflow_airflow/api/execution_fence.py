@@ -3,8 +3,9 @@
 Airflow adds a plugin's ``fastapi_root_middlewares`` to the api-server's root app (``init_plugins``), whose
 middleware stack wraps every mount, the Execution API's ``/execution`` among them; :mod:`leoflow_airflow.plugin`
 registers :class:`ExecutionFence` there. For each ``/execution/...`` request whose bearer token names a
-``ti_id`` it reads the ledger's current attempt of that ``ti_id`` (ONE indexed read, in a worker thread, in a
-short transaction of its own, no cache: a new epoch fences at once) and lets the pure decision
+``ti_id`` it reads the ledger's current attempt of that ``ti_id`` and whether that id is a superseded try of
+its task instance (ONE statement on three primary keys, in a worker thread, in a short transaction of its own, no
+cache: a new epoch or a new try fences at once) and lets the pure decision
 (:func:`leoflow_airflow.api.fence.decide`) pass the request or answer 409 with a leoflow reason. Anything else
 passes untouched, without a read.
 
@@ -28,13 +29,15 @@ from collections.abc import Callable
 from typing import Any
 
 from leoflow_agent.fencing import ATTEMPT_HEADER
-from leoflow_airflow.api.fence import decide, is_execution_path, refusal_body, token_subject
+from leoflow_airflow.api.fence import Current, decide, is_execution_path, refusal_body, token_subject
 
 log = logging.getLogger(__name__)
 
-Lookup = Callable[[str], "tuple[int, int] | None"]
-"""``lookup(ti_id) -> (try_number, attempt_epoch) | None``: the ledger's current attempt of ``ti_id`` (its highest
-epoch), ``None`` when leoflow has none. Blocking; any exception means "could not tell"."""
+Lookup = Callable[[str], "tuple[int, int] | tuple[int, int, bool] | None"]
+"""``lookup(ti_id) -> (try_number, attempt_epoch[, superseded]) | None``: the ledger's current attempt of ``ti_id``
+(its highest epoch) and whether the ``ti_id`` is no longer its task instance's current try (absent: it is
+current), ``None`` when leoflow has none (:class:`~leoflow_airflow.api.fence.Current`). Blocking; any exception
+means "could not tell"."""
 
 WARN_EVERY_SECONDS = 60.0
 """At most one "the fence could not read the ledger" warning per this many seconds (per worker)."""
@@ -45,25 +48,50 @@ _ATTEMPT_HEADER = ATTEMPT_HEADER.lower().encode("latin-1")
 def ledger_lookup() -> Lookup:
     """The default :data:`Lookup`: :meth:`LedgerStore.current_ref` on a store built at first use
     (:meth:`LedgerStore.from_airflow`, Airflow's metadata DB; in the api-server worker that first needs it,
-    never at import, so a gunicorn fork never shares its connections). A store that cannot be built raises
-    from the lookup, and the next lookup tries again."""
+    never at import, so a gunicorn fork never shares its connections), with whether the ``ti_id`` is a superseded
+    try asked in the same statement (:func:`superseded_try`). A store that cannot be built raises from the
+    lookup, and the next lookup tries again."""
     lock = threading.Lock()
     holder: list[Any] = []
 
-    def lookup(ti_id: str) -> tuple[int, int] | None:
+    def lookup(ti_id: str) -> Current | None:
         with lock:
             if not holder:
                 from leoflow_airflow.ledger.store import LedgerStore
 
                 holder.append(LedgerStore.from_airflow())
-        ref = holder[0].current_ref(ti_id)
-        return None if ref is None else (ref.try_number, ref.attempt_epoch)
+        found = holder[0].current_ref_and(ti_id, superseded_try(ti_id))
+        if found is None:
+            return None
+        ref, superseded = found
+        return Current(ref.try_number, ref.attempt_epoch, superseded=superseded)
 
     return lookup
 
 
+def superseded_try(ti_id: str) -> Any:
+    """A SQL boolean that is true when ``ti_id`` (a UUID string) is a superseded try of its task instance:
+    Airflow's ``task_instance`` has no row of that id any more and ``task_instance_history`` has it. Airflow 3.3
+    gives every new try a new id (``TaskInstance.prepare_db_for_next_try``: a clear, a retry, leoflow's infra
+    re-drive) and archives the old one there. An id in neither table (a dag run deleted, or never created) is not
+    judged here: Airflow answers for it (404). Two primary-key lookups, built on Airflow's own tables so that the
+    id binds as Airflow stores it (native ``uuid`` on PostgreSQL, 32 hex characters on SQLite). Raises
+    ``ValueError`` for a ``ti_id`` that is no UUID (:func:`~leoflow_airflow.api.fence.token_subject` hands over
+    UUIDs only)."""
+    import sqlalchemy as sa
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.taskinstancehistory import TaskInstanceHistory
+
+    key = uuid.UUID(ti_id)
+    live = sa.exists().where(TaskInstance.__table__.c.id == key)
+    archived = sa.exists().where(TaskInstanceHistory.__table__.c.task_instance_id == key)
+    return sa.and_(~live, archived)
+
+
 class ExecutionFence:
-    """ASGI middleware refusing Execution API calls of an execution that is not its ``ti_id``'s current one.
+    """ASGI middleware refusing Execution API calls of an execution that is not its ``ti_id``'s current one, or
+    whose ``ti_id`` a newer try of its task instance superseded (every method and route under ``/execution``).
 
     :param app: the ASGI app it wraps (Starlette passes it).
     :param lookup: the ledger read (:data:`Lookup`); default :func:`ledger_lookup`. Tests pass their own.
@@ -94,12 +122,15 @@ class ExecutionFence:
         import anyio.to_thread
 
         try:
-            current = await anyio.to_thread.run_sync(self._lookup, ti_id)
+            found = await anyio.to_thread.run_sync(self._lookup, ti_id)
+            current = None if found is None else Current(*found)
         except Exception as exc:  # noqa: BLE001 - fail open (module docstring), never a 5xx of ours
             self._warn_unread(exc)
             await self.app(scope, receive, send)
             return
-        verdict = decide(ti_id=ti_id, header=header, current=current)
+        verdict = decide(ti_id=ti_id, header=header,
+                         current=None if current is None else (current.try_number, current.attempt_epoch),
+                         superseded=current is not None and current.superseded)
         if verdict.allowed:
             await self.app(scope, receive, send)
             return

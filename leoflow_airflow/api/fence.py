@@ -3,10 +3,14 @@
 A request to Airflow's Execution API (``/execution/...``) is judged from three things the middleware
 (:mod:`leoflow_airflow.api.execution_fence`) gathers: the ``ti_id`` its bearer token names (``sub``, read
 without verifying the signature: :func:`token_subject`), the attempt its ``Leoflow-Attempt`` header names
-(:mod:`leoflow_agent.fencing`), and the ledger's current attempt of that ``ti_id`` (its highest epoch). It
+(:mod:`leoflow_agent.fencing`), the ledger's current attempt of that ``ti_id`` (its highest epoch), and whether
+that ``ti_id`` is still its task instance's current try (Airflow's ``task_instance`` row still has that id: a
+clear, a retry or an infra re-drive gives the next try a new id and moves the old one to the history table). It
 passes when the token names no ``ti_id``, when the ``ti_id`` has no leoflow attempt (another executor's task,
-a callback or a connection test: their tokens' ``sub`` is no ledger ``ti_id``), or when the header names
-exactly the current attempt; otherwise it is refused with 409 and a leoflow reason. The fence only ever
+a callback or a connection test: their tokens' ``sub`` is no ledger ``ti_id``), or when the ``ti_id`` is its
+task instance's current try and the header names exactly the current attempt; otherwise it is refused with 409
+and a leoflow reason, on every route and method: Airflow itself refuses a superseded try's heartbeat (410) and
+state (404), but not its XCom, Variable or asset-event writes (k8s review; DESIGN §2 Invariant 1). The fence only ever
 refuses: what passes is then authenticated and authorised by Airflow's own ``JWTBearer`` on the route.
 """
 
@@ -17,9 +21,9 @@ import binascii
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from leoflow_agent.fencing import ATTEMPT_HEADER, STALE, UNIDENTIFIED, parse_attempt
+from leoflow_agent.fencing import ATTEMPT_HEADER, STALE, SUPERSEDED, UNIDENTIFIED, parse_attempt
 from leoflow_agent.outcome import AttemptIdentity
 
 EXECUTION_PREFIX = "/execution"
@@ -50,6 +54,16 @@ class Verdict:
 
 
 PASS = Verdict(True)
+
+
+class Current(NamedTuple):
+    """What the fence's ledger read returns for a ``ti_id`` leoflow ran: the ledger's current attempt of it
+    (``try_number``, ``attempt_epoch``: its highest epoch, whatever its state) and ``superseded``, whether the
+    ``ti_id`` is no longer its task instance's current try (Airflow's ``task_instance`` has no row of that id)."""
+
+    try_number: int
+    attempt_epoch: int
+    superseded: bool = False
 
 
 def is_execution_path(path: str, root_path: str = "") -> bool:
@@ -87,23 +101,33 @@ def token_subject(authorization: str | None) -> str | None:
     return sub.lower()
 
 
-def decide(*, ti_id: str, header: str | None, current: tuple[int, int] | None) -> Verdict:
+def decide(*, ti_id: str, header: str | None, current: tuple[int, int] | None, superseded: bool = False) -> Verdict:
     """Judge one Execution API request of task instance ``ti_id`` (from :func:`token_subject`).
 
     :param header: the request's ``Leoflow-Attempt`` value, ``None`` when absent.
     :param current: the ledger's current attempt of ``ti_id`` as ``(try_number, attempt_epoch)`` (its
         highest epoch, whatever its state), ``None`` when leoflow has no attempt of it.
-    :returns: :data:`PASS` when ``current`` is ``None`` (not leoflow's task) or the header names exactly
-        ``(ti_id, *current)``; a refusal with reason ``leoflow_unidentified_execution`` when the header is
-        missing, malformed or names another ``ti_id`` (every leoflow agent sends it, so a request without one
-        cannot be told from a stale execution's); ``leoflow_stale_execution`` when it names another try or
-        epoch of this ``ti_id``, older (the usual case: an execution leoflow re-dispatched past) or not.
+    :param superseded: ``ti_id`` is no longer its task instance's current try (Airflow's ``task_instance`` table
+        has no row with that id any more: a newer try replaced it).
+    :returns: :data:`PASS` when ``current`` is ``None`` (not leoflow's task) or the ``ti_id`` is current and
+        the header names exactly ``(ti_id, *current)``; a refusal with reason ``leoflow_superseded_try`` when
+        ``superseded`` (whatever the header: every execution of that ``ti_id`` is over);
+        ``leoflow_unidentified_execution`` when the header is missing, malformed or names another ``ti_id``
+        (every leoflow agent sends it, so a request without one cannot be told from a stale execution's);
+        ``leoflow_stale_execution`` when it names another try or epoch of this ``ti_id``, older (the usual
+        case: an execution leoflow re-dispatched past) or not.
     """
     if current is None:
         return PASS
     sent = parse_attempt(header)
     try_number, epoch = current
     now = f"the current one is epoch {epoch} of try {try_number}"
+    if superseded:
+        return Verdict(False, SUPERSEDED,
+                       f"leoflow refused this request: task instance id {ti_id} (try {try_number}) is no longer its "
+                       "task's current try: a newer try (a clear, a retry or leoflow's re-run after an "
+                       "infrastructure loss) replaced it. This execution must stop; it cannot act on the newer try.",
+                       ti_id, sent, current)
     if sent is None or sent.ti_id != ti_id.lower():
         what = ("names no leoflow execution (no " + ATTEMPT_HEADER + " header)" if header is None
                 else "names no leoflow execution of this task instance (" + ATTEMPT_HEADER + " header "

@@ -5,7 +5,7 @@ Routes (all under the plugin app's ``/leoflow`` prefix):
 - ``GET /v1/ui/timeline?dag_id&run_id&task_id[&map_index]``: every attempt of that task instance in epoch
   order with its events (:func:`leoflow_airflow.api.timeline.build_timeline`).
 - ``GET /v1/ui/pools``: warm pools as far as the api-server can observe them (see :func:`pools`): Kubernetes
-  warm pods from the ledger, per DAG version.
+  warm pods from the ledger, per DAG version, only those of the DAGs the caller may read (k8s review §16b).
 - ``GET /ui/timeline`` and ``GET /ui/timeline.js``: a plain HTML page and its script (no build step), shown
   inside the Airflow UI as an external view (``LeoflowPlugin.external_views``): in the navigation and as a tab
   of every task instance.
@@ -14,15 +14,17 @@ Airflow applies no auth to plugin apps, so the JSON routes depend on Airflow's o
 (``airflow.api_fastapi.core_api.security``): :func:`~airflow.api_fastapi.core_api.security.requires_access_dag`
 asks the configured auth manager whether the caller may read the DAG's task instances. The caller is the
 bearer token, else the UI session's ``_token`` cookie (``get_user``), so the page's same-origin ``fetch`` is
-the logged-in user. No credential: 401; a bad token or a DAG the user may not read: 403. The page and its
-script are static and reveal nothing.
+the logged-in user. No credential: 401; a bad token or a DAG the user may not read: 403. The pools route has no
+``dag_id``, so its check is the general DAG-read grant; its rows are then filtered by the auth manager's
+``get_authorized_dag_ids`` for the caller (:func:`readable_pools`), so that grant alone shows no other team's DAG
+ids or ``dag_version_id``s (k8s review §16b). The page and its script are static and reveal nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +37,8 @@ from leoflow_airflow.api.timeline import TryTimes, build_timeline, parse_ti_quer
 if TYPE_CHECKING:
     from leoflow_airflow.ledger.store import LedgerStore
 
-__all__ = ["LedgerHolder", "airflow_try_times", "create_router", "ledger_warm_rows", "pools"]
+__all__ = ["LedgerHolder", "airflow_readable_dag_ids", "airflow_try_times", "create_router", "ledger_warm_rows",
+           "pools", "readable_pools"]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +132,35 @@ def pools(get: Callable[[str, str, str], str] | None = None, *,
     return {"runtime": runtime, "source": "none: not observable from the api-server", "note": note, "pools": []}
 
 
+def readable_pools(body: dict[str, Any], readable: Collection[str]) -> dict[str, Any]:
+    """``body`` (a :func:`pools` answer) with only the pools whose ``dag_id`` is in ``readable`` (the DAG ids the
+    caller may read); a pool whose version names no known DAG (its ``dag_id`` is the version itself) is dropped
+    too. Pure; a new dict. k8s review §16b: the general DAG-read grant must not list every team's versions."""
+    allowed = set(readable)
+    return {**body, "pools": [p for p in body.get("pools", []) if p.get("dag_id") in allowed]}
+
+
+def airflow_readable_dag_ids(user: Any) -> set[str]:
+    """The DAG ids ``user`` may read (``GET``), as Airflow's own list routes filter them
+    (``permitted_dag_filter_factory``: the configured auth manager's ``get_authorized_dag_ids``; blocking, reads
+    Airflow's DB)."""
+    from airflow.api_fastapi.app import get_auth_manager
+
+    return set(get_auth_manager().get_authorized_dag_ids(user=user, method="GET"))
+
+
+def _airflow_readable_dags() -> Callable[..., set[str]]:
+    """The default ``readable_dags`` dependency of :func:`create_router`: the caller (Airflow's ``get_user``:
+    bearer token, else the UI's cookie) → :func:`airflow_readable_dag_ids` (a sync dependency: FastAPI runs it in
+    its thread pool)."""
+    from airflow.api_fastapi.core_api.security import get_user
+
+    def readable_dags(user: Any = Depends(get_user)) -> set[str]:
+        return airflow_readable_dag_ids(user)
+
+    return readable_dags
+
+
 def ledger_warm_rows(namespace: str, engine: Any = None) -> list[dict[str, Any]]:
     """The warm pools of ``namespace`` from the ledger's worker rows, each version named by its DAG (Airflow's
     ``dag_version`` table): :func:`~leoflow_airflow.api.timeline.warm_pool_rows`. One read of each table, on
@@ -164,14 +196,20 @@ def _asset(name: str) -> bytes:
 
 def create_router(ledger: LedgerHolder, *,
                   try_times: Callable[[str, str, str, int], list[TryTimes]] = airflow_try_times,
-                  read_access: Callable[..., Any] | None = None) -> APIRouter:
+                  read_access: Callable[..., Any] | None = None,
+                  readable_dags: Callable[..., Collection[str]] | None = None) -> APIRouter:
     """The UI routes, reading ``ledger``.
 
     :param try_times: Airflow's per-try times (default :func:`airflow_try_times`).
     :param read_access: the FastAPI dependency that authorizes a read; default Airflow's
         ``requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE)`` (the ``dag_id`` comes from the query; the
         pools route passes none, which asks for DAGs in general). Tests of the routes alone pass their own.
+    :param readable_dags: the FastAPI dependency giving the DAG ids the caller may read, by which the pools
+        route filters its rows (:func:`readable_pools`); default :func:`airflow_readable_dag_ids` of Airflow's
+        ``get_user`` (k8s review §16b).
     """
+    if readable_dags is None:
+        readable_dags = _airflow_readable_dags()
     if read_access is None:
         from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
         from airflow.api_fastapi.core_api.security import requires_access_dag
@@ -201,9 +239,10 @@ def create_router(ledger: LedgerHolder, *,
         return JSONResponse(body, headers=_NO_STORE)
 
     @router.get("/v1/ui/pools", dependencies=[Depends(read_access)])
-    async def warm_pools() -> Response:
+    async def warm_pools(readable: Collection[str] = Depends(readable_dags)) -> Response:
         def read() -> dict[str, Any]:
-            return pools(warm_rows=lambda namespace: ledger_warm_rows(namespace, ledger.get().engine))
+            body = pools(warm_rows=lambda namespace: ledger_warm_rows(namespace, ledger.get().engine))
+            return readable_pools(body, readable)
 
         try:
             body = await run_in_threadpool(read)

@@ -8,14 +8,17 @@ again. The ledger is the only channel between the scheduler and the api-server: 
 
 1. ``POST /v1/warm/register`` ``{"token": <projected ServiceAccount token>}`` (the exchange's body): the
    exchange's TokenReview and pod checks (:func:`~leoflow_airflow.api.exchange.authenticate_pod`), then the pod
-   has no ``deletionTimestamp`` (``pod_deleting``) and carries ``leoflow.io/warm=true`` and a
-   ``leoflow.io/dag-version`` (``not_warm_pod``). 200 ``{"credential", "pod_uid", "dag_version_id",
-   "await_seconds"}``. The credential is ``secrets.token_urlsafe(32)`` (43 characters, 256 random bits), stored
-   only as its SHA-256 hex, and found again by looking that hash up (no secret is compared in Python). A pod
-   whose row holds an attempt is refused (``holds_attempt``); one holding nothing gets a new credential and the
-   old one stops working.
-2. ``POST /v1/warm/await`` (``Authorization: Bearer <credential>``, body ``{}``): a ``busy`` row goes back to
-   ``idle`` (the worker that asks holds nothing), ``last_seen_at`` is set, then the row is read every
+   has no ``deletionTimestamp`` (``pod_deleting``) and is a warm pod leoflow made (``not_warm_pod``,
+   :func:`warm_pod_problem`: labels, name, no identity annotation, its anchor as controller owner; k8s review
+   §1). 200 ``{"credential", "pod_uid", "dag_version_id", "await_seconds"}``. The credential is
+   ``secrets.token_urlsafe(32)`` (43 characters, 256 random bits), stored only as its SHA-256 hex, and found
+   again by looking that hash up (no secret is compared in Python). A pod whose row holds an attempt is refused
+   (``holds_attempt``); one holding nothing gets a new credential and the old one stops working.
+2. ``POST /v1/warm/await`` (``Authorization: Bearer <credential>``, body ``{"taken": <the attempt last handed
+   to the worker, or null>}``; ``{}`` from an older agent): a ``busy`` row goes back to ``idle`` only when its
+   attempt's outcome is known or nothing of it is left (:func:`judge_busy`; k8s review §3), is handed again with
+   a fresh token when the worker says it never got it (the 200 was lost; k8s review §4), and is kept busy
+   otherwise; ``last_seen_at`` is set, then the row is read every
    :data:`POLL_INTERVAL_SECONDS` for up to ``await_seconds`` (the DB calls in a worker thread, never on the event
    loop; the loop ends at the first read after the client went away). An ``assigned`` row is judged by
    :func:`judge_assignment`: a stale epoch, an attempt no longer ``dispatched`` or of another pod is unassigned
@@ -46,6 +49,7 @@ api-server's key could be mistaken for a workload token).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -73,12 +77,14 @@ from leoflow_airflow.api.exchange import (
     parse_request,
 )
 from leoflow_airflow.ledger.states import AttemptRef, AttemptState
+from leoflow_airflow.runtime.kubernetes.identity import IDENTITY_ANNOTATION
+from leoflow_airflow.runtime.kubernetes.warmdecide import JOB_LABEL, WARM_LABEL
 from leoflow_airflow.runtime.kubernetes.warmdecide import VERSION_LABEL as DAG_VERSION_LABEL
-from leoflow_airflow.runtime.kubernetes.warmdecide import WARM_LABEL
+from leoflow_airflow.runtime.kubernetes.warmpods import anchor_name, is_warm_name
 
 if TYPE_CHECKING:
     from leoflow_airflow.ledger.warm import WarmLedger, WarmWorker
-    from leoflow_airflow.runtime.kubernetes.review import KubeReader
+    from leoflow_airflow.runtime.kubernetes.review import KubeReader, PodFacts
     from leoflow_airflow.settings import KubernetesSettings
 
 __all__ = [
@@ -95,6 +101,7 @@ __all__ = [
     "credential_sha256",
     "from_exchange",
     "judge_assignment",
+    "warm_pod_problem",
 ]
 
 log = logging.getLogger(__name__)
@@ -111,7 +118,7 @@ MAX_OUTCOME_BYTES = outcome_record.MAX_RECORD_BYTES
 """Largest ``outcome`` body read, in bytes: the largest record :mod:`leoflow_agent.outcome` ever encodes."""
 
 WARM_REFUSALS: frozenset[str] = frozenset({
-    "not_warm_pod",        # register: the pod lacks leoflow.io/warm=true or a leoflow.io/dag-version label
+    "not_warm_pod",        # register: the pod is no warm pod leoflow made (warm_pod_problem)
     "pod_deleting",        # register: the pod has a deletionTimestamp
     "holds_attempt",       # register: the pod's row holds an attempt (assigned or busy)
     "unknown_credential",  # await/outcome: no worker row has that credential (401)
@@ -194,6 +201,38 @@ def parse_outcome(body: bytes) -> tuple[AttemptRef, str]:
     return AttemptRef(ident.ti_id, ident.try_number, ident.attempt_epoch), text
 
 
+def warm_pod_problem(pod: PodFacts) -> str | None:
+    """Why ``pod`` (as the pod GET read it) is not a warm pod leoflow made, or None when it is one
+    (:func:`leoflow_airflow.runtime.kubernetes.warmpods.build_warm_pod`): labels ``leoflow.io/warm=true``, a
+    ``leoflow.io/dag-version`` that is a UUID and a ``leoflow.io/scheduler-job``; a warm pod name
+    (``lfw-<job>-<12 hex of that version>-<8 hex>``); no identity annotation ``leoflow.io/attempt`` (a task pod's);
+    and exactly one controller ownerReference, to the ``v1`` ConfigMap ``leoflow-warm-<job>-<version>`` (its
+    anchor) of that job and version.
+
+    Labels alone are claims any pod can make; these are what a task pod can never have: leoflow pins its name
+    and identity annotation, and its own labels, which a ``pod_override`` may not set (k8s review §1). Pure.
+    """
+    if pod.labels.get(WARM_LABEL) != "true":
+        return f"no {WARM_LABEL}=true label"
+    version = pod.labels.get(DAG_VERSION_LABEL) or ""
+    try:
+        canonical = len(version) == 36 and str(uuid.UUID(version)) == version
+    except ValueError:
+        canonical = False
+    if not canonical:
+        return f"{DAG_VERSION_LABEL} {version[:64]!r} is not a DAG version id"
+    job = pod.labels.get(JOB_LABEL) or ""
+    if not is_warm_name(pod.name) or not pod.name.startswith(f"lfw-{job}-{uuid.UUID(version).hex[:12]}-"):
+        return f"name {pod.name!r} is not a warm pod's of job {job[:20]!r} and version {version}"
+    if IDENTITY_ANNOTATION in pod.annotations:
+        return f"it carries the attempt identity annotation {IDENTITY_ANNOTATION}"
+    controllers = [o for o in pod.owner_references if o.controller]
+    anchor = anchor_name(job, version)
+    if [(o.api_version, o.kind, o.name) for o in controllers] != [("v1", "ConfigMap", anchor)]:
+        return f"its controller ownerReference is not the anchor ConfigMap {anchor}"
+    return None
+
+
 TAKE, WAIT, UNASSIGN = "take", "wait", "unassign"
 
 
@@ -223,6 +262,64 @@ def judge_assignment(attempt: Any, ref: AttemptRef, pod_uid: str) -> tuple[str, 
     if attempt.pod_uid is not None and attempt.pod_uid != pod_uid:
         return UNASSIGN, f"the ledger recorded pod uid {attempt.pod_uid}"
     return TAKE, ""
+
+
+UNSAID = object()
+"""The ``taken`` of an ``await`` whose body does not say which attempt the worker took last (an older agent)."""
+RELEASE, HOLD, REDELIVER = "release", "hold", "redeliver"
+
+
+def await_taken(body: bytes) -> AttemptRef | None | object:
+    """The attempt an ``await`` body says its worker took last: ``{"taken": {"ti_id", "try_number",
+    "attempt_epoch"}}`` → that ref, ``{"taken": null}`` → None (it took none since it registered), anything else
+    (no ``taken`` key, a malformed one, a body that is no JSON object) → :data:`UNSAID`. Never raises: the body
+    is checked by :func:`parse_await`."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return UNSAID
+    if not isinstance(data, dict) or "taken" not in data:
+        return UNSAID
+    taken = data["taken"]
+    if taken is None:
+        return None
+    if not isinstance(taken, dict):
+        return UNSAID
+    ti_id, try_number, epoch = taken.get("ti_id"), taken.get("try_number"), taken.get("attempt_epoch")
+    if not isinstance(ti_id, str) or not ti_id or any(
+            isinstance(v, bool) or not isinstance(v, int) for v in (try_number, epoch)):
+        return UNSAID
+    return AttemptRef(ti_id, try_number, epoch)
+
+
+def judge_busy(attempt: Any, ref: AttemptRef, pod_uid: str, *, outcome_stored: bool,
+               taken: AttemptRef | None | object) -> tuple[str, str]:
+    """What an ``await`` does with its worker's ``busy`` row holding ``ref``, given ``attempt`` (the ledger's
+    current attempt of ``ref.ti_id``, or None), whether ``ref``'s outcome record is stored, and ``taken`` (what
+    the worker says it took last, :func:`await_taken`): ``(RELEASE | HOLD | REDELIVER, why)``.
+
+    - RELEASE (the row goes back to idle): the attempt moved on (none, a newer epoch, a state past
+      ``dispatched``: its report landed or it was settled), its outcome record is stored, or it was never
+      delivered to this worker (not exchanged as ``warm:<pod_uid>``): nothing of it is left to lose here;
+    - REDELIVER (the same attempt handed again, with a fresh workload token): the worker says it took another
+      attempt, or none, so the answer that delivered ``ref`` was lost on its way (k8s review §4);
+    - HOLD (the row stays busy, so the scheduler keeps reading the attempt as live, never GONE): the outcome is
+      unknown and the worker ran it, or does not say (k8s review §3: releasing would read GONE, and an attempt
+      whose body completed would be re-driven). It is released once the record lands or the attempt moves on.
+    """
+    if attempt is None or attempt.ref != ref:
+        return RELEASE, "the attempt moved on"
+    if attempt.state is not AttemptState.DISPATCHED:
+        return RELEASE, f"state {attempt.state.value}"
+    if outcome_stored:
+        return RELEASE, "its outcome record is stored"
+    if attempt.exchanged_at is None or attempt.exchange_credential_id != f"warm:{pod_uid}":
+        return RELEASE, "it was never delivered to this worker"
+    if taken is UNSAID:
+        return HOLD, "its outcome is unknown and the worker does not say what it took"
+    if taken == ref:
+        return HOLD, "its outcome is unknown (the worker ran it; its record did not land)"
+    return REDELIVER, f"the worker took {taken} last: the answer that delivered it was lost"
 
 
 @dataclass(frozen=True)
@@ -258,19 +355,17 @@ class WarmPods:
     def register(self, token: str, *, await_seconds: float) -> dict[str, Any]:
         """Register the warm pod ``token`` is bound to; the 200 body.
 
-        :raises Refused: the exchange's review and pod refusals, ``pod_deleting``, ``not_warm_pod``,
-            ``holds_attempt``.
+        :raises Refused: the exchange's review and pod refusals, ``pod_deleting``, ``not_warm_pod`` (no warm pod
+            leoflow made, :func:`warm_pod_problem`; no worker row is written), ``holds_attempt``.
         :raises Unavailable: ``kube_unavailable``, ``ledger_unavailable``.
         """
         bound = authenticate_pod(self.config, self.kube, token)
         pod, where = bound.pod, bound.where
         if pod.deletion_timestamp is not None:
             raise WarmRefused("pod_deleting", f"{where}: deletionTimestamp {pod.deletion_timestamp.isoformat()}")
-        if pod.labels.get(WARM_LABEL) != "true":
-            raise WarmRefused("not_warm_pod", f"{where}: no {WARM_LABEL}=true label")
-        version = pod.labels.get(DAG_VERSION_LABEL) or ""
-        if not version or len(version) > 36:
-            raise WarmRefused("not_warm_pod", f"{where}: {DAG_VERSION_LABEL} {version[:64]!r}")
+        if (problem := warm_pod_problem(pod)) is not None:
+            raise WarmRefused("not_warm_pod", f"{where}: {problem}")
+        version = pod.labels[DAG_VERSION_LABEL]
         credential = self.new_credential()
         changed = _ledger(where, lambda: self.workers.register(
             pod_uid=pod.uid, pod_name=pod.name, namespace=self.config.namespace, dag_version_id=version,
@@ -293,15 +388,55 @@ class WarmPods:
             raise WarmRefused("unknown_credential", "no worker row has that credential")
         return found
 
-    def begin_await(self, credential: str) -> WarmWorker:
-        """The first step of an ``await``: the worker of ``credential``, released if ``busy`` (it holds nothing
-        now), marked seen. Raises as :meth:`worker`."""
+    def begin_await(self, credential: str, *, taken: AttemptRef | None | object = UNSAID) -> WarmWorker:
+        """The first step of an ``await``: the worker of ``credential``, marked seen; a ``busy`` row is released
+        only when :func:`judge_busy` says RELEASE (its attempt's outcome is known, or nothing of it is left
+        here; k8s review §3), else kept (:meth:`redeliver` then decides whether to hand it again). ``taken``:
+        :func:`await_taken` of the body. Returns the row as read before any release. Raises as :meth:`worker`."""
         worker = self.worker(credential)
         where = f"warm pod {worker.namespace}/{worker.pod_name} (uid {worker.pod_uid})"
-        if worker.state == "busy" and _ledger(where, lambda: self.workers.release(worker.pod_uid)):
-            log.info("%s released attempt %s", where, worker.ref)
+        if worker.state == "busy" and worker.ref is not None:
+            verdict, why = self._judge_busy(worker.pod_uid, worker.ref, taken, where)
+            if verdict != RELEASE:
+                log.info("%s keeps attempt %s (%s)", where, worker.ref, why)
+            elif _ledger(where, lambda: self.workers.release(worker.pod_uid)):
+                log.info("%s released attempt %s (%s)", where, worker.ref, why)
         _ledger(where, lambda: self.workers.seen(worker.pod_uid))
         return worker
+
+    def _judge_busy(self, pod_uid: str, ref: AttemptRef, taken: AttemptRef | None | object,
+                    where: str) -> tuple[str, str]:
+        """:func:`judge_busy` of ``pod_uid``'s busy row holding ``ref``, over the ledger (two reads)."""
+        attempt = _ledger(where, lambda: self.attempts.current(ref.ti_id))
+        stored = ref in _ledger(where, lambda: self.workers.outcomes([ref]))
+        return judge_busy(attempt, ref, pod_uid, outcome_stored=stored, taken=taken)
+
+    def redeliver(self, pod_uid: str, taken: AttemptRef | None | object) -> dict[str, Any] | None:
+        """The 200 body handing ``pod_uid``'s busy attempt again, with a workload token minted now, when
+        :func:`judge_busy` says REDELIVER (the answer that delivered it was lost: k8s review §4); None
+        otherwise (the row is not busy, or the verdict is another). A stored workload that cannot be rebuilt is
+        logged and None (the row stays busy: the runtime settles the attempt).
+
+        :raises Unavailable: ``ledger_unavailable``.
+        """
+        where = f"warm pod uid {pod_uid}"
+        worker = _ledger(where, lambda: self.workers.get(pod_uid))
+        if worker is None or worker.state != "busy" or worker.ref is None:
+            return None
+        ref = worker.ref
+        where = f"warm pod {worker.namespace}/{worker.pod_name} (uid {pod_uid}) busy {ref}"
+        verdict, why = self._judge_busy(pod_uid, ref, taken, where)
+        if verdict != REDELIVER:
+            return None
+        attempt = _ledger(where, lambda: self.attempts.current(ref.ti_id))
+        try:
+            workload = json.loads(self.mint(attempt))
+        except ValueError as exc:
+            log.error("%s: the stored workload cannot be rebuilt (%s: %s)", where, type(exc).__name__, exc)
+            return None
+        log.warning("%s: delivered again (%s)", where, why)
+        return {"ti_id": ref.ti_id, "try_number": ref.try_number, "attempt_epoch": ref.attempt_epoch,
+                "workload": workload}
 
     def poll(self, pod_uid: str) -> dict[str, Any] | _Stop | None:
         """One read of the worker row ``pod_uid`` during an ``await``: the 200 body when an assignment was
@@ -346,12 +481,13 @@ class WarmPods:
         """Store the outcome record ``text`` of ``ref`` sent by the worker of ``credential``; whether it was
         stored (False: a record was stored before).
 
-        :raises WarmRefused: ``unknown_credential``; ``not_held`` when the worker is not ``busy`` with ``ref``.
+        :raises WarmRefused: ``unknown_credential``; ``not_held`` when the worker is not ``busy`` with ``ref``
+            (or ``killing`` it: an attempt that ended within its kill's grace still delivers its record).
         :raises Unavailable: ``ledger_unavailable``.
         """
         worker = self.worker(credential)
         where = f"warm pod {worker.namespace}/{worker.pod_name} (uid {worker.pod_uid})"
-        if worker.state != "busy" or worker.ref != ref:
+        if worker.state not in ("busy", "killing") or worker.ref != ref:
             raise WarmRefused("not_held", f"{where}: {worker.state} {worker.ref}, record of {ref}")
         stored = _ledger(where, lambda: self.workers.store_outcome(ref, text))
         log.info("%s: outcome record of %s %s", where, ref, "stored" if stored else "already stored (kept)")
@@ -429,8 +565,14 @@ class WarmService:
         try:
             credential = bearer_credential(authorization)
             parse_await(body)
+            taken = await_taken(body)
             pods = self._serving()
-            worker = await to_thread(pods.begin_await, credential)
+            worker = await to_thread(functools.partial(pods.begin_await, credential, taken=taken))
+            if worker.state == "busy":
+                again = await to_thread(pods.redeliver, worker.pod_uid, taken)
+                if again is not None:
+                    metrics.incr("leoflow.warm.await.delivered")
+                    return Answer(200, again, dict(_NO_STORE))
             deadline = monotonic() + self.await_seconds
             while True:
                 got = await to_thread(pods.poll, worker.pod_uid)

@@ -11,8 +11,9 @@ is a reason from the closed set :data:`VERIFY_REASONS`; nothing secret is in the
 
 The probe token opens nothing: its ``scope`` is :data:`PROBE_SCOPE`, which Airflow's ``TIClaims`` refuses
 (only ``execution`` and ``workload`` exist: 403 on every Execution API route), its ``sub`` is not a task
-instance id, and it lives :data:`PROBE_VALID_SECONDS`. The verify route refuses any token of another scope
-(``not_a_probe``), so it is no validity oracle for real task tokens. It writes nothing (read-only).
+instance id, and it lives :data:`PROBE_VALID_SECONDS`. The verify route answers ``not_a_probe`` for every token whose
+(unverified) claims are not a probe's, before and without verifying it, so it is no validity oracle for real
+task tokens and an anonymous call costs no signature check (k8s review §16a). It writes nothing (read-only).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "VERIFY_REASONS",
     "airflow_validator",
     "cached_validator",
+    "claims_a_probe",
     "classify_error",
     "mint_probe",
     "verify_probe",
@@ -50,7 +52,7 @@ VERIFY_REASONS: frozenset[str] = frozenset({
     "issuer",        # signature good, ``iss`` not the api-server's [api_auth] jwt_issuer
     "clock",         # expired or not yet valid: the two clocks disagree by more than [api_auth] jwt_leeway
     "malformed",     # not a JWT, or a claim missing
-    "not_a_probe",   # a valid token, but not a probe token (never verified for anyone else)
+    "not_a_probe",   # any token whose claims are not a probe's, valid or not (never verified: k8s review §16a)
     "no_key",        # the api-server has no signing key configured (it cannot validate any task token)
 })
 """The answers of the verify route (``{"reason": ...}``)."""
@@ -150,9 +152,37 @@ def cached_validator() -> Any:
     return validator
 
 
+def claims_a_probe(token: str) -> bool | None:
+    """Whether ``token``'s payload, read WITHOUT verifying anything (pyjwt's ``decode`` with
+    ``verify_signature`` off), names a probe: ``scope`` :data:`PROBE_SCOPE` and ``sub`` :data:`PROBE_SUBJECT`.
+    None when ``token`` is no JWT at all (not three base64url parts with a JSON object payload). Pure and cheap:
+    no key, no signature check (k8s review §16a: an anonymous caller must not cost a verification)."""
+    import jwt
+
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except Exception:  # noqa: BLE001 - pyjwt's DecodeError, or a payload that is not an object
+        return None
+    if not isinstance(claims, dict):
+        return None
+    return claims.get("scope") == PROBE_SCOPE and claims.get("sub") == PROBE_SUBJECT
+
+
 def verify_probe(token: str, validator: Any) -> str:
     """The reason of :data:`VERIFY_REASONS` for ``token`` under ``validator`` (``verified`` when it validates
-    and carries :data:`PROBE_SCOPE`). Never raises for a bad token."""
+    and carries :data:`PROBE_SCOPE`). Never raises for a bad token.
+
+    k8s review §16a: the verify route is anonymous, so it must be no validity oracle for task tokens and no cheap
+    way to make the api-server verify signatures. A token whose unverified claims are not a probe's
+    (:func:`claims_a_probe`) is answered ``not_a_probe`` at once, whatever its signature, audience or times (a
+    valid task token, a forged one and an expired one answer alike) and ``validator`` is never called for it; a
+    string that is no JWT is ``malformed``. Only a token that claims to be a probe is verified, and only its
+    reason tells signature, audience, issuer and clock apart (what the doctor needs)."""
+    probe = claims_a_probe(token)
+    if probe is None:
+        return "malformed"
+    if not probe:
+        return "not_a_probe"
     try:
         claims = validator.validated_claims(token)
     except Exception as exc:  # noqa: BLE001 - every validation failure is classified, none escapes

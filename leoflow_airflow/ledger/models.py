@@ -194,8 +194,9 @@ warm_worker_table = Table(
 )
 """One row per registered warm pod (revision 0007; issue 11, DESIGN "Warm pools"): the channel between the
 scheduler (which assigns an attempt to an idle worker) and the api-server (which hands it to the pod's agent on
-its long poll). ``state`` is ``idle`` | ``assigned`` | ``busy``; ``ti_id``/``try_number``/``attempt_epoch`` name
-the attempt held while ``assigned`` or ``busy`` (NULL while ``idle``). ``credential_sha256`` is the SHA-256 hex of
+its long poll). ``state`` is ``idle`` | ``assigned`` | ``busy`` | ``killing`` (a kill of the attempt it holds is
+under way: never released or assigned); ``ti_id``/``try_number``/``attempt_epoch`` name the attempt held while
+``assigned``, ``busy`` or ``killing`` (NULL while ``idle``). ``credential_sha256`` is the SHA-256 hex of
 the opaque bearer credential the pod got at registration (the credential itself is never stored; unique, so a
 credential names one row). ``row_version`` counts the state changes (``WarmLedger.assign`` is guarded on it).
 Written only by ``leoflow_airflow.ledger.warm.WarmLedger``."""

@@ -518,6 +518,30 @@ class LedgerStore:
         values = {"exchanged_at": now, "exchange_credential_id": credential_id, "updated_at": now}
         return self._guarded_update(ref, (AttemptState.DISPATCHED,), values, attempt_table.c.exchanged_at.is_(None))
 
+    def record_exchange_again(self, ref: AttemptRef, *, pod_uid: str, credential_id: str | None) -> bool:
+        """Record a repeated exchange of ``ref`` by its own pod (its first answer was lost: k8s review §4); return
+        whether a row changed.
+
+        One guarded ``UPDATE … WHERE ti_id AND try_number AND attempt_epoch AND state = 'dispatched' AND
+        exchanged_at IS NOT NULL AND pod_uid = :pod_uid`` and the credential is no warm pod's (``warm:…``: a warm
+        pod's await took it), that sets ``exchange_credential_id`` (the latest review's, cut to
+        ``CREDENTIAL_ID_LEN``) and ``updated_at``; ``exchanged_at`` keeps the first exchange's time. ``False``: the
+        attempt moved on, was never exchanged, was delivered to a warm pod, or the ledger recorded another pod (or
+        none): the caller refuses the repeated exchange.
+
+        :raises ValueError: ``pod_uid`` is empty.
+        """
+        if not pod_uid:
+            raise ValueError("pod_uid must be non-empty")
+        if credential_id is not None:
+            credential_id = credential_id[:CREDENTIAL_ID_LEN]
+        t = attempt_table
+        values = {"exchange_credential_id": credential_id, "updated_at": self._clock()}
+        delivered_warm = t.c.exchange_credential_id.startswith("warm:")  # a warm pod's await took it: not ours
+        return self._guarded_update(ref, (AttemptState.DISPATCHED,), values, t.c.exchanged_at.is_not(None),
+                                    t.c.pod_uid == pod_uid,
+                                    sa.or_(t.c.exchange_credential_id.is_(None), sa.not_(delivered_warm)))
+
     # ------------------------------------------------------------------ reads
 
     def get(self, ref: AttemptRef) -> Attempt | None:
@@ -588,18 +612,29 @@ class LedgerStore:
 
     def current_ref(self, ti_id: str) -> AttemptRef | None:
         """The identity of :meth:`current`'s row, or None, without reading the rest of the row (the stored
-        workload): one read on the unique key (ti_id, attempt_epoch), for the Execution API fence, which asks
-        on every request of a task's execution (``leoflow_airflow.api.execution_fence``)."""
+        workload): one read on the unique key (ti_id, attempt_epoch)."""
+        found = self.current_ref_and(ti_id, sa.true())
+        return None if found is None else found[0]
+
+    def current_ref_and(self, ti_id: str, condition: sa.ColumnElement[bool]) -> tuple[AttemptRef, bool] | None:
+        """:meth:`current_ref` and the truth of ``condition`` (a SQL boolean, e.g. an ``EXISTS`` on another table
+        of the same database) in ONE statement, or None when the ledger has no row of ``ti_id``: the Execution
+        API fence asks both on every request of a task's execution (``leoflow_airflow.api.execution_fence``).
+
+        :raises sqlalchemy.exc.SQLAlchemyError: on a DB failure.
+        """
         t = attempt_table
         query = (
-            sa.select(t.c.ti_id, t.c.try_number, t.c.attempt_epoch)
+            sa.select(t.c.ti_id, t.c.try_number, t.c.attempt_epoch, condition.label("condition"))
             .where(t.c.ti_id == ti_id)
             .order_by(t.c.attempt_epoch.desc())
             .limit(1)
         )
         with self._tx() as conn:
             row = conn.execute(query).first()
-        return None if row is None else AttemptRef(row.ti_id, int(row.try_number), int(row.attempt_epoch))
+        if row is None:
+            return None
+        return AttemptRef(row.ti_id, int(row.try_number), int(row.attempt_epoch)), bool(row.condition)
 
     def count_resolution(self, ti_id: str, resolution: Resolution) -> int:
         """How many CLOSED rows of ``ti_id`` ended with ``resolution`` (e.g. leoflow's re-dispatches)."""

@@ -30,7 +30,7 @@ from sqlalchemy.exc import IntegrityError
 from leoflow_airflow.ledger.models import attempt_table, warm_worker_table
 from leoflow_airflow.ledger.states import AttemptRef
 
-__all__ = ["ASSIGNED", "BUSY", "IDLE", "WORKER_STATES", "WarmLedger", "WarmWorker"]
+__all__ = ["ASSIGNED", "BUSY", "IDLE", "KILLING", "WORKER_STATES", "WarmLedger", "WarmWorker"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,10 @@ ASSIGNED = "assigned"
 """A scheduler assigned it an attempt; its agent has not taken it yet."""
 BUSY = "busy"
 """Its agent took the attempt (the api-server handed it the workload) and runs it."""
-WORKER_STATES: frozenset[str] = frozenset({IDLE, ASSIGNED, BUSY})
+KILLING = "killing"
+"""The scheduler is killing the attempt it holds (its pod is being deleted): never released, never assigned again
+(:meth:`WarmLedger.mark_killing`; k8s review §7)."""
+WORKER_STATES: frozenset[str] = frozenset({IDLE, ASSIGNED, BUSY, KILLING})
 
 _OUTCOME_CHUNK = 500
 """ti_ids per ``ti_id IN (…)`` statement of :meth:`WarmLedger.outcomes` (bounded parameters)."""
@@ -179,6 +182,27 @@ class WarmLedger:
         ``assigned_at`` and ``taken_at`` cleared. ``False`` when the row is not busy."""
         t = warm_worker_table
         return self._update(pod_uid, (t.c.state == BUSY,), self._cleared(), bump=True)
+
+    def mark_killing(self, pod_uid: str, ref: AttemptRef) -> bool:
+        """``busy(ref) -> killing(ref)`` (also ``killing(ref)`` again, a kill repeated with a shorter grace): the
+        scheduler may delete the pod only when this changed a row, the proof that the pod still runs ``ref``
+        (k8s review §7). A ``killing`` row is never released (``release`` wants ``busy``) and never assigned
+        (``assign`` wants ``idle``), so no newer attempt reaches the pod before its delete lands. ``False``: the
+        row holds no ``ref`` (released, so the attempt's child ended; or another attempt): delete nothing."""
+        t = warm_worker_table
+        return self._update(pod_uid, (t.c.state.in_((BUSY, KILLING)), *self._holds(ref)), {"state": KILLING},
+                            bump=True)
+
+    def retire_idle(self, pod_uid: str, *, row_version: int) -> bool:
+        """Delete the row of ``pod_uid`` only while it is ``idle`` at ``row_version`` (the version the caller read
+        it at): the pool's delete of an idle warm pod goes ahead only when this changed a row (k8s review §16g).
+        A scheduler that assigned the row since the read moved ``row_version`` on: ``False``, and the pod is kept;
+        one that assigns after this finds no row, so its guarded ``assign`` loses cleanly. The pod's credential
+        stops working with the row (its agent's next ``await`` answers 401: retired, it exits 0)."""
+        t = warm_worker_table
+        stmt = t.delete().where(t.c.pod_uid == pod_uid, t.c.state == IDLE, t.c.row_version == row_version)
+        with self.engine.begin() as conn:
+            return conn.execute(stmt).rowcount == 1
 
     def forget(self, pod_uid: str) -> bool:
         """Delete the row of ``pod_uid`` (its pod is gone or retired; its credential stops working); whether a

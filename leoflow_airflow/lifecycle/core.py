@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timezone
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from leoflow_agent.outcome import OutcomeRecord
@@ -72,6 +72,7 @@ from leoflow_airflow.lifecycle.runtime import (
     Exited,
     LaunchFailed,
     LaunchSpec,
+    LedgerRow,
     Presence,
     Reported,
     Runtime,
@@ -167,6 +168,8 @@ class Lifecycle:
         # restarted scheduler re-dispatches such an attempt, and the new one is judged again (issue 10 item 1)
         self._start_ends: dict[AttemptRef, tuple[reapers.After, str]] = {}
         self._kill_ids: dict[AttemptRef, int | None] = {}  # the ledger id of each ``_killing`` entry's row
+        # the LIVE page :meth:`reconcile` last observed and its TIs' (state, last_heartbeat_at), for :meth:`reap`
+        self._page_liveness: tuple[LivePage, dict[str, tuple[str | None, Any]]] | None = None
         self._evidence: dict[AttemptRef, Evidence] = {}  # what _settle read, while it acts (the settled hook)
         self._unwritten: list[Move] = []  # ledger moves of runtime events not written yet (apply)
         # what one reconcile pass read ahead for its settles (_read_ahead): logical TI -> row, ti_id -> current
@@ -334,9 +337,13 @@ class Lifecycle:
                 log.info("leoflow GC removed %d settled attempts' record directories", removed)
         return self.take()
 
-    def _is_closed(self, ti_id: str, epoch: int) -> bool:
+    def _is_closed(self, ti_id: str, epoch: int) -> LedgerRow:
+        """:meth:`Runtime.collect`'s ``is_closed``: CLOSED, OPEN, or ABSENT (no such row: truthy, but never proof
+        for a runtime that shares its namespace; k8s review §5)."""
         row = self.ledger.get_epoch(ti_id, epoch)
-        return row is None or row.state == _S.CLOSED
+        if row is None:
+            return LedgerRow.ABSENT
+        return LedgerRow.CLOSED if row.state == _S.CLOSED else LedgerRow.OPEN
 
     # --- events -----------------------------------------------------------------------------------------
     def apply(self, events: Sequence[RuntimeEvent]) -> None:
@@ -447,14 +454,22 @@ class Lifecycle:
         ``presence_pass``, one keyset page of LIVE rows (:meth:`next_page`), so its cost does not grow with the
         number of running attempts: only the page is observed, and a LIVE row found GONE is moved to EXITED and
         settled at once. Returns the page (without ``presence_pass``: an empty one that covers no row and ends
-        no sweep) and its presence (the reapers act on that same page)."""
+        no sweep) and its presence (the reapers act on that same page).
+
+        The page's task instances' heartbeats are read first (``AirflowPort.ti_liveness``, one query, which
+        :meth:`reap` reuses) and handed to ``Runtime.observe``: an attempt whose TI heartbeats is alive whatever
+        its pod object says (DESIGN §2 "proof of death"; k8s review §14)."""
         acting = self.ledger.in_states(ACT_STATES, runtime=self.runtime.kind)
         page = self.next_page() if presence_pass else LivePage([], self._live_after, self._live_after, wrapped=False)
         live = page.rows
         by_ref = {a.ref: a for a in acting}
         by_ref.update((a.ref, a) for a in live)  # read last: a row in both moved on in between
         attempts = self._not_a_live_peers(sorted(by_ref.values(), key=lambda a: a.id or 0))
-        presence = dict(self.runtime.observe(live)) if live else {}
+        presence: dict[AttemptRef, Presence] = {}
+        if live:
+            tis = self.airflow.ti_liveness([a.ref.ti_id for a in live])
+            self._page_liveness = (page, tis)
+            presence = dict(self.runtime.observe(live, heartbeat_ages(live, tis, self.utcnow())))
         for ref in self._silent_foreign(live, presence):
             presence[ref] = Presence.GONE  # settled from DB-only evidence below
         budget = _Budget(self.settings.settle_budget, self.monotonic() + self.settings.settle_timeout, self.monotonic)
@@ -586,6 +601,9 @@ class Lifecycle:
             self._close(attempt, Resolution.MOVED_ON, "a newer epoch exists")
             return
         evidence = self.runtime.evidence(attempt)
+        if not evidence.known:  # the runtime cannot read it yet: no guess, asked again next cycle (k8s review §2)
+            log.debug("settling %s: its evidence is not known yet", ref)
+            return
         self._evidence[ref] = evidence
         record, cause = evidence.record, evidence.cause
         logical = (attempt.dag_id, attempt.run_id, attempt.task_id, attempt.map_index)
@@ -875,7 +893,9 @@ class Lifecycle:
             self._kill_ids.pop(ref, None)
         if not live:
             return
-        tis = self.airflow.ti_liveness([a.ref.ti_id for a in live])
+        kept = self._page_liveness
+        self._page_liveness = None
+        tis = kept[1] if kept is not None and kept[0] is page else self.airflow.ti_liveness([a.ref.ti_id for a in live])
         unknown = (None, None)
         seen = [(a, presence.get(a.ref, Presence.UNKNOWN), tis.get(a.ref.ti_id, unknown)) for a in live]
         progress = self.runtime.start_progress([a for a, p, ti in seen if p is Presence.LIVE and ti[0] == "queued"])
@@ -895,7 +915,7 @@ class Lifecycle:
                     self._killing[action.ref] = float("inf")
                     self.runtime.kill(attempt, grace=0.0)
                 continue  # signalled already: its end comes through the runtime's events and presence
-            grace = self.reap_kill_grace if action.reaper == "agent-lost" else 0.0
+            grace = self.reap_kill_grace if action.reaper in ("agent-lost", "moved-on") else 0.0
             self._killing[action.ref] = now + grace + KILL_ESCALATION_SLACK
             self._kill_ids[action.ref] = attempt.id
             if action.after is not reapers.After.SETTLE:
@@ -990,10 +1010,11 @@ class Lifecycle:
         Makes no HTTP call (Airflow holds the TI rows ``FOR UPDATE``). A LIVE or UNKNOWN attempt is adopted and
         keeps running; a CLAIMED one is adopted and looked up by the next cycle (never presumed dead). A GONE
         one with an outcome record, a cause of its end (``Evidence.cause``: a pod's OOM kill or deadline must be
-        settled by the table, not reset as an infra loss), a report, or a TI not RUNNING is adopted with
-        ``last_heartbeat_at = now`` (the ORM row is changed in Airflow's transaction) so the purge waits for the
-        next ``sync()`` to settle it. A GONE RUNNING one with neither is returned, for the executor to charge the
-        infra budget.
+        settled by the table, not reset as an infra loss), evidence the runtime cannot read yet
+        (``Evidence.known`` False: a pod cache not synced; k8s review §2), a report, or a TI not RUNNING is
+        adopted with ``last_heartbeat_at = now`` (the ORM row is changed in Airflow's transaction) so the purge
+        waits for the next ``sync()`` to settle it. A GONE RUNNING one with none of these is returned, for the
+        executor to charge the infra budget.
         """
         self.gate.reset(self.monotonic())  # no reaping from a half-built picture
         self._live_after = 0  # the sweep the gate waits for starts now, at the first LIVE row
@@ -1012,7 +1033,9 @@ class Lifecycle:
                 self.table.add(lid, Launch(ti.key, None, attempt.ref, adopted=True))
                 self._out.append(Occupy(ti.key))
                 continue
-            presence = self.runtime.observe([attempt]).get(attempt.ref, Presence.UNKNOWN) \
+            beats = heartbeat_ages([attempt], {attempt.ref.ti_id: (None, getattr(ti, "last_heartbeat_at", None))},
+                                   now) if isinstance(now, datetime) else None  # k8s review §14
+            presence = self.runtime.observe([attempt], beats).get(attempt.ref, Presence.UNKNOWN) \
                 if attempt.state in LIVE_STATES else Presence.GONE
             if presence != Presence.GONE:
                 self.table.add(lid, Launch(ti.key, None, attempt.ref, adopted=True))
@@ -1020,8 +1043,8 @@ class Lifecycle:
                 self._out.append(Occupy(ti.key))
                 continue
             evidence = self.runtime.evidence(attempt)
-            if evidence.record is not None or evidence.cause is not None or attempt.reported_state is not None \
-                    or str(ti.state) != "running":
+            if not evidence.known or evidence.record is not None or evidence.cause is not None \
+                    or attempt.reported_state is not None or str(ti.state) != "running":
                 ti.last_heartbeat_at = now
                 self.table.add(lid, Launch(ti.key, None, attempt.ref, adopted=True), owns_slot=False)
                 continue
@@ -1124,6 +1147,18 @@ once more, at once: the runtime lost the first kill (Lite: the zygote died befor
 
 REDISPATCH_BACKOFF_SECONDS = 5.0
 """The first back-off of a re-dispatch in a row, in seconds; doubled per further one, at most 60 s."""
+
+
+def heartbeat_ages(attempts: Sequence[Attempt], tis: Mapping[str, tuple[str | None, Any]],
+                   now: datetime) -> dict[AttemptRef, float | None]:
+    """Seconds since each attempt's TI last heartbeat (``tis``: ``AirflowPort.ti_liveness``'s ``{ti_id: (state,
+    last_heartbeat_at)}``, aware UTC; ``now`` aware UTC), None where the TI or its heartbeat is unknown: what
+    ``Runtime.observe`` weighs against a pod object's word (k8s review §14). Pure."""
+    out: dict[AttemptRef, float | None] = {}
+    for attempt in attempts:
+        beat = tis.get(attempt.ref.ti_id, (None, None))[1]
+        out[attempt.ref] = (now - beat).total_seconds() if isinstance(beat, datetime) else None
+    return out
 
 
 def redispatch_backoff(in_a_row: int) -> float:

@@ -34,6 +34,7 @@ __all__ = [
     "Exited",
     "LaunchFailed",
     "LaunchSpec",
+    "LedgerRow",
     "Presence",
     "Reported",
     "Runtime",
@@ -130,6 +131,28 @@ class Evidence:
     record: OutcomeRecord | None
     exit_code: int | None = None
     cause: EndCause | None = None
+    known: bool = True
+    """False: the runtime cannot read what the attempt left yet (Kubernetes: its pod cache has not synced since
+    the scheduler started), so "no record" would be a guess. The lifecycle then neither settles the attempt nor
+    resets its task instance as lost; it asks again on a later cycle (k8s review §2). Lite: always True."""
+
+    @classmethod
+    def unknown(cls) -> Evidence:
+        """The evidence of an attempt whose runtime cannot read it yet (``known`` False, nothing else)."""
+        return cls(None, None, None, known=False)
+
+
+class LedgerRow(enum.IntEnum):
+    """What the ledger holds of one attempt, as :meth:`Runtime.collect`'s ``is_closed`` answers it.
+
+    Truthy (CLOSED, ABSENT) where a runtime that removes only what it made itself may remove what the attempt
+    left: Lite's record directory of a row the ledger's retention already deleted. The Kubernetes runtime
+    shares its namespace with whatever else runs there, so it removes only CLOSED: a pod whose identity names an
+    attempt this ledger does not hold is another installation's, never settled (k8s review §5)."""
+
+    OPEN = 0
+    CLOSED = 1
+    ABSENT = 2
 
 
 class StartState(enum.StrEnum):
@@ -250,8 +273,14 @@ class Runtime(Protocol):
         """Every fact since the last call; never blocks. Also does the runtime's own upkeep (Lite: restart a
         dead zygote, its busy limit, re-minting held tokens)."""
 
-    def observe(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, Presence]:
-        """The presence of each open attempt, batched, from what the runtime holds."""
+    def observe(self, attempts: Sequence[Attempt],
+                heartbeats: Mapping[AttemptRef, float | None] | None = None) -> Mapping[AttemptRef, Presence]:
+        """The presence of each open attempt, batched, from what the runtime holds.
+
+        ``heartbeats``: seconds since each attempt's TI ``last_heartbeat_at`` (None or absent: unknown, or no
+        heartbeat). An attempt whose heartbeat is at most ``[leoflow] agent_lost_threshold`` old is alive whatever
+        a runtime's object says, so it is never GONE on that word alone (DESIGN §2 "proof of death"; k8s review
+        §14). Lite ignores it: a pid on this machine is proof either way."""
 
     def start_progress(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, StartProgress]:
         """How far each of these LIVE attempts (the reaper passes those whose TI is QUEUED) got toward running its
@@ -263,7 +292,8 @@ class Runtime(Protocol):
         something of it runs, else None."""
 
     def evidence(self, attempt: Attempt) -> Evidence:
-        """What a GONE attempt left (never raises)."""
+        """What a GONE attempt left (never raises); :meth:`Evidence.unknown` while the runtime cannot read it yet
+        (for a bounded time after :meth:`start`; k8s review §2)."""
 
     def kill(self, attempt: Attempt, *, grace: float) -> Presence:
         """Start killing everything of the attempt and return at once (never waits out ``grace``).
@@ -290,7 +320,8 @@ class Runtime(Protocol):
         """A predecessor's attempt that still runs: watch it (it counts against this runtime's capacity)."""
 
     def collect(self, is_closed: Callable[[str, int], bool]) -> int:
-        """Remove what settled attempts left behind; the count removed."""
+        """Remove what settled attempts left behind; the count removed. ``is_closed(ti_id, epoch)`` answers a
+        :class:`LedgerRow` (truthy: closed or absent)."""
 
     def extra_capacity(self, parallelism: int, running_ages: Sequence[float]) -> int:
         """Workloads the runtime can hold beyond free slots right now (Lite: the adaptive queue-ahead)."""

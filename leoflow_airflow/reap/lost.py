@@ -4,6 +4,14 @@
   than ``[leoflow] agent_lost_threshold`` seconds, yet its agent process still exists: a hung supervisor.
   Kill it; the reconciler then decides from the record (or re-drives it as an infra loss) before Airflow's
   own purge would fail it at ``[scheduler] task_instance_heartbeat_timeout``.
+* **moved-on**: the TI is no longer this execution's to run: a user marked it success or failed, or cleared it
+  while it ran (RESTARTING), or it ended (a report of its own) while its agent lives on, and its heartbeat has been
+  silent for more than ``[leoflow] agent_lost_threshold`` seconds. A healthy agent ends by itself well within that
+  (the supervisor stops its task at the heartbeat's 409 and leaves ``task_success_overtime`` for callbacks; the
+  boot-time ladder keeps the threshold above both), so one still alive cannot reach the api-server or is hung:
+  kill it, with ``reap_kill_grace`` (on Kubernetes: delete that epoch's pod with its grace period), instead of
+  leaving a body running, or a pod ``Succeeded`` that contradicts the task's state, until retention. The
+  reconciler then closes the attempt (moved on) or, for a RESTARTING TI, hands it back to Airflow.
 * **dispatch-lost** (start-expired): the TI is still QUEUED ``[leoflow] dispatch_lost_threshold`` seconds
   after its agent started, and its agent never reached ``/run``. Kill it; the reconciler re-dispatches the
   same ``ti_id`` as epoch + 1 (at most ``[leoflow] redispatch_limit`` times). The clock starts where the
@@ -34,7 +42,12 @@ from datetime import datetime
 from leoflow_airflow.ledger.states import AttemptRef
 from leoflow_airflow.lifecycle.runtime import Presence, StartProgress, StartState
 
-__all__ = ["After", "AttemptView", "KillAgent", "Presence", "ReapSettings", "decide"]
+__all__ = ["After", "AttemptView", "KillAgent", "MOVED_ON_STATES", "Presence", "ReapSettings", "decide"]
+
+MOVED_ON_STATES = frozenset({"success", "failed", "skipped", "removed", "upstream_failed", "up_for_retry",
+                             "restarting"})
+"""Airflow states of an attempt's own ``ti_id`` in which its execution has nothing left to run once its heartbeat
+is silent past the threshold (the moved-on reaper): ended, marked by a user, or cleared while running."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,13 @@ def decide(snapshot: list[AttemptView], now: datetime, settings: ReapSettings) -
                 actions.append(KillAgent(view.ref, "agent-lost",
                                          f"heartbeat silent for {silent:.0f} s (> agent_lost_threshold "
                                          f"{settings.agent_lost_threshold:g} s) while the agent process lives"))
+        elif view.ti_state in MOVED_ON_STATES and view.last_heartbeat_at is not None:
+            silent = (now - view.last_heartbeat_at).total_seconds()
+            if silent > settings.agent_lost_threshold:
+                actions.append(KillAgent(view.ref, "moved-on",
+                                         f"the task instance is {view.ti_state} (ended, marked or cleared), yet its "
+                                         f"agent still lives {silent:.0f} s after its last heartbeat (> "
+                                         f"agent_lost_threshold {settings.agent_lost_threshold:g} s)"))
         elif view.ti_state == "queued":
             action = _queued(view, now, settings)
             if action is not None:

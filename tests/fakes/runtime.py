@@ -10,7 +10,7 @@ and an injected clock.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -56,6 +56,7 @@ class FakeRuntime:
         self.forgotten: list[AttemptRef] = []
         self.freed: list[float] = []
         self.observed: list[list[AttemptRef]] = []  # the attempts of each ``observe`` call, in order
+        self.heartbeats_seen: list[dict[AttemptRef, float | None]] = []  # each ``observe``'s heartbeat ages
         self.stopped = False
 
     def start(self) -> None:
@@ -93,9 +94,12 @@ class FakeRuntime:
         out, self.events = self.events, []
         return out
 
-    def observe(self, attempts: Sequence[Any]) -> dict[AttemptRef, Presence]:
-        """From ``presence``; unset: LIVE with a handle (a pid, or ``located``), GONE without (Lite's answer)."""
+    def observe(self, attempts: Sequence[Any],
+                heartbeats: Mapping[AttemptRef, float | None] | None = None) -> dict[AttemptRef, Presence]:
+        """From ``presence``; unset: LIVE with a handle (a pid, or ``located``), GONE without (Lite's answer).
+        ``heartbeats`` is recorded in ``heartbeats_seen`` and otherwise ignored."""
         self.observed.append([a.ref for a in attempts])
+        self.heartbeats_seen.append(dict(heartbeats or {}))
         return {a.ref: self.presence.get(a.ref, Presence.LIVE if a.pid is not None or a.ref in self.located
                                          else Presence.GONE) for a in attempts}
 

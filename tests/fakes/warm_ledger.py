@@ -64,6 +64,22 @@ class MemoryLedger:
             self.rows[pod_uid] = replace(row, state="idle", ref=None, row_version=row.row_version + 1)
             return True
 
+    def mark_killing(self, pod_uid, ref):
+        with self.lock:
+            row = self.rows.get(pod_uid)
+            if row is None or row.state not in ("busy", "killing") or row.ref != ref:
+                return False
+            self.rows[pod_uid] = replace(row, state="killing", row_version=row.row_version + 1)
+            return True
+
+    def retire_idle(self, pod_uid, *, row_version):
+        with self.lock:
+            row = self.rows.get(pod_uid)
+            if row is None or row.state != "idle" or row.row_version != row_version:
+                return False
+            del self.rows[pod_uid]
+            return True
+
     def forget(self, pod_uid):
         return self.rows.pop(pod_uid, None) is not None
 

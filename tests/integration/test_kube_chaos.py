@@ -80,9 +80,8 @@ from tests.k8s.test_informer import CuttableRelay
 pytestmark = [
     pytest.mark.k8s, pytest.mark.airflow, pytest.mark.slow,
     # 15-22 minutes on the 2-core host: with the rest of the suite run one module after another it would take CI
-    # past its 90-minute limit, so it runs when asked (`LEOFLOW_KUBE_CHAOS=1 make test`, or alone as below)
-    pytest.mark.skipif(os.environ.get("LEOFLOW_KUBE_CHAOS") != "1",
-                       reason="the Kubernetes chaos suite runs with LEOFLOW_KUBE_CHAOS=1 (15-22 min)"),
+    # past its 90-minute limit, so it runs when asked (`pytest --chaos`, or alone as below)
+    pytest.mark.chaos,
 ]
 
 DAG, NODE_DAG, TASK = "lf_kchaos", "lf_kchaos_node", "work"

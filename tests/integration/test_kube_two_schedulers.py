@@ -38,7 +38,7 @@ Run it alone, with a PostgreSQL server (``scripts/pg start --dir DIR`` prints it
 and the k8s binaries built (``scripts/k8senv build``)::
 
     scripts/pg start --dir /tmp/leoflow-pg
-    LEOFLOW_KUBE_CHAOS=1 K8SENV_REQUIRED=1 LEOFLOW_TEST_PG_URL=$(cat /tmp/leoflow-pg/url) \\
+    K8SENV_REQUIRED=1 LEOFLOW_TEST_PG_URL=$(cat /tmp/leoflow-pg/url) \\
         .venv/bin/python -m pytest -s tests/integration/test_kube_two_schedulers.py
 """
 
@@ -67,10 +67,8 @@ PG_URL = os.environ.get("LEOFLOW_TEST_PG_URL")
 pytestmark = [
     pytest.mark.k8s, pytest.mark.airflow, pytest.mark.postgres, pytest.mark.slow,
     # 200 cold pods: about 10-15 minutes on the 2-core host, too long for CI's serial run; it runs with the
-    # Kubernetes chaos suite (`LEOFLOW_KUBE_CHAOS=1`)
-    pytest.mark.skipif(os.environ.get("LEOFLOW_KUBE_CHAOS") != "1",
-                       reason="the two-scheduler Kubernetes test runs with LEOFLOW_KUBE_CHAOS=1 (about 10 minutes "
-                              "of cold pods)"),
+    # Kubernetes chaos suite (`--chaos`)
+    pytest.mark.chaos,
     pytest.mark.skipif(not PG_URL, reason="LEOFLOW_TEST_PG_URL is unset: run `scripts/pg start --dir DIR` and "
                        "export LEOFLOW_TEST_PG_URL=$(cat DIR/url)"),
     pytest.mark.timeout(80 * 60),

@@ -9,6 +9,11 @@ epoch 1 would: the api-server's real ``/execution`` routes, an execution token v
 ``Leoflow-Attempt`` header. Airflow alone would accept that PATCH (the TI is RUNNING, and the state route
 checks nothing else), and it would end the current execution's TI as a success its body never reached.
 
+Then the task is cleared once it succeeded: the new try runs under a new ``ti_id``, and the old ``ti_id``'s execution,
+replayed with its own valid token and its last current header, is refused with 409 ``leoflow_superseded_try`` on
+every route that writes (XCom, Variable, heartbeat, state), where Airflow alone would have taken the XCom and the
+Variable (k8s review, "the fence judges a call only against the ledger rows of its token's own ti_id").
+
 DAG: ``tests/fault_dags/leoflow_more.py`` (``lf_fence``). Helpers: ``fault_helpers.py``.
 """
 
@@ -92,3 +97,34 @@ def test_a_stale_executions_heartbeat_and_patch_get_409_while_the_current_epoch_
         assert [(r["attempt_epoch"], r["resolution"]) for r in rows] == [(1, "redispatched"), (2, "reported")], rows
         [body] = executions(stack, "lf_fence", "work", run)
         assert body.ended, body
+
+        # a newer try supersedes the ti_id: the old execution's writes are refused on every route
+        stack._call("POST", "/dags/lf_fence/clearTaskInstances", json={
+            "dry_run": False, "dag_run_id": run, "task_ids": ["work"], "only_failed": False, "reset_dag_runs": True})
+        new = wait_until(lambda: (t := stack.ti_row("lf_fence", run, "work"))["id"] != ti_id.replace("-", "") and t, 60,
+                         "the clear to give the task instance a new ti_id")
+        assert stack.wait_for_run("lf_fence", run, timeout=180) == "success"
+        assert stack.ti_row("lf_fence", run, "work")["try_number"] == 2
+        was_current = {fencing.ATTEMPT_HEADER: fencing.format_attempt(outcome.AttemptIdentity(ti_id, 1, 2))}
+        late = {
+            "xcom": api.post(f"xcoms/lf_fence/{run}/work/return_value", json="from the superseded try",
+                             headers=was_current),
+            "variable": api.put("variables/lf_fence_superseded", json={"value": "x"}, headers=was_current),
+            "heartbeat": api.put(f"task-instances/{ti_id}/heartbeat", json=heartbeat, headers=was_current),
+            "patch": api.patch(f"task-instances/{ti_id}/state", json=success, headers=was_current),
+        }
+        for what, answer in late.items():
+            assert answer.status_code == 409, (what, answer.status_code, answer.text)
+            detail = answer.json()["detail"]
+            assert detail["reason"] == "leoflow_superseded_try" and "no longer its task's current try" in \
+                detail["message"], (what, detail)
+        assert stack.db("select count(*) from xcom where run_id=? and task_id='work' and key='return_value' "
+                        "and value like '%superseded%'", run) == [(0,)]
+        assert stack.db("select count(*) from variable where key='lf_fence_superseded'") == [(0,)]
+        # the new try's own ti_id is not judged superseded: Airflow answers its (header-less) call for itself
+        new_id = str(uuid.UUID(new["id"]))  # SQLite keeps Airflow's UUIDs as 32 hex digits
+        mine = httpx.get(f"{stack.base_url}/execution/xcoms/lf_fence/{run}/work/return_value", timeout=30, headers={
+            "authorization": f"Bearer {_token(stack, new_id)}", "airflow-api-version": API_VERSION,
+            fencing.ATTEMPT_HEADER: fencing.format_attempt(outcome.AttemptIdentity(new_id, 2, 1))})
+        assert fencing.fence_reason(mine.json() if mine.headers.get("content-type", "").startswith(
+            "application/json") else {}) is None, mine.text

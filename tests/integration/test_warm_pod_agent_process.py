@@ -243,7 +243,10 @@ def test_a_warm_pod_agent_runs_two_attempts_from_one_parse_and_sweeps_between_th
     routes = [route for route, _ in app.events]
     assert routes == ["register", "await", "outcome", "await", "outcome"], (routes, log[-5000:])
     assert app.events[0][1] == {"token": PROJECTED_TOKEN, "bearer": None}
-    assert app.events[1][1]["body"] == "{}"
+    # each await names the attempt handed to the worker last (none at first), so a lost answer is handed again
+    assert json.loads(app.events[1][1]["body"]) == {"taken": None}
+    first = {key: assignments[0][key] for key in ("ti_id", "try_number", "attempt_epoch")}
+    assert json.loads(app.events[3][1]["body"]) == {"taken": first}
     outcomes = [details for route, details in app.events if route == "outcome"]
     for number, (ti_id, sent) in enumerate(zip(ti_ids, outcomes), start=1):
         record = sent["record"]

@@ -141,14 +141,32 @@ def kube_attempt(store, *, ti_id: str | None = None, state: AttemptState = Attem
 
 def make_warm_pod(core: client.CoreV1Api, namespace: str, *, node: str, version: str | None = None,
                   labels: dict[str, str] | None = None, sa_name: str = TASK_SA, finalizers: list[str] | None = None,
-                  name: str | None = None) -> client.V1Pod:
-    """A warm pod (labels ``leoflow.io/warm=true`` and ``leoflow.io/dag-version``: ``version`` or a new uuid;
-    ``labels`` replaces both) bound to ``node``, running as ``sa_name``, no token automounted."""
+                  name: str | None = None, job_id: str = "1", anchored: bool = True) -> client.V1Pod:
+    """A warm pod as leoflow makes one (k8s review §1: the registration takes no other): named
+    ``warm_pod_name(job_id, version)`` (or ``name``), labels ``leoflow.io/warm=true``, ``leoflow.io/dag-version``
+    (``version`` or a new uuid) and ``leoflow.io/scheduler-job`` (``labels`` replaces them all), and, when
+    ``anchored``, owned (controller) by its anchor ConfigMap, created here unless it exists; bound to ``node``,
+    running as ``sa_name``, no token automounted."""
+    from leoflow_airflow.runtime.kubernetes import warmpods
+
+    version = version or str(uuid.uuid4())
     if labels is None:
-        labels = {"leoflow.io/warm": "true", "leoflow.io/dag-version": version or str(uuid.uuid4())}
+        labels = {"app.kubernetes.io/managed-by": "leoflow", "leoflow.io/warm": "true",
+                  "leoflow.io/dag-version": version, "leoflow.io/scheduler-job": job_id}
+    owners = None
+    if anchored:
+        anchor = warmpods.build_anchor(job_id, version, namespace)
+        try:
+            made = core.create_namespaced_config_map(namespace, anchor)
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+            made = core.read_namespaced_config_map(anchor.metadata.name, namespace)
+        owners = [client.V1OwnerReference(api_version="v1", kind="ConfigMap", name=made.metadata.name,
+                                          uid=made.metadata.uid, controller=True, block_owner_deletion=False)]
     return core.create_namespaced_pod(namespace, client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name or f"warm-{uuid.uuid4().hex[:10]}", labels=labels,
-                                     finalizers=finalizers),
+        metadata=client.V1ObjectMeta(name=name or warmpods.warm_pod_name(job_id, version), labels=labels,
+                                     finalizers=finalizers, owner_references=owners),
         spec=client.V1PodSpec(node_name=node, service_account_name=sa_name, restart_policy="Never",
                               automount_service_account_token=False,
                               containers=[client.V1Container(name="agent", image="leoflow.test/none:0")])))

@@ -170,14 +170,16 @@ def exchange_log(lines: list[str], reason: str) -> list[str]:
 
 
 def test_a_refused_exchange_ends_the_pod_with_its_classified_record(pods, exchange_lines):
-    """A pod whose attempt was exchanged already (a replayed pod) is refused: the agent exits 3 and its
-    termination message, as the kubelet reports it, is the ``exchange_refused`` record ``outcome.decode`` reads;
-    neither the pod's spec nor the agent's log carries a token."""
+    """A pod whose attempt was exchanged already by an earlier pod of its name (a replayed pod: the ledger
+    recorded the earlier pod's UID) is refused: the agent exits 3 and its termination message, as the kubelet
+    reports it, is the ``exchange_refused`` record ``outcome.decode`` reads; neither the pod's spec nor the
+    agent's log carries a token."""
     ref = pods.attempt()
     pods.exchange.start()
     pod = pods.create_pod(ref)
+    earlier_uid = str(uuid.uuid4())
     assert pods.store.transition(ref, expected=[AttemptState.CLAIMED], to=AttemptState.DISPATCHED,
-                                 pod_name=pod.metadata.name, pod_uid=pod.metadata.uid)
+                                 pod_name=pod.metadata.name, pod_uid=earlier_uid)
     assert pods.store.record_exchange(ref, credential_id="JTI=an-earlier-pod")
     term = pods.terminated(pod)
     assert (term.exit_code, term.reason) == (EXIT_REFUSED, "Error"), pods.agent_log(pod)

@@ -64,7 +64,7 @@ def _scheduler_rules(*, patch: bool = True) -> list[client.V1PolicyRule]:
     return [client.V1PolicyRule(api_groups=[""], resources=["pods"], verbs=verbs),
             client.V1PolicyRule(api_groups=[""], resources=["serviceaccounts"], verbs=["get"]),
             # the warm pools' anchor ConfigMaps (access.SCHEDULER_RULES)
-            client.V1PolicyRule(api_groups=[""], resources=["configmaps"], verbs=["create", "list", "watch",
+            client.V1PolicyRule(api_groups=[""], resources=["configmaps"], verbs=["create", "get", "list",
                                                                                   "delete"])]
 
 

@@ -193,24 +193,33 @@ def test_a_pod_the_builder_made_is_exchanged_for_its_attempt(xenv):
 
 # --- refusals (acceptance: each a 403 with an error_id) --------------------------------------------------
 
-def test_a_token_with_the_wrong_audience_is_refused(xenv, caplog):
+def test_a_token_with_the_wrong_audience_is_refused(xenv, caplog, monkeypatch):
+    """A real pod token for another audience is refused from its unverified claims, before any TokenReview
+    (k8s review §10); TokenReview would not authenticate it for ours either."""
+    from leoflow_airflow.runtime.kubernetes.review import KubeClient
+
+    reviews = []
+    real_review = KubeClient.review
+    monkeypatch.setattr(KubeClient, "review", lambda self, *a: reviews.append(a) or real_review(self, *a))
     ref = xenv.attempt()
     pod = xenv.pod(ref)
     wrong = xenv.token(pod, audiences=["someone-else"])
-    assert refused(caplog, xenv.exchange(request_body(wrong))) == "unauthenticated"
+    assert refused(caplog, xenv.exchange(request_body(wrong))) == "implausible_token"
     api_audience = xenv.token(pod, audiences=["https://kubernetes.default.svc.cluster.local"])
-    assert refused(caplog, xenv.exchange(request_body(api_audience))) == "unauthenticated"
+    assert refused(caplog, xenv.exchange(request_body(api_audience))) == "implausible_token"
+    assert reviews == [] and not xenv.review(wrong).authenticated
     assert xenv.store.get(ref).exchanged_at is None
     assert xenv.exchange(request_body(xenv.token(pod))).status_code == 200  # the right one still works
 
 
 def test_another_service_accounts_token_is_refused(xenv, caplog):
-    """A pod running as another ServiceAccount of the namespace, carrying a current attempt's annotation."""
+    """A pod running as another ServiceAccount of the namespace, carrying a current attempt's annotation: its
+    token's own claims name the other ServiceAccount, so it is refused before any TokenReview."""
     ref = xenv.attempt()
     pod = xenv.pod(ref, sa_name=OTHER_SA)
     token = xenv.token(pod, sa_name=OTHER_SA)
-    assert xenv.review(token).authenticated  # Kubernetes accepts it: leoflow's username check refuses it
-    assert refused(caplog, xenv.exchange(request_body(token))) == "wrong_service_account"
+    assert xenv.review(token).authenticated  # Kubernetes accepts it: leoflow's ServiceAccount checks refuse it
+    assert refused(caplog, xenv.exchange(request_body(token))) == "implausible_token"
     assert xenv.store.get(ref).exchanged_at is None
 
 
@@ -278,9 +287,31 @@ def test_a_stale_epochs_pod_is_refused(xenv, caplog):
     assert r.status_code == 200 and decode_grant(r.content).attempt_epoch == 2
 
 
+def test_the_recorded_pod_may_exchange_again_after_a_lost_answer(xenv, caplog):
+    """k8s review §4: the ledger recorded the attempt's pod (name and UID, as the scheduler does at create); the
+    first 200 was lost. The same pod, with the same token and with a rotated one, is granted again (a fresh
+    workload token each time); a pod recreated under the name (another UID) is refused."""
+    from airflow.executors.workloads import ExecuteTask
+
+    ref = xenv.attempt()
+    pod = xenv.pod(ref)
+    assert xenv.store.record_facts(ref, expected=[AttemptState.DISPATCHED], pod_name=pod.metadata.name,
+                                   pod_uid=pod.metadata.uid)
+    token = xenv.token(pod)
+    answers = [xenv.exchange(request_body(t)) for t in (token, token, xenv.token(pod))]
+    assert [r.status_code for r in answers] == [200, 200, 200], [r.text for r in answers]
+    minted = {ExecuteTask.model_validate_json(decode_grant(r.content).workload).token for r in answers}
+    assert len(minted) == 3
+    row = xenv.store.get(ref)
+    assert row.state is AttemptState.DISPATCHED and row.exchanged_at is not None
+    xenv.delete_pod(pod.metadata.name)
+    second = xenv.pod(ref, name=pod.metadata.name)
+    assert refused(caplog, xenv.exchange(request_body(xenv.token(second)))) == "already_exchanged"
+
+
 def test_a_second_exchange_of_one_attempt_is_refused(xenv, caplog):
-    """The same token again, and a fresh token of the same pod (the kubelet's rotation): both refused; the
-    ledger keeps the first credential id."""
+    """With no pod recorded for the attempt, the same token again, and a fresh token of the same pod (the
+    kubelet's rotation): both refused; the ledger keeps the first credential id."""
     ref = xenv.attempt()
     pod = xenv.pod(ref)
     token = xenv.token(pod)
@@ -319,7 +350,7 @@ def test_a_closed_attempt_is_refused(xenv, caplog):
     (b"", "malformed_request"),
     (b"garbage", "malformed_request"),
     (b'{"token": "garbage"}', "malformed_token"),
-    (b'{"token": "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl"}', "unauthenticated"),
+    (b'{"token": "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl"}', "implausible_token"),
 ])
 def test_garbage_and_an_empty_body_are_refused(xenv, caplog, body, reason):
     assert refused(caplog, xenv.exchange(body)) == reason

@@ -105,11 +105,22 @@ def test_helm_lint_strict_passes_with_the_default_values_and_with_values_beside_
     ("leoflow.config.namespace=elsewhere", "invalid propertyName 'namespace'"),
     ("taskNamespace.name=Not_A_Label", "at '/taskNamespace/name': 'Not_A_Label' does not match"),
     ("rbac.secrets=true", "additional properties 'rbac' not allowed"),
+    ("taskNamespace.podSecurityVersion=latest", "at '/taskNamespace/podSecurityVersion': 'latest' does not match"),
 ])
 def test_values_the_schema_refuses_fail_the_render_naming_the_value(helm, setting, error):
     r = helm("template", RELEASE, str(CHART), "--set", setting)
     assert r.returncode != 0, f"--set {setting} was accepted"
     assert "values don't meet the specifications of the schema" in r.stderr and error in r.stderr, r.stderr
+
+
+def test_the_task_namespaces_pod_security_version_is_pinned_and_a_value(helm, tmp_path):
+    """k8s review §16c: ``enforce-version: latest`` would let a Kubernetes upgrade change admission under running
+    pools; the chart pins the version (default the cluster's v1.35) and lets the operator move it."""
+    [ns] = by_kind(render(helm, {}, tmp_path, namespace="data"), "Namespace")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce-version"] == "v1.35"
+    [ns] = by_kind(render(helm, {"taskNamespace": {"name": "t", "create": True, "podSecurityVersion": "v1.34"}},
+                          tmp_path, namespace="data"), "Namespace")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce-version"] == "v1.34"
 
 
 def test_an_existing_task_namespace_and_service_account_are_used_not_rendered(helm, tmp_path):
@@ -121,7 +132,8 @@ def test_an_existing_task_namespace_and_service_account_are_used_not_rendered(he
     assert cm["metadata"]["namespace"] == "data"
     options = yaml.safe_load(cm["data"]["airflow-values.yaml"])["config"]["leoflow"]
     assert (options["namespace"], options["service_account"]) == ("team-tasks", "runner")
-    subjects = {(s["name"], s["namespace"]) for o in objects if o["kind"].endswith("Binding") for s in o["subjects"]}
+    bindings = [o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    subjects = {(s["name"], s["namespace"]) for o in bindings for s in o["subjects"]}
     assert subjects == {("airflow-scheduler", "data"), ("airflow-api-server", "data")}
 
 
@@ -231,10 +243,13 @@ def test_the_rendered_objects_are_what_the_chart_promises(install, core):
         ("Role", "leoflow-scheduler"), ("RoleBinding", "leoflow-scheduler"),
         ("Role", "leoflow-api-server"), ("RoleBinding", "leoflow-api-server"),
         ("ClusterRole", f"leoflow-{install.airflow_ns}-tokenreview"),
-        ("ClusterRoleBinding", f"leoflow-{install.airflow_ns}-tokenreview")])
+        ("ClusterRoleBinding", f"leoflow-{install.airflow_ns}-tokenreview"),
+        ("ValidatingAdmissionPolicy", f"leoflow-{install.airflow_ns}-task-namespace"),
+        ("ValidatingAdmissionPolicyBinding", f"leoflow-{install.airflow_ns}-task-namespace")])
     assert not any(o["kind"] == "Secret" for o in install.objects)
     ns = core.read_namespace(install.task_ns)
     assert ns.metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert ns.metadata.labels["pod-security.kubernetes.io/enforce-version"] == "v1.35"
     sa = core.read_namespaced_service_account("leoflow-task", install.task_ns)
     assert sa.automount_service_account_token is False
     assert core.read_namespaced_config_map("leoflow", install.airflow_ns).data == install.config_map()
@@ -292,6 +307,7 @@ def _denied_matrix(install: Install) -> list[tuple[str, Rule, str]]:
         # create/delete configmaps in the task namespace are the warm pools' anchors (access.SCHEDULER_RULES)
         (Rule("delete", "configmaps", ""), other), (Rule("create", "configmaps", ""), other),
         (Rule("update", "configmaps", ""), task), (Rule("update", "configmaps", ""), other),
+        (Rule("watch", "configmaps", ""), task),  # nothing watches the anchors (k8s review §16c)
         (Rule("create", "serviceaccounts", "", subresource="token"), task),
         (Rule("update", "serviceaccounts", ""), task), (Rule("create", "serviceaccounts", ""), task),
         (Rule("create", "roles", "", group="rbac.authorization.k8s.io"), task),
@@ -391,10 +407,74 @@ def _attempt() -> PodAttempt:
                       run_id="manual__2026-01-01T00:00:00+00:00")
 
 
-def test_the_pod_leoflow_builds_from_the_chart_is_admitted_and_runs_the_images_agent(install, core, tmp_path):
+def _as_scheduler(install: Install, k8s_env, core: client.CoreV1Api, pod: client.V1Pod) -> client.V1Pod:
+    """Create ``pod`` in the task namespace as the scheduler's ServiceAccount (the chart's admission policy lets
+    only that identity create leoflow's pods), once the policy and the RoleBinding are in force."""
+    with _client_as(k8s_env, core, install.scheduler) as api:
+        as_scheduler = client.CoreV1Api(api)
+        return wait_for(lambda: _created_or_none(as_scheduler, install.task_ns, pod), 15,
+                        what="the scheduler's RoleBinding to take effect")
+
+
+def _created_or_none(core: client.CoreV1Api, ns: str, pod: client.V1Pod) -> client.V1Pod | None:
+    try:
+        return core.create_namespaced_pod(ns, pod)
+    except ApiException as e:
+        if e.status == 403 and "is forbidden: User" in (e.body or ""):
+            return None  # RBAC not in force yet
+        raise
+
+
+def test_only_the_scheduler_may_create_leoflows_pods_in_the_task_namespace(install, k8s_env, core, tmp_path):
+    """k8s review §8: whoever else can create pods there (a KubernetesPodOperator's identity, CI, a namespace
+    admin) cannot pre-create an attempt's pod or pose as a warm worker: the chart's ValidatingAdmissionPolicy
+    refuses any pod that carries leoflow's labels or annotations or runs as the task ServiceAccount, unless the
+    scheduler creates it. A pod of another kind is not judged."""
     _, _, settings, template = _settings_and_template(install, tmp_path)
     pod = build_pod(_attempt(), settings, template=template)
-    created = core.create_namespaced_pod(install.task_ns, pod)
+    refused = wait_for(lambda: _refused_by_policy(core, install.task_ns, pod), 20,
+                       what="the admission policy to take effect")
+    assert "only the scheduler may create pods with leoflow labels" in refused, refused
+    disguised = client.V1Pod(metadata=client.V1ObjectMeta(name="not-leoflow", labels={"leoflow.io/warm": "true"}),
+                             spec=pod.spec)
+    disguised.spec.service_account_name = "default"
+    assert _refused_by_policy(core, install.task_ns, disguised)
+    assert _as_scheduler(install, k8s_env, core, pod).metadata.uid
+    other = client.V1Pod(metadata=client.V1ObjectMeta(name="kpo-pod"), spec=client.V1PodSpec(
+        automount_service_account_token=False, security_context=pod.spec.security_context,
+        containers=[client.V1Container(name="c", image="busybox",
+                                       security_context=pod.spec.containers[0].security_context)]))
+    assert core.create_namespaced_pod(install.task_ns, other, dry_run="All").metadata.name == "kpo-pod"
+
+
+def test_only_a_kubelet_may_request_tokens_of_the_task_service_account(install, core):
+    """k8s review §8, the second route: a token of the task ServiceAccount with the exchange's audience, bound to a
+    victim pod, would let its holder exchange first. Only a kubelet (system:node:*) may request one there."""
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
+        audiences=["leoflow"], expiration_seconds=600))
+    with pytest.raises(ApiException) as err:
+        wait_for(lambda: core.create_namespaced_service_account_token("leoflow-task", install.task_ns, request)
+                 and None, 20, what="the admission policy to refuse the token request")
+    assert err.value.status in (403, 422) and "only a kubelet may request tokens" in err.value.body, err.value.body
+
+
+def _refused_by_policy(core: client.CoreV1Api, ns: str, pod: client.V1Pod) -> str | None:
+    """The refusal's body when the admission policy refuses ``pod`` (a dry run, nothing persisted), else None
+    (also None while the policy is not in force yet: the dry run then passes)."""
+    try:
+        core.create_namespaced_pod(ns, pod, dry_run="All")
+    except ApiException as e:
+        if e.status == 403 and "ValidatingAdmissionPolicy" in (e.body or ""):
+            return e.body
+        raise
+    return None
+
+
+def test_the_pod_leoflow_builds_from_the_chart_is_admitted_and_runs_the_images_agent(install, k8s_env, core,
+                                                                                    tmp_path):
+    _, _, settings, template = _settings_and_template(install, tmp_path)
+    pod = build_pod(_attempt(), settings, template=template)
+    created = _as_scheduler(install, k8s_env, core, pod)
     assert created.metadata.uid and created.spec.service_account_name == "leoflow-task"
     assert created.spec.security_context.run_as_user == 50000
     base = created.spec.containers[0]

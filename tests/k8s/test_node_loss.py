@@ -131,6 +131,11 @@ def test_a_lost_node_s_pod_is_failed_by_podgc_with_deletion_by_podgc_then_remove
     cond = _disruption(first_failed)
     assert cond is not None and (cond["status"], cond["reason"], cond["message"]) == (
         "True", "DeletionByPodGC", "PodGC: node no longer exists")
+    # no kubelet wrote that end: the container's last status is not terminated, so the phase alone is no proof of
+    # death while the task instance still heartbeats (a partitioned node runs it on; k8s review §14)
+    from leoflow_airflow.runtime.kubernetes.status import pod_view
+
+    assert pod_view(first_failed).agent is None, first_failed["status"].get("containerStatuses")
     assert after[-1][1] == "DELETED" and after[-1][2]["metadata"].get("deletionGracePeriodSeconds") == 0
     # 40 s quarantine at least; the measured figure is printed for the record (-s)
     assert first_dt >= 35, f"PodGC acted after {first_dt:.1f}s: sooner than its 40 s quarantine"

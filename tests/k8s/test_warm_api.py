@@ -82,8 +82,8 @@ class WarmEnv:
         assert r.status_code == 200, r.text
         return r.json()["credential"]
 
-    def await_(self, credential: str):
-        return self.http.post("/v1/warm/await", content=b"{}", headers={"authorization": f"Bearer {credential}"})
+    def await_(self, credential: str, body: bytes = b"{}"):
+        return self.http.post("/v1/warm/await", content=body, headers={"authorization": f"Bearer {credential}"})
 
     def post_outcome(self, credential: str, body: bytes | str):
         return self.http.post("/v1/outcome", content=body, headers={"authorization": f"Bearer {credential}"})
@@ -178,7 +178,10 @@ def test_a_task_pod_is_not_a_warm_pod(wenv, statsd):
     assert error(wenv.register(task_pod), 403) == "not_warm_pod"
     no_version = wenv.warm_pod(labels={"leoflow.io/warm": "true"})
     assert error(wenv.register(no_version), 403) == "not_warm_pod"
-    assert wenv.workers.get(task_pod.metadata.uid) is None and wenv.workers.get(no_version.metadata.uid) is None
+    # every warm label, but no anchor owns it (k8s review §1: what a forged pod would look like)
+    unanchored = wenv.warm_pod(anchored=False)
+    assert error(wenv.register(unanchored), 403) == "not_warm_pod"
+    assert all(wenv.workers.get(p.metadata.uid) is None for p in (task_pod, no_version, unanchored))
     names = statsd.wait_names({"leoflow.warm.register.denied.not_warm_pod"})
     assert "leoflow.warm.register.denied.not_warm_pod" in names and "leoflow.warm.register.ok" not in names, names
 
@@ -196,9 +199,10 @@ def test_a_deleting_pod_is_refused_though_kubernetes_still_accepts_its_token(wen
 
 def test_wrong_audience_and_other_pods_tokens_are_refused(wenv):
     pod = wenv.warm_pod()
-    assert error(wenv.register(pod, audiences=["someone-else"]), 403) == "unauthenticated"
+    # refused from the token's own (unverified) claims, before any TokenReview (k8s review §10)
+    assert error(wenv.register(pod, audiences=["someone-else"]), 403) == "implausible_token"
     other = wenv.warm_pod(sa_name=OTHER_SA)
-    assert error(wenv.register(other, sa_name=OTHER_SA), 403) == "wrong_service_account"
+    assert error(wenv.register(other, sa_name=OTHER_SA), 403) == "implausible_token"
     # a token of a pod since replaced by another pod of the same name
     first = wenv.warm_pod()
     old_token = wenv.token(first)
@@ -260,9 +264,38 @@ def test_await_delivers_an_assignment_made_during_the_wait_with_a_fresh_workload
     assert (row.state, row.ref, row.attempts_taken) == ("busy", ref, 1)
     attempt = wenv.store.get(ref)
     assert attempt.exchanged_at is not None and attempt.exchange_credential_id == f"warm:{pod.metadata.uid}"
-    # the next await: the worker holds nothing any more
+    # the next await keeps the attempt while its outcome is unknown (k8s review §3), and lets go of it once the
+    # record landed
+    assert wenv.await_(credential).status_code == 204
+    assert wenv.workers.get(pod.metadata.uid).state == "busy"
+    assert wenv.post_outcome(credential, record_of(ref)).status_code == 200
     assert wenv.await_(credential).status_code == 204
     assert wenv.workers.get(pod.metadata.uid).state == "idle"
+
+
+def test_a_lost_await_answer_is_delivered_again_with_a_fresh_token(wenv):
+    """k8s review §4: the 200 that delivered an attempt was lost; the worker's next await says it took nothing
+    (or another attempt), so the same attempt is handed again with a newly minted token; a worker that says it
+    ran the attempt is not handed it again and keeps it (outcome unknown)."""
+    import json as _json
+
+    from airflow.executors.workloads import ExecuteTask
+
+    pod = wenv.warm_pod()
+    credential = wenv.registered(pod)
+    ref = wenv.attempt()
+    wenv.assign(pod, ref)
+    first = wenv.await_(credential, b'{"taken": null}')
+    assert first.status_code == 200
+    again = wenv.await_(credential, b'{"taken": null}')  # the first answer never reached the worker
+    assert again.status_code == 200 and again.json()["ti_id"] == ref.ti_id, again.text
+    tokens = {ExecuteTask.model_validate(r.json()["workload"]).token for r in (first, again)}
+    assert len(tokens) == 2
+    taken = _json.dumps({"taken": {"ti_id": ref.ti_id, "try_number": ref.try_number,
+                                   "attempt_epoch": ref.attempt_epoch}}).encode()
+    assert wenv.await_(credential, taken).status_code == 204
+    row = wenv.workers.get(pod.metadata.uid)
+    assert (row.state, row.ref, row.attempts_taken) == ("busy", ref, 1)
 
 
 def test_a_stale_epochs_assignment_is_never_delivered_but_unassigned(wenv):
@@ -291,7 +324,8 @@ def test_a_claimed_attempt_waits_for_dispatch_and_a_closed_one_is_unassigned(wen
 
     assert wenv.store.transition(closed, expected=[AttemptState.DISPATCHED], to=AttemptState.CLOSED,
                                  resolution=Resolution.MOVED_ON)
-    assert wenv.await_(credential).status_code == 204  # releases the first attempt
+    assert wenv.post_outcome(credential, record_of(ref)).status_code == 200
+    assert wenv.await_(credential).status_code == 204  # releases the first attempt (its record landed)
     wenv.assign(pod, closed)
     assert wenv.await_(credential).status_code == 204
     assert wenv.workers.get(pod.metadata.uid).state == "idle"
@@ -318,6 +352,19 @@ def record_of(ref: AttemptRef, state: str = "success") -> str:
                                    attempt=outcome.AttemptIdentity(ref.ti_id, ref.try_number, ref.attempt_epoch),
                                    api_version="2026-06-30")
     return outcome.encode(rec)
+
+
+def test_an_attempt_that_ends_during_its_kill_still_delivers_its_record(wenv):
+    """A kill of a warm attempt first marks the row ``killing`` (guarded on the attempt it holds, so the delete
+    never reaches a newer one); an attempt that ends within the kill's grace still stores its record."""
+    pod = wenv.warm_pod()
+    credential = wenv.registered(pod)
+    ref = wenv.attempt()
+    wenv.assign(pod, ref)
+    assert wenv.await_(credential).status_code == 200
+    assert wenv.workers.mark_killing(pod.metadata.uid, ref)
+    r = wenv.post_outcome(credential, record_of(ref))
+    assert r.status_code == 200 and r.json() == {"stored": True}, r.text
 
 
 def test_outcome_stores_the_first_record_of_the_held_attempt_only(wenv, statsd):

@@ -60,8 +60,9 @@ def test_the_agent_reads_what_the_pod_builder_sets():
     """The pod builder (control plane) and the agent cannot import each other's modules: the names must agree."""
     from leoflow_airflow.runtime.kubernetes import pod
 
-    assert (pod.ENV_EXCHANGE_URL, pod.ENV_TOKEN_FILE, pod.ENV_MESSAGE_BUDGET, pod.ENV_CEILING) == (
-        podmain.ENV_EXCHANGE_URL, podmain.ENV_TOKEN_FILE, podmain.ENV_MESSAGE_BUDGET, podmain.ENV_CEILING)
+    assert (pod.ENV_EXCHANGE_URL, pod.ENV_TOKEN_FILE, pod.ENV_MESSAGE_BUDGET, pod.ENV_CEILING, pod.ENV_LEASE) == (
+        podmain.ENV_EXCHANGE_URL, podmain.ENV_TOKEN_FILE, podmain.ENV_MESSAGE_BUDGET, podmain.ENV_CEILING,
+        podmain.ENV_LEASE)
     assert pod.TERMINATION_MESSAGE_PATH == podmain.TERMINATION_MESSAGE_PATH
     assert pod.AGENT_ARGS[-3:] == ("-m", "leoflow_agent", "pod")
     with pytest.raises(SystemExit) as exc:

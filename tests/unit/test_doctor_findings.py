@@ -182,6 +182,34 @@ def test_the_probe_verifies_only_with_the_same_key_and_audience():
     assert probe_token.verify_probe(workload, _validator(SECRET, ["urn:task"])) == "not_a_probe"
 
 
+def test_the_probe_check_is_no_validity_oracle_for_task_tokens_and_verifies_none_of_them():
+    """k8s review §16a: a valid task token, one signed with another key and an expired one all answer the same
+    ``not_a_probe``, and none of them costs a signature verification (the validator is never called)."""
+    import time
+
+    import jwt
+
+    class Counting:
+        def __init__(self, real):
+            self.real, self.calls = real, 0
+
+        def validated_claims(self, token):
+            self.calls += 1
+            return self.real.validated_claims(token)
+
+    validator = Counting(_validator(SECRET, ["urn:task"]))
+    valid = _generator(SECRET, "urn:task").generate(extras={"sub": "ti-1", "scope": "execution"})
+    forged = _generator("t" * 86, "urn:task").generate(extras={"sub": "ti-1", "scope": "execution"})
+    now = int(time.time())
+    expired = jwt.encode({"sub": "ti-1", "scope": "execution", "aud": "urn:task", "iat": now - 900,
+                          "nbf": now - 900, "exp": now - 600}, SECRET, algorithm="HS512")
+    answers = {probe_token.verify_probe(t, validator) for t in (valid, forged, expired)}
+    assert answers == {"not_a_probe"} and validator.calls == 0
+    assert probe_token.verify_probe("x.y", validator) == "malformed" and validator.calls == 0
+    assert probe_token.verify_probe(probe_token.mint_probe(_generator(SECRET, "urn:task")), validator) == "verified"
+    assert validator.calls == 1
+
+
 def test_a_probe_token_is_refused_by_the_execution_apis_claims_model():
     """Its scope is none the Execution API knows, so a leaked probe token opens no route."""
     from pydantic import ValidationError
@@ -224,6 +252,16 @@ def test_the_verify_route_answers_only_a_reason(verify):
     assert verify({"token": probe_token.mint_probe(_generator(SECRET, "urn:x"))}).json()["accepted_audiences"] == [
         "urn:airflow.apache.org:task"]
     assert verify({"nothing": 1}).json()["reason"] == "malformed"
+
+
+def test_the_verify_route_answers_every_task_token_alike_without_building_a_validator(verify, monkeypatch):
+    """k8s review §16a, over HTTP: a valid task token and a forged one answer the same body, and the route never
+    reaches the key configuration for them (an anonymous call costs no verification)."""
+    monkeypatch.setattr(probe_token, "cached_validator", lambda: pytest.fail("a non-probe token was verified"))
+    valid = _generator(SECRET, "urn:airflow.apache.org:task").generate(extras={"sub": "ti", "scope": "execution"})
+    forged = _generator("t" * 86, "urn:airflow.apache.org:task").generate(extras={"sub": "ti", "scope": "execution"})
+    first, second = verify({"token": valid}).json(), verify({"token": forged}).json()
+    assert first == second and first["reason"] == "not_a_probe"
 
 
 def test_the_verify_route_says_no_key_when_the_api_server_has_none(verify, monkeypatch):

@@ -124,12 +124,13 @@ def test_a_stale_refusal_names_leoflow_both_epochs_and_the_error_id():
 # --- the middleware ----------------------------------------------------------------------------------
 
 class Ledger:
-    """The ledger read, stood in for: ``{ti_id: (try_number, attempt_epoch)}``; ``broken`` raises instead."""
+    """The ledger read, stood in for: ``{ti_id: (try_number, attempt_epoch[, superseded])}``; ``broken`` raises
+    instead."""
 
-    def __init__(self, rows: dict[str, tuple[int, int]]) -> None:
+    def __init__(self, rows: dict[str, tuple[int, ...]]) -> None:
         self.rows, self.reads, self.broken = rows, [], False
 
-    def __call__(self, ti_id: str) -> tuple[int, int] | None:
+    def __call__(self, ti_id: str) -> tuple[int, ...] | None:
         self.reads.append(ti_id)
         if self.broken:
             raise OSError("database unreachable")
@@ -212,6 +213,31 @@ def test_a_ledger_read_error_fails_open_with_one_warning_a_minute(caplog):
     assert "1 Execution API request(s)" in warnings[0] and "3 Execution API request(s)" in warnings[1]
     ledger.broken = False
     assert _call(fence, HB, header=_header(epoch=1))[0] == 409  # no cache: judged again at once
+
+
+def test_a_superseded_try_is_refused_whatever_its_header_says():
+    """A clear, a retry or an infra re-drive gave the task instance a new ``ti_id``: every call of the old one is
+    refused, even one naming the epoch that was current, because Airflow takes a superseded try's XCom and
+    Variable writes (k8s review; DESIGN §2 Invariant 1)."""
+    for header in (_header(epoch=2), _header(epoch=1), None):
+        verdict = decide(ti_id=TI, header=header, current=(1, 2), superseded=True)
+        assert (verdict.allowed, verdict.reason) == (False, fencing.SUPERSEDED)
+        assert "no longer its task's current try" in verdict.message and TI in verdict.message
+        assert refusal_body(verdict, "e9")["detail"]["reason"] == "leoflow_superseded_try"
+    assert decide(ti_id=TI, header=None, current=None, superseded=True) == PASS  # not leoflow's task
+    assert fencing.fence_reason({"detail": {"reason": fencing.SUPERSEDED}}) == fencing.SUPERSEDED
+
+
+def test_the_middleware_refuses_every_route_of_a_superseded_try():
+    ledger, reached = Ledger({TI: (1, 2, True), OTHER: (1, 1, False)}), []
+    fence = _served(ExecutionFence(None, lookup=ledger), reached)
+    for path in (HB, f"/execution/xcoms/d/r/t/return_value", "/execution/variables/k",
+                 "/execution/asset-events/by-asset", f"/execution/task-instances/{TI}/state"):
+        status, _, body = _call(fence, path, header=_header(epoch=2))
+        assert (status, body["detail"]["reason"]) == (409, fencing.SUPERSEDED), path
+    assert reached == []
+    other = f"/execution/task-instances/{OTHER}/heartbeat"
+    assert _call(fence, other, token_sub=OTHER, header=_header(ti_id=OTHER, epoch=1))[0] == 204
 
 
 # --- the agent's side --------------------------------------------------------------------------------

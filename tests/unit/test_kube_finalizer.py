@@ -359,3 +359,38 @@ def test_release_pods_is_an_airflow_leoflow_command_with_its_options():
     [command] = [c for c in group.subcommands if c.name == "release-pods"]
     assert command.func is cli.release_pods
     assert [a.flags for a in command.args] == [("--namespace",), ("--dry-run",)]
+
+
+def test_collect_leaves_pods_of_another_installation_alone(runtime, tmp_path):
+    """k8s review §5: two installations share the task namespace (the default ``[leoflow] namespace``). A pod of
+    the other one ended, holds leoflow's finalizer and names an attempt this ledger never held: its record is
+    the other scheduler's to read, so this scheduler's GC neither releases nor deletes it, however long it ends."""
+    import dataclasses
+
+    import sqlalchemy as sa
+
+    from leoflow_airflow.ledger.models import metadata
+    from leoflow_airflow.ledger.store import LedgerStore
+    from leoflow_airflow.lifecycle.core import Lifecycle
+
+    rt, core, clock = runtime
+    rt.kube = dataclasses.replace(rt.kube, pod_retention_success=0, pod_retention_failure=0)
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+    metadata.create_all(engine)
+    ledger = SimpleNamespace(ledger=LedgerStore(engine))  # this installation's ledger: it holds no attempt
+
+    def is_closed(ti_id, epoch):  # what the lifecycle answers the runtime's collect
+        return Lifecycle._is_closed(ledger, ti_id, epoch)
+
+    deletes: list[str] = []
+    core.delete_namespaced_pod = lambda name, namespace, **kw: deletes.append(name)
+    core.add("theirs", ref=AttemptRef(str(uuid.uuid4()), 1, 1), phase="Succeeded")
+    core.add("theirs-deleted", ref=AttemptRef(str(uuid.uuid4()), 1, 1), phase="Failed", deleting=True)
+    for _ in range(2):
+        clock[0] += 31  # every sweep
+        assert rt.collect(is_closed) == 0
+        settle(rt)
+    assert {n: p["metadata"]["finalizers"] for n, p in core.pods.items()} == {"theirs": [FIN],
+                                                                              "theirs-deleted": [FIN]}
+    assert not core.patches and deletes == []
+    engine.dispose()

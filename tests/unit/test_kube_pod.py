@@ -144,6 +144,7 @@ def test_the_plain_pod_is_restricted_credential_free_and_runs_the_agent():
         "LEOFLOW_TOKEN_FILE": "/var/run/secrets/leoflow/token",
         "LEOFLOW_TERMINATION_MESSAGE_BUDGET": "4096",
         "LEOFLOW_CREDENTIAL_CEILING_SECONDS": "604800",
+        "LEOFLOW_AGENT_LEASE_SECONDS": "45",
     }
     [vol] = spec.volumes
     [src] = vol.projected.sources
@@ -218,6 +219,16 @@ def test_active_deadline_is_the_ceiling_unless_a_layer_asks_for_less():
                     executor_config=cfg)
     assert got.spec.active_deadline_seconds == 3600
     assert env_of(agent(got))["LEOFLOW_CREDENTIAL_CEILING_SECONDS"] == "3600"
+
+
+def test_the_agent_gets_its_lease_from_the_scheduler_settings():
+    """k8s review §14: ``[leoflow] agent_lease_seconds`` reaches every task pod's agent (warm pods are built by the
+    same builder), and a template or override cannot set another."""
+    cfg = override(containers=[k8s.V1Container(name="base", env=[k8s.V1EnvVar(name="LEOFLOW_AGENT_LEASE_SECONDS",
+                                                                                value="100000")])])
+    got = build_pod(attempt(), kube(agent_lease_seconds="30", pod_override_allow="spec.containers"),
+                    executor_config=cfg)
+    assert [e.value for e in agent(got).env if e.name == "LEOFLOW_AGENT_LEASE_SECONDS"] == ["30"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -385,3 +396,92 @@ def test_a_second_service_account_token_is_refused():
             service_account_token=k8s.V1ServiceAccountTokenProjection(audience="other", path="t"))]))]))
     [vol] = build_pod(attempt(), kube(), template=own).spec.volumes
     assert vol.projected.sources[0].service_account_token.audience == "urn:leoflow:exchange"
+
+
+# --------------------------------------------------------------------------------------------------
+# Secrets (k8s review §9)
+
+
+def _secret_env(name: str, secret: str, key: str = "k") -> k8s.V1EnvVar:
+    return k8s.V1EnvVar(name=name, value_from=k8s.V1EnvVarSource(
+        secret_key_ref=k8s.V1SecretKeySelector(name=secret, key=key)))
+
+
+def test_a_pod_never_carries_a_secret_reference_leoflow_did_not_allow():
+    """Every route by which a Secret reaches a container is refused, naming the field, when a pod_override or a
+    hook brings it in, unless ``[leoflow] pod_secret_allow`` names the Secret; the operator's template keeps its
+    own (the README's remote-logging credentials). The exchange token is the agent container's alone, and
+    ``agent_env_deny`` holds for pod environments too."""
+    wide = "spec.containers, spec.initContainers, spec.volumes"
+
+    def refused(field: str, **kw) -> PodRefused:
+        with pytest.raises(PodRefused) as err:
+            build_pod(attempt(), kw.pop("cfg", kube(pod_override_allow=wide)), **kw)
+        assert err.value.field == field, err.value
+        return err.value
+
+    # a DAG author's pod_override, by each route (the default allowlist already lets env through)
+    env_ref = override(containers=[k8s.V1Container(name="base", env=[_secret_env("DB", "prod-db", "password")])])
+    err = refused("spec.containers.env.valueFrom.secretKeyRef", cfg=kube(), executor_config=env_ref)
+    assert "'prod-db'" in str(err) and "pod_secret_allow" in str(err)
+    env_from = override(containers=[k8s.V1Container(name="base", env_from=[
+        k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name="airflow-secrets"))])])
+    refused("spec.containers.envFrom.secretRef", executor_config=env_from)
+    sa_token = override(spec={"volumes": [k8s.V1Volume(name="legacy", secret=k8s.V1SecretVolumeSource(
+        secret_name="default-token-abcde"))]}, containers=[k8s.V1Container(name="base")])
+    refused("spec.volumes.secret", executor_config=sa_token)
+    projected = override(spec={"volumes": [k8s.V1Volume(name="p", projected=k8s.V1ProjectedVolumeSource(sources=[
+        k8s.V1VolumeProjection(secret=k8s.V1SecretProjection(name="prod-db"))]))]},
+        containers=[k8s.V1Container(name="base")])
+    refused("spec.volumes.projected.sources.secret", executor_config=projected)
+    init = override(spec={"init_containers": [k8s.V1Container(name="fetch", image="i", env=[
+        _secret_env("DB", "prod-db")])]}, containers=[k8s.V1Container(name="base")])
+    refused("spec.initContainers.env.valueFrom.secretKeyRef", executor_config=init)
+
+    # hooks get no more than an override
+    def hook(pod):
+        pod.spec.init_containers = [k8s.V1Container(name="x", image="i", env_from=[
+            k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name="prod-db"))])]
+
+    refused("spec.initContainers.envFrom.secretRef", mutation_hook=hook)
+
+    def plugin(pod, _attempt):
+        pod.spec.volumes.append(k8s.V1Volume(name="s", secret=k8s.V1SecretVolumeSource(secret_name="prod-db")))
+
+    refused("spec.volumes.secret", plugin_hook=plugin)
+
+    # the operator's allowlist, by Secret name
+    allowed = kube(pod_secret_allow="prod-db")
+    got = build_pod(attempt(), allowed, executor_config=env_ref)
+    assert [e.value_from.secret_key_ref.name for e in agent(got).env if e.value_from] == ["prod-db"]
+    build_pod(attempt(), allowed, plugin_hook=plugin)
+    refused("spec.containers.envFrom.secretRef", cfg=kube(pod_override_allow=wide, pod_secret_allow="prod-db"),
+            executor_config=env_from)
+
+    # the template's references are the operator's; an override may not point them elsewhere
+    template = k8s.V1Pod(spec=k8s.V1PodSpec(containers=[k8s.V1Container(
+        name="base", env=[_secret_env("AWS_SECRET_ACCESS_KEY", "leoflow-logs", "secret")])]))
+    got = build_pod(attempt(), kube(), template=template)
+    assert agent(got).env[0].value_from.secret_key_ref.name == "leoflow-logs"
+    other_key = override(containers=[k8s.V1Container(name="base", env=[
+        _secret_env("AWS_SECRET_ACCESS_KEY", "leoflow-logs", "admin-key")])])
+    refused("spec.containers.env.valueFrom.secretKeyRef", cfg=kube(), template=template, executor_config=other_key)
+
+    # the exchange token: the agent container's alone, whichever layer adds the mount
+    mount = [k8s.V1VolumeMount(name="leoflow-token", mount_path="/t")]
+    sidecar = k8s.V1Pod(spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="base"),
+                                                       k8s.V1Container(name="side", image="i", volume_mounts=mount)]))
+    err = refused("spec.containers.volumeMounts", template=sidecar)
+    assert "'side'" in str(err)
+    init_mount = k8s.V1Pod(spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="base")], init_containers=[
+        k8s.V1Container(name="first", image="i", volume_mounts=mount)]))
+    refused("spec.initContainers.volumeMounts", template=init_mount)
+
+    # [leoflow] agent_env_deny holds for pods as for Lite agents; a denied forwarded variable is left out
+    vault = k8s.V1Pod(spec=k8s.V1PodSpec(containers=[k8s.V1Container(
+        name="base", env=[k8s.V1EnvVar(name="VAULT_TOKEN", value="s.xyz")])]))
+    err = refused("spec.containers.env", cfg=kube(agent_env_deny="VAULT_*"), template=vault)
+    assert "VAULT_TOKEN" in str(err) and "agent_env_deny" in str(err)
+    assert "VAULT_TOKEN" in env_of(agent(build_pod(attempt(), kube(), template=vault)))
+    forwarded = build_pod(attempt(), kube(agent_env_deny="VAULT_*"), forward_env={"VAULT_ADDR": "x", "TZ": "UTC"})
+    assert "VAULT_ADDR" not in env_of(agent(forwarded)) and env_of(agent(forwarded))["TZ"] == "UTC"

@@ -349,3 +349,107 @@ def test_poll_looks_at_pods_that_changed_at_once_and_at_the_others_in_turn(monke
     finally:
         core.release.set()
         rt.terminate()
+
+
+def test_evidence_waits_for_the_first_list_but_not_for_ever(monkeypatch):
+    """k8s review §2: until the pod cache's first LIST ended, an ended attempt's evidence is "not known yet" (the
+    lifecycle then neither settles it nor resets it as lost); past ``EVIDENCE_SYNC_WAIT_SECONDS`` after start (an
+    API server that stays unreachable) the cache's answer is taken, so nothing waits for ever."""
+    from leoflow_airflow.runtime.kubernetes.runtime import EVIDENCE_SYNC_WAIT_SECONDS
+
+    class Unsynced(StubInformer):
+        synced = False
+
+    monkeypatch.setattr("kubernetes.client.CoreV1Api", lambda api: StubCore())
+    conf = {"runtime": "kubernetes", "image": "img:1", "exchange_url": "http://x/leoflow"}
+    clock = [1000.0]
+    rt = KubernetesRuntime(leoflow_settings.load(lambda section, key, fallback: conf.get(key, fallback)),
+                           api_client_factory=lambda: SimpleNamespace(), informer_factory=Unsynced,
+                           mutation_hook=False, monotonic=lambda: clock[0])
+    ref = AttemptRef(str(uuid.uuid4()), 1, 1)
+    attempt = SimpleNamespace(ref=ref, pod_name="p", pod_uid="u", dag_id="d", task_id="t", run_id="r", map_index=-1)
+    try:
+        rt.start()
+        assert not rt.evidence(attempt).known
+        clock[0] += EVIDENCE_SYNC_WAIT_SECONDS + 1
+        evidence = rt.evidence(attempt)
+        assert evidence.known and evidence.record is None
+    finally:
+        rt.terminate()
+
+
+# --- k8s review §14: no pod object alone proves a death while the task instance heartbeats ---------------------
+def _views_runtime(monkeypatch, clock: list[float]) -> KubernetesRuntime:
+    monkeypatch.setattr("kubernetes.client.CoreV1Api", lambda api: StubCore())
+    conf = {"runtime": "kubernetes", "image": "img:1", "exchange_url": "http://x/leoflow"}
+    rt = KubernetesRuntime(leoflow_settings.load(lambda section, key, fallback: conf.get(key, fallback)),
+                           api_client_factory=lambda: SimpleNamespace(), informer_factory=ViewsInformer,
+                           mutation_hook=False, monotonic=lambda: clock[0])
+    rt.start()
+    return rt
+
+
+def _partitioned_pod(name: str, uid: str, *, phase: str = "Running", deleting: bool = True,
+                     container: dict | None = None):
+    """A pod on a node whose kubelet reports nothing any more: deleted (grace 30 s) and/or marked ``phase`` by
+    the control plane, its agent container still ``running`` as last reported."""
+    from leoflow_airflow.runtime.kubernetes.status import pod_view
+
+    meta = {"name": name, "uid": uid, "namespace": "ns"}
+    if deleting:
+        meta |= {"deletionTimestamp": "2026-01-01T00:00:00Z", "deletionGracePeriodSeconds": 30}
+    status = {"phase": phase, "containerStatuses": [{"name": "base", "state": container or {"running": {}}}]}
+    return pod_view({"metadata": meta, "spec": {"nodeName": "node-1"}, "status": status})
+
+
+def _attempt(name: str, uid: str):
+    ref = AttemptRef(str(uuid.uuid4()), 1, 1)
+    return ref, SimpleNamespace(ref=ref, pod_name=name, pod_uid=uid, dag_id="d", task_id="t", run_id="r",
+                                map_index=-1)
+
+
+def test_the_valve_waits_while_the_task_heartbeats(monkeypatch):
+    """k8s review §14: a partitioned node's pod is deleted (taint manager, a kill) and its kubelet never acts on
+    it, but its task still runs and heartbeats through the API server. Past its grace period plus ``[leoflow]
+    pod_termination_valve`` the attempt must stay LIVE while the heartbeat is 3 s old (a re-run now would run
+    the task twice); once the heartbeat is silent past ``[leoflow] agent_lost_threshold`` it is GONE, an infra
+    loss naming the valve."""
+    from leoflow_airflow.lifecycle.runtime import EndKind
+
+    clock = [1000.0]
+    rt = _views_runtime(monkeypatch, clock)
+    try:
+        rt.informer.pods["p"] = _partitioned_pod("p", "u")
+        ref, attempt = _attempt("p", "u")
+        assert rt.observe([attempt], {ref: 3.0})[ref] is Presence.LIVE  # within the grace period
+        clock[0] += 30 + rt.kube.pod_termination_valve + 1
+        assert rt.observe([attempt], {ref: 3.0})[ref] is Presence.LIVE  # past grace + valve: still heartbeating
+        silent = rt.settings.agent_lost_threshold + 1
+        assert rt.observe([attempt], {ref: silent})[ref] is Presence.GONE
+        evidence = rt.evidence(attempt)
+        assert evidence.cause is not None and evidence.cause.kind is EndKind.INFRA_LOSS
+        assert "pod_termination_valve" in evidence.cause.reason
+        assert rt.observe([attempt], {ref: 3.0})[ref] is Presence.LIVE  # a heartbeat again: alive after all
+    finally:
+        rt.terminate()
+
+
+def test_podgc_failed_is_no_proof_while_the_task_heartbeats(monkeypatch):
+    """k8s review §14: PodGC marks the pods of a deleted Node ``Failed`` (no kubelet wrote it: the agent
+    container's last status is still ``running``), while the partitioned node runs the task on. That phase is
+    proof of death only once the heartbeat is silent; the kubelet's own ``terminated`` status stays proof at
+    once, heartbeat or not."""
+    clock = [1000.0]
+    rt = _views_runtime(monkeypatch, clock)
+    try:
+        rt.informer.pods["p"] = _partitioned_pod("p", "u", phase="Failed")
+        ref, attempt = _attempt("p", "u")
+        assert rt.observe([attempt], {ref: 3.0})[ref] is Presence.LIVE
+        assert rt.observe([attempt], {ref: rt.settings.agent_lost_threshold + 1})[ref] is Presence.GONE
+        assert rt.observe([attempt], {ref: None})[ref] is Presence.GONE  # no heartbeat known: the phase decides
+        rt.informer.pods["q"] = _partitioned_pod("q", "v", phase="Failed", deleting=False,
+                                                 container={"terminated": {"exitCode": 137, "reason": "Error"}})
+        ref2, attempt2 = _attempt("q", "v")
+        assert rt.observe([attempt2], {ref2: 3.0})[ref2] is Presence.GONE  # the kubelet saw it end
+    finally:
+        rt.terminate()

@@ -207,3 +207,17 @@ def test_a_deleted_pod_should_stop_by_its_grace_and_a_second_delete_only_shorten
 def test_the_valve_opens_its_length_past_the_deadline(now, valve, opened):
     assert decide.valve_open(100.0, now=now, valve=valve) is opened
     assert decide.valve_open(None, now=now, valve=valve) is False  # nothing deleted: nothing to confirm
+
+
+def test_a_fresh_heartbeat_keeps_the_valve_shut_and_a_missing_pod_live():
+    """k8s review §14: the valve opens only once the TI's heartbeat is silent past ``silent_after`` (``[leoflow]
+    agent_lost_threshold``) or unknown; a pod gone from the API server (404) is GONE only then, too."""
+    assert decide.valve_open(100.0, now=200.0, valve=60.0, heartbeat_age=3.0, silent_after=120.0) is False
+    assert decide.valve_open(100.0, now=200.0, valve=60.0, heartbeat_age=121.0, silent_after=120.0) is True
+    assert decide.valve_open(100.0, now=200.0, valve=60.0, heartbeat_age=None, silent_after=120.0) is True
+    fresh = {"heartbeat_age": 3.0, "silent_after": 120.0}
+    assert decide.presence(None, Read(99.0, None), uid="u1", ref=REF, now=100.0, read_reuse=10.0,
+                           **fresh)[0] is Presence.LIVE
+    never_bound = View("u1", REF, deleting=True, node_name=None)
+    assert decide.presence(never_bound, None, uid="u1", ref=REF, now=100.0, read_reuse=10.0,
+                           **fresh)[0] is Presence.GONE  # it never ran: no heartbeat of it can be fresh

@@ -181,3 +181,37 @@ def test_read_values_checks_the_orphan_run_threshold():
     values = ladder.read_values(settings.load(get=lambda s, k, f: f), getfloat=lambda s, k, f: f)
     assert values.orphan_run_threshold == 240
     assert ladder.evaluate(values).violations == ()
+
+
+@pytest.mark.parametrize(("lease", "cleanup", "threshold", "refused"), [
+    (45, 60, 120, False),   # the defaults: the pod has killed its task 105 s after its last answer
+    (60, 60, 120, True),    # 120 s: the scheduler's re-run may start while the kill's grace still runs
+    (70, 40, 120, False),
+    (70, 40, 110, True),
+])
+def test_the_agents_lease_and_kill_end_before_the_scheduler_takes_silence_for_death(lease, cleanup, threshold,
+                                                                                     refused):
+    """k8s review §14: a task pod cut off from the API server kills its task ``agent_lease_seconds`` after its last
+    answer, SIGKILL ``[core] killed_task_cleanup_time`` later; the scheduler re-runs it once the heartbeat is
+    silent for ``agent_lost_threshold``. Refused unless the pod's end comes first, naming each key and value."""
+    values = replace(DEFAULTS, agent_lease_seconds=lease, killed_task_cleanup_time=cleanup,
+                     agent_lost_threshold=threshold)
+    rungs = [r for r in ladder.evaluate(values).violations if r.rung == "agent_lease"]
+    assert bool(rungs) is refused
+    if refused:
+        assert rungs[0].values == {"leoflow.agent_lease_seconds": lease, "core.killed_task_cleanup_time": cleanup,
+                                   "leoflow.agent_lost_threshold": threshold}
+        for text in (f"agent_lease_seconds ({lease:g})", f"killed_task_cleanup_time ({cleanup:g})",
+                     f"agent_lost_threshold ({threshold:g})"):
+            assert text in rungs[0].message
+
+
+def test_only_kubernetes_reads_the_agents_lease():
+    """Lite takes no lease (a pid proves a death there): its ladder never checks one."""
+    lite = settings.load(lambda sec, key, fb: {"agent_lease_seconds": "500"}.get(key, fb))
+    assert ladder.read_values(lite, lambda s, k, f: f).agent_lease_seconds is None
+    conf = {"runtime": "kubernetes", "image": "img:1", "exchange_url": "http://x/leoflow", "agent_lease_seconds": "500"}
+    kube = settings.load(lambda sec, key, fb: conf.get(key, fb))
+    values = ladder.read_values(kube, lambda s, k, f: f)
+    assert values.agent_lease_seconds == 500
+    assert [r.rung for r in ladder.evaluate(values).violations] == ["agent_lease"]

@@ -87,6 +87,38 @@ def test_current_ref_names_the_highest_epoch_as_current_does(store):
     assert store.current_ref(ti) == store.current(ti).ref == AttemptRef(ti, 4, 2)
 
 
+def test_the_fence_read_tells_a_superseded_try_from_the_current_one(store):
+    """The Execution API fence's one statement (:func:`leoflow_airflow.api.execution_fence.superseded_try`) on
+    Airflow's own tables: a ``ti_id`` whose ``task_instance`` row is still there is current; once a newer try
+    took a new id and the old one went to ``task_instance_history``, the old one reads superseded; an id in
+    neither table is left to Airflow (not superseded); a ``ti_id`` leoflow never ran reads None."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.taskinstancehistory import TaskInstanceHistory
+
+    from leoflow_airflow.api.execution_fence import superseded_try
+
+    narrow = sa.MetaData()  # only the key columns, typed as Airflow stores them
+    ti = sa.Table(TaskInstance.__table__.name, narrow,
+                  sa.Column("id", TaskInstance.__table__.c.id.type, primary_key=True))
+    tih = sa.Table(TaskInstanceHistory.__table__.name, narrow,
+                   sa.Column("task_instance_id", TaskInstanceHistory.__table__.c.task_instance_id.type,
+                             primary_key=True))
+    narrow.create_all(store.engine)
+    old, new, lost = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
+    for ti_id in (old, lost):
+        claim(store, ti_id, try_number=1)
+    claim(store, old, try_number=1)
+    with store.engine.begin() as conn:
+        conn.execute(ti.insert().values(id=uuid.UUID(old)))
+    assert store.current_ref_and(old, superseded_try(old)) == (AttemptRef(old, 1, 2), False)
+    with store.engine.begin() as conn:  # prepare_db_for_next_try: archived, the row takes the next try's id
+        conn.execute(tih.insert().values(task_instance_id=uuid.UUID(old)))
+        conn.execute(sa.update(ti).where(ti.c.id == uuid.UUID(old)).values(id=uuid.UUID(new)))
+    assert store.current_ref_and(old, superseded_try(old)) == (AttemptRef(old, 1, 2), True)
+    assert store.current_ref_and(lost, superseded_try(lost)) == (AttemptRef(lost, 1, 1), False)
+    assert store.current_ref_and(new, superseded_try(new)) is None
+
+
 @pytest.mark.parametrize("returning", [True, False], ids=["insert-returning", "no-returning (MySQL)"])
 def test_a_claimer_that_lost_the_race_claims_the_next_epoch(store, returning, monkeypatch):
     """The claim reads the highest epoch and inserts the next in two statements; a rival that inserts that epoch

@@ -1342,3 +1342,115 @@ def test_an_exit_event_is_settled_at_once_between_presence_passes(tmp_path):
     world.exit(ref)
     assert world.row(ref).state == S.CLOSED and world.row(ref).resolution == Resolution.REPLAYED
     assert len(world.runtime.observed) == observed  # settled without a presence pass
+
+
+# --- k8s review §2: adoption never reads an unsynced pod cache as "no record" -----------------------------------
+class _SyncingInformer:
+    """A pod informer whose first LIST has not finished (``synced`` False, nothing cached) until the test says."""
+
+    last_error = None
+
+    def __init__(self, *args) -> None:
+        self.synced = False
+        self.pods: dict = {}
+
+    def start(self) -> None:
+        pass
+
+    def stop(self, timeout: float) -> None:
+        pass
+
+    def get(self, name):
+        return self.pods.get(name)
+
+    def tombstone(self, name, uid):
+        return None
+
+    def views(self):
+        return list(self.pods.values())
+
+    def ending(self):
+        return [v for v in self.pods.values() if v.terminal or v.deleting]
+
+    def has_uid(self, uid):
+        return any(v.uid == uid for v in self.pods.values())
+
+    def take_changed(self):
+        return set(self.pods)
+
+
+def test_adoption_before_the_pod_cache_synced_does_not_reset_a_settling_attempt(world, monkeypatch):
+    """A pod ended Succeeded with its success record while its report was lost; the scheduler died with the row
+    SETTLING (its replay stalled) and restarts. Airflow adopts in the same loop iteration as ``start()``, before
+    the pod informer's first LIST ends: the attempt is adopted with its heartbeat renewed, not reset as lost
+    (which would run the finished body again on a new try), and once the cache syncs its record is replayed."""
+    from types import SimpleNamespace
+
+    from leoflow_airflow.runtime.kubernetes.identity import IDENTITY_ANNOTATION, identity_annotation
+    from leoflow_airflow.runtime.kubernetes.pod import AGENT_CONTAINER, OUTCOME_FINALIZER
+    from leoflow_airflow.runtime.kubernetes.runtime import KubernetesRuntime
+    from leoflow_airflow.runtime.kubernetes.status import pod_view
+
+    core = SimpleNamespace(list_namespaced_pod=lambda *a, **k: SimpleNamespace(items=[]),
+                           read_namespace=lambda *a, **k: None, read_namespaced_service_account=lambda *a, **k: None)
+    monkeypatch.setattr("kubernetes.client.CoreV1Api", lambda api: core)
+    conf = {"runtime": "kubernetes", "image": "img:1", "exchange_url": "http://x/leoflow"}
+    informers: list[_SyncingInformer] = []
+    rt = KubernetesRuntime(leoflow_settings.load(lambda section, key, fallback: conf.get(key, fallback)),
+                           api_client_factory=lambda: SimpleNamespace(),
+                           informer_factory=lambda *a: informers.append(_SyncingInformer()) or informers[-1],
+                           mutation_hook=False)
+    w = world.queued()
+    ti_id = str(w.ti.id)
+    attempt = world.ledger.claim_epoch(ti_id=ti_id, try_number=1, dag_id="dag", task_id="task", run_id="run",
+                                       map_index=-1, runtime="kubernetes", scheduler_job_id=1,
+                                       workload_json=w.model_dump_json(exclude={"token"}))
+    ref, name, uid = attempt.ref, "leoflow-pod-1", "uid-1"
+    assert world.ledger.transition(ref, expected=[S.CLAIMED], to=S.DISPATCHED, pod_name=name, pod_uid=uid)
+    assert world.ledger.transition(ref, expected=[S.DISPATCHED], to=S.EXITED)
+    assert world.ledger.transition(ref, expected=[S.EXITED], to=S.SETTLING)  # then the scheduler died
+    world.airflow.set_state(ti_id, "running")
+    world.runtime = rt
+    life = world.new_lifecycle()
+    rt.start()
+    try:
+        ti = world.adoptable(w, "running")
+        assert life.adopt([ti], now=T0) == ([], [])  # adopted, not lost: no infra budget, no reset
+        assert ti.last_heartbeat_at == T0  # Airflow's purge waits for the settle
+        life.cycle()
+        assert world.row(ref).state == S.SETTLING and world.airflow.replays == []  # still cannot tell: waits
+
+        ident = outcome.AttemptIdentity(ref.ti_id, ref.try_number, ref.attempt_epoch)
+        record = outcome.record_for_state("success", PAYLOADS["success"], attempt=ident, api_version="2025-09-23")
+        ended = {"terminated": {"exitCode": 0, "reason": "Completed", "message": outcome.encode(record)}}
+        informers[0].pods[name] = pod_view({
+            "metadata": {"name": name, "uid": uid, "namespace": "default", "finalizers": [OUTCOME_FINALIZER],
+                         "annotations": {IDENTITY_ANNOTATION: identity_annotation(ref)}},
+            "status": {"phase": "Succeeded", "containerStatuses": [{"name": AGENT_CONTAINER, "state": ended}]}})
+        informers[0].synced = True
+        life.cycle()
+        row = world.row(ref)
+        assert (row.state, row.resolution) == (S.CLOSED, Resolution.REPLAYED)
+        assert [r.state for r in world.airflow.replays] == ["success"]
+    finally:
+        rt.terminate()
+
+
+def test_a_presence_pass_weighs_each_tis_heartbeat_and_reads_it_once_for_the_reapers(tmp_path):
+    """k8s review §14: the runtime is told how old each LIVE attempt's TI heartbeat is (so a pod object alone
+    cannot make a heartbeating attempt GONE), and the reapers act on the same read: one ``ti_liveness`` per page."""
+    world = World(tmp_path, agent_lost_threshold="60")
+    w, ref = world.dispatched()
+    world.airflow.set_state(ref.ti_id, "running")
+    reads: list[list[str]] = []
+
+    def liveness(ids):
+        reads.append(list(ids))
+        return {i: ("running", world.clock.utcnow() - timedelta(seconds=3)) for i in ids}
+
+    world.airflow.ti_liveness = liveness
+    world.runtime.heartbeats_seen.clear()
+    world.life.cycle()
+    assert world.runtime.heartbeats_seen[-1] == {ref: pytest.approx(3.0)}
+    assert reads == [[ref.ti_id]]
+    assert world.runtime.killed == []

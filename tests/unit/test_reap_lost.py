@@ -36,7 +36,20 @@ def test_agent_lost_kills_a_live_agent_whose_heartbeat_went_silent():
 def test_agent_lost_spares_fresh_heartbeats_and_dead_agents():
     assert decide([view(hb_age=119)], NOW, SETTINGS) == []
     assert decide([view(presence=Presence.GONE, hb_age=1000)], NOW, SETTINGS) == []
-    assert decide([view(state="success", hb_age=1000)], NOW, SETTINGS) == []
+    assert decide([view(state="success", hb_age=119)], NOW, SETTINGS) == []
+
+
+def test_moved_on_kills_a_live_agent_whose_task_was_marked_or_cleared_once_its_heartbeat_is_silent():
+    """Mark success, mark failed and a clear while it runs: a healthy agent stops at the heartbeat's 409 and ends
+    by itself; one that still lives past the threshold cannot reach the api-server (a partitioned node) or hangs,
+    and is killed, so its pod is deleted with its grace instead of running on or showing Succeeded."""
+    for state in ("success", "failed", "restarting", "up_for_retry", "skipped"):
+        [action] = decide([view(state=state, hb_age=121)], NOW, SETTINGS)
+        assert (action.ref, action.reaper) == (REF, "moved-on") and state in action.why and "121 s" in action.why
+        assert decide([view(state=state, hb_age=119)], NOW, SETTINGS) == []  # its callbacks may still run
+        assert decide([view(presence=Presence.UNKNOWN, state=state, hb_age=1000)], NOW, SETTINGS) == []
+    assert decide([view(state=None, hb_age=None)], NOW, SETTINGS) == []  # archived: the fence stops its calls
+    assert decide([view(state="deferred", hb_age=1000)], NOW, SETTINGS) == []
 
 
 def test_dispatch_lost_kills_an_agent_that_never_reached_run():

@@ -98,6 +98,7 @@ def test_values_are_parsed_and_stripped():
         ("exchange_audience", "", "one non-empty audience"),
         ("exchange_timeout_seconds", "0", "greater than 0"),
         ("exchange_timeout_seconds", "soon", "not a valid float"),
+        ("exchange_timeout_seconds", "13", "at most 12.5: the exchange makes two Kubernetes calls"),  # k8s review §4
         ("pod_override_allow", "spec.containers[0].image", "not a pod field path"),
         ("pod_override_allow", "spec.node_selector", "not a pod field path"),
         ("credential_ceiling_seconds", "599", "at least 600 s"),

@@ -7,7 +7,8 @@
 * hole 16h: a record that had to drop its asset events to fit says so in the TI log, while the PATCH that leaves
   still carries every event;
 * hole 16 (kills): once leoflow killed the attempt gracefully (its kill marker exists) a failed / up_for_retry
-  report, which the kill caused, is refused and a ``killed`` record written; a success still lands.
+  report, which the kill caused, is refused and a ``killed`` record written; so is a success whose report leaves
+  after the kill (DESIGN §2 "A success after SIGTERM"); one reported before it stands.
 
 The "api-server" is an ``httpx.MockTransport`` answering as a stopped or healthy one would; the SDK client is
 stood in for by a small client that raises and retries as the SDK's does (as ``test_heartbeat_counting.py``).
@@ -241,12 +242,51 @@ def test_a_failure_after_leoflows_kill_is_refused_and_recorded_killed(tmp_path, 
     assert any("leoflow killed this attempt" in m for _, m in h.ti_log), h.ti_log
 
 
-def test_a_success_after_leoflows_kill_still_lands(tmp_path):
-    """A task that finished its work during its kill grace is done: its success is reported and recorded."""
+def test_a_success_whose_report_leaves_after_the_kill_is_held_as_killed(tmp_path):
+    """DESIGN §2 "A success after SIGTERM" (apache/airflow#73006): an ``on_kill`` that cancels the work can let
+    ``execute()`` return normally after the signal, so a success reported after it is not trusted: it never leaves,
+    the record says ``killed`` and the reconciler re-runs the task on the infra budget (no user retry spent)."""
     h = Harness(str(tmp_path / "record.json"))
     _kill(h.record_path)
+    with pytest.raises(httpx.HTTPStatusError) as refused:
+        h.report(SUCCESS)
+    assert refused.value.response.status_code == 409
+    assert not [r for r in h.sent if r.url.path.endswith("/state")], "a success left after the kill"
+    assert h.record().reason == outcome.Reason.KILLED and h.record().payload is None and h.reported == []
+
+
+def test_a_success_reported_before_the_kill_stands(tmp_path):
+    """The other side of the rule: a body that returned before the signal has reported already (the supervisor
+    PATCHes as the body returns, before its callbacks); the kill that follows changes nothing."""
+    h = Harness(str(tmp_path / "record.json"))
     assert h.report(SUCCESS).status_code == 200
+    _kill(h.record_path)
     assert h.reported == [("success", True)] and h.record().state == "success"
+
+
+def test_a_sigterm_the_agent_receives_counts_as_a_kill_under_any_handler():
+    """On Kubernetes leoflow writes no kill marker: a pod delete, an eviction or a node drain reaches the agent as
+    SIGTERM, while the Task SDK supervisor's own handler is installed (it forwards the signal to the task and
+    calls no earlier handler). The wakeup-fd watch sees it all the same, and only SIGTERM counts."""
+    import signal
+
+    from leoflow_agent.transport import SigtermWatch
+
+    forwarded: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: forwarded.append(signum))
+    previous_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    watch = SigtermWatch.install()
+    try:
+        assert watch() is False
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert watch() is False
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert forwarded == [signal.SIGTERM] and watch() is True and watch() is True
+    finally:
+        watch.uninstall()
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGUSR1, previous_usr1)
+    assert watch() is True  # what it saw is kept
 
 
 def test_a_failure_without_a_kill_lands(tmp_path):

@@ -219,3 +219,96 @@ def test_an_off_service_answers_the_exchanges_reason(env):
     assert run_await(off, auth, Loop()).status == 403
     answer = WarmService(None, off=("not_configured", "x")).register(b'{"token": "a.b.c"}')
     assert answer.status == 503 and answer.body["error"] == "not_configured"
+
+
+# --- who may register (k8s review §1) ---------------------------------------------------------------------
+
+def _facts(pod, **changes):
+    """The ``PodFacts`` the pod GET would give for the built ``pod`` (a ``V1Pod``), with ``changes``."""
+    from leoflow_airflow.runtime.kubernetes.review import OwnerRef, PodFacts
+
+    meta = pod.metadata
+    facts = PodFacts(name=meta.name, namespace=meta.namespace, uid=str(uuid.uuid4()),
+                     annotations=dict(meta.annotations or {}), labels=dict(meta.labels or {}),
+                     owner_references=tuple(OwnerRef(o.api_version, o.kind, o.name, o.uid or "", bool(o.controller))
+                                            for o in meta.owner_references or ()))
+    return replace(facts, **changes)
+
+
+def test_a_task_pod_cannot_become_a_warm_worker(tmp_path, monkeypatch):
+    """A DAG author's cold task pod that claims another DAG version's warm pool (``leoflow.io/warm`` and
+    ``leoflow.io/dag-version`` labels) is refused when it is built, whichever layer sets them; and the warm
+    registration takes only a pod leoflow made as a warm pod (its name, no attempt identity, its anchor as
+    controller owner), so even a pod that carries every warm label gets no worker row."""
+    from kubernetes.client import models as k8s
+
+    from leoflow_airflow import settings as leoflow_settings
+    from leoflow_airflow.api.exchange import BoundPod
+    from leoflow_airflow.errors import PodRefused
+    from leoflow_airflow.runtime.kubernetes import warmpods
+    from leoflow_airflow.runtime.kubernetes.pod import PodAttempt, build_pod
+
+    values = {"image": "registry.example/leoflow:1", "exchange_url": "https://airflow.example/leoflow"}
+    kube = leoflow_settings.load_kubernetes(lambda section, key, fallback: values.get(key, fallback))
+    victim = str(uuid.uuid4())  # tenant B's DAG version
+    claim = {"leoflow.io/warm": "true", "leoflow.io/dag-version": victim, "leoflow.io/scheduler-job": "7"}
+    attempt = PodAttempt(str(uuid.uuid4()), 1, 1, "tenant_a_dag", "t", "r")
+
+    # the pod builder: a DAG author's override that sets a leoflow label is refused, naming it
+    override = {"pod_override": k8s.V1Pod(metadata=k8s.V1ObjectMeta(labels=claim),
+                                          spec=k8s.V1PodSpec(containers=[]))}
+    with pytest.raises(PodRefused) as err:
+        build_pod(attempt, kube, executor_config=override)
+    assert err.value.field == "metadata.labels.leoflow.io/warm"
+    # ... and the operator's template and hooks cannot carry them either: leoflow's values replace theirs
+    template = k8s.V1Pod(metadata=k8s.V1ObjectMeta(labels={**claim, "team": "a"}),
+                         spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="base")]))
+
+    def hook(p):
+        p.metadata.labels.update({**claim, "app.kubernetes.io/component": "warm-pod"})
+
+    for cold in (build_pod(attempt, kube, template=template),
+                 build_pod(attempt, kube, mutation_hook=hook, template=template),
+                 build_pod(attempt, kube, plugin_hook=lambda p, a: hook(p), template=template)):
+        assert cold.metadata.labels["team"] == "a" and not set(claim) & set(cold.metadata.labels)
+        assert cold.metadata.labels["app.kubernetes.io/component"] == "task-attempt"
+
+    # the registration: only a warm pod leoflow built, of the version its labels name
+    from leoflow_airflow.runtime.kubernetes.review import OwnerRef
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+    metadata.create_all(engine)
+    workers = WarmLedger(engine)
+    pods = WarmPods(config=kube, kube=None, workers=workers, attempts=None, mint=None)  # type: ignore[arg-type]
+    facts = {}
+    monkeypatch.setattr(warm, "authenticate_pod", lambda cfg, k, token, **kw: BoundPod(
+        pod=facts["pod"], credential_id="JTI=1", where=f"pod {facts['pod'].name}"))
+
+    def register(pod) -> str:
+        facts["pod"] = pod
+        try:
+            pods.register("token", await_seconds=20)
+        except WarmRefused as exc:
+            assert workers.get(pod.uid) is None
+            return exc.reason
+        return "registered"
+
+    real = warmpods.build_warm_pod(
+        warmpods.PoolVersion(victim, "tenant_b_dag", "bundle", "", "dags/b.py"), kube, leoflow_settings.WarmSettings(),
+        job_id="7", name=warmpods.warm_pod_name("7", victim), anchor_uid="anchor-uid")
+    anchor = OwnerRef("v1", "ConfigMap", warmpods.anchor_name("7", victim), "anchor-uid", True)
+    forged = _facts(cold, labels={**cold.metadata.labels, **claim})  # a task pod carrying every warm label
+    assert register(forged) == "not_warm_pod"
+    assert register(replace(forged, owner_references=(anchor,))) == "not_warm_pod"  # a task pod's name
+    good = _facts(real)
+    assert register(replace(good, annotations={"leoflow.io/attempt": "x"})) == "not_warm_pod"
+    assert register(replace(good, owner_references=())) == "not_warm_pod"
+    assert register(replace(good, owner_references=(replace(anchor, controller=False),))) == "not_warm_pod"
+    other = OwnerRef("v1", "ConfigMap", warmpods.anchor_name("7", str(uuid.uuid4())), "u", True)
+    assert register(replace(good, owner_references=(other,))) == "not_warm_pod"  # another version's anchor
+    assert register(replace(good, owner_references=(replace(anchor, kind="Secret"),))) == "not_warm_pod"
+    assert register(replace(good, labels={**good.labels, "leoflow.io/scheduler-job": "8"})) == "not_warm_pod"
+    assert register(replace(good, name=warmpods.warm_pod_name("7", str(uuid.uuid4())))) == "not_warm_pod"
+    assert register(good) == "registered"
+    assert workers.get(good.uid).dag_version_id == victim
+    engine.dispose()

@@ -274,15 +274,19 @@ class FakeCore:
         self.configmaps: dict[str, k8s.V1ConfigMap] = {}
         self.deleted: list[str] = []
         self.patches: list = []
+        self.uids = 0
 
     def create_namespaced_config_map(self, ns, body, **kw):
         if body.metadata.name in self.configmaps:
             raise ApiError(409)
-        body.metadata.uid = f"cm-{len(self.configmaps)}"
+        self.uids += 1
+        body.metadata.uid = f"cm-{self.uids}"  # never reused, as the API server's UIDs
         self.configmaps[body.metadata.name] = body
         return body
 
     def read_namespaced_config_map(self, name, ns, **kw):
+        if name not in self.configmaps:
+            raise ApiError(404)
         return self.configmaps[name]
 
     def list_namespaced_config_map(self, ns, **kw):
@@ -368,10 +372,10 @@ def versions():
     return [warmpods.PoolVersion(V1, "etl", "dags", "", "etl.py", active_run=True)]
 
 
-def make_pool(core, ledger, informer, **conf):
+def make_pool(core, ledger, informer, heartbeats=None, monotonic=None, **conf):
     s = load(**conf)
     return warmpods.WarmPool(core, s.kubernetes, s.warm, job_id="5", ledger=ledger, informer=informer,
-                             versions=versions)
+                             versions=versions, heartbeats=heartbeats or (lambda jobs: {}), monotonic=monotonic)
 
 
 def test_the_pool_creates_min_idle_pods_under_one_anchor_and_a_lagging_cache_never_overshoots():
@@ -461,9 +465,91 @@ def test_at_start_the_anchors_of_dead_scheduler_jobs_are_deleted():
     core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
     for job in ("3", "4"):
         core.create_namespaced_config_map("default", warmpods.build_anchor(job, V1, "default"))
-    pool = make_pool(core, ledger, informer, warm_min_idle="1")
+    pool = make_pool(core, ledger, informer, warm_min_idle="1",
+                     heartbeats=lambda jobs: {"3": NOW - timedelta(days=1)})
     assert pool.sweep_dead_anchors(lambda jobs: {"4"} & jobs) == [f"leoflow-warm-3-{V1}"]
     assert set(core.configmaps) == {f"leoflow-warm-4-{V1}"}
+
+
+def test_a_deleted_anchor_is_recreated_before_the_next_creates_so_they_are_not_garbage_collected():
+    """k8s review §11: an operator deletes the anchor (the README's way to remove a pool) and the garbage collector
+    takes its pods. The next creates must name a live anchor: a pod owned by the deleted UID is accepted by the
+    API server and collected at once, every tick, for ever."""
+    core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
+    pool = make_pool(core, ledger, informer, warm_min_idle="1", warm_max_pool_size="1")
+    assert len(pool.tick(NOW).created) == 1
+    name = f"leoflow-warm-5-{V1}"
+    first = core.configmaps[name].metadata.uid
+    core.delete_namespaced_config_map(name, "default")
+    core.pods.clear()  # the garbage collector
+    informer.show(core)
+    pool.expectations = warmpods.Expectations(warmpods.EXPECTATION_TTL_SECONDS)  # the create was observed gone
+    report = pool.tick(NOW)
+    assert len(report.created) == 1 and report.anchors_created == [name]
+    (pod,) = core.pods.values()
+    owner = pod.metadata.owner_references[0].uid
+    assert owner != first and owner == core.configmaps[name].metadata.uid
+
+
+def test_a_scheduler_job_that_heartbeat_recently_keeps_its_anchors_until_it_stays_dead():
+    """k8s review §11: ``Job.is_alive`` says not alive after 30 s without a heartbeat (a DB stall is enough); the
+    anchors of a job that heartbeat within the grace stay, and a later sweep on the pool tick deletes them once
+    the job stays dead past it. A job with no row (or long dead) loses them at once."""
+    core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
+    for job in ("3", "6", "7"):
+        core.create_namespaced_config_map("default", warmpods.build_anchor(job, V1, "default"))
+    now = datetime.now(timezone.utc)
+    beats = {"3": now - timedelta(seconds=90), "6": now - timedelta(hours=2)}  # job 7: no Airflow job row
+    clock = [1000.0]
+    pool = make_pool(core, ledger, informer, heartbeats=lambda jobs: {j: beats[j] for j in jobs if j in beats},
+                     monotonic=lambda: clock[0])
+    assert pool.sweep_dead_anchors(lambda jobs: set()) == [f"leoflow-warm-6-{V1}", f"leoflow-warm-7-{V1}"]
+    assert set(core.configmaps) == {f"leoflow-warm-3-{V1}"}
+    beats["3"] = now - timedelta(hours=1)  # it never came back
+    pool.tick(NOW)
+    assert f"leoflow-warm-3-{V1}" in core.configmaps  # not yet time for the next sweep
+    clock[0] += warmpods.DEAD_ANCHOR_SWEEP_SECONDS
+    pool.tick(NOW)
+    assert f"leoflow-warm-3-{V1}" not in core.configmaps
+    assert warmpods.past_grace({"a", "b"}, {"a": NOW - timedelta(seconds=599)}, NOW) == {"b"}
+
+
+def test_the_pool_keeps_a_worker_the_scheduler_assigns_between_the_pools_read_and_its_delete():
+    """k8s review §16g: the pool re-reads the row (idle) and the scheduler, on its own thread, assigns the worker
+    right then: the pool's delete must not land (the attempt would be re-dispatched). With the guarded retire,
+    exactly one of them wins."""
+    core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
+    pool = make_pool(core, ledger, informer, warm_min_idle="1", warm_max_pool_size="1")
+    pool.tick(NOW)
+    informer.show(core)
+    (name,) = core.pods
+    uid = "uid-" + name
+    ledger.rows[uid] = Row(uid, name, last_seen_at=NOW)
+    pool._versions = lambda: []  # the version drains: its idle worker is to go
+    real_get, won = ledger.get, []
+
+    def get_then_scheduler_assigns(pod_uid):
+        row = real_get(pod_uid)
+        won.append(ledger.assign(pod_uid, ref(), row_version=row.row_version))  # the scheduler thread, now
+        return row
+
+    ledger.get = get_then_scheduler_assigns
+    report = pool.tick(NOW)
+    assert won == [True] and report.deleted == [] and name in core.pods and name not in core.deleted
+    assert ledger.rows[uid].state == "assigned"
+
+
+def test_the_pools_delete_of_an_idle_worker_retires_its_row_first_so_a_later_assign_loses():
+    core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
+    pool = make_pool(core, ledger, informer, warm_min_idle="1", warm_max_pool_size="1")
+    pool.tick(NOW)
+    informer.show(core)
+    (name,) = core.pods
+    uid = "uid-" + name
+    ledger.rows[uid] = Row(uid, name, last_seen_at=NOW)
+    pool._versions = lambda: []
+    assert pool.tick(NOW).deleted == [name] and name in core.deleted
+    assert not ledger.assign(uid, ref(), row_version=0)  # the scheduler read it idle before: it loses cleanly
 
 
 # --- the runtime's placement --------------------------------------------------------------------------------
@@ -627,3 +713,75 @@ def test_a_killed_warm_attempt_deletes_its_worker_pod(warm_runtime):
     while rt.observe([attempt])[spec.ref] is not Presence.GONE:  # once a live read found it gone (404)
         assert time.monotonic() < deadline, rt.observe([attempt])
         time.sleep(0.01)
+
+
+def test_a_deleted_warm_pod_that_never_ends_opens_the_valve(warm_runtime):
+    """k8s review §6: a warm pod's node partitions while it runs an attempt; the pod is deleted (a kill, the
+    taint manager) but no kubelet reports its end. As for a cold pod, once ``[leoflow] pod_termination_valve``
+    seconds passed beyond its deletion grace period the attempt counts as ended by an infra loss (re-run on the
+    infra budget), instead of staying LIVE until Airflow's heartbeat purge fails it through the user's retries."""
+    rt, core, ledger, informer = warm_runtime
+    name = _ready_worker(rt, core, ledger, informer)
+    spec = warm_spec()
+    rt.launch(spec)
+    uid = "uid-" + name
+    ledger.rows[uid] = replace(ledger.rows[uid], state="busy", taken_at=NOW)
+    rt.warm.set_rows(ledger.workers("default"), time.monotonic())
+    informer.pods[name] = replace(view(name, uid, deleting=True), deletion_grace=30)  # Running: no end reported
+    clock = [time.monotonic()]
+    rt._monotonic = lambda: clock[0]
+    attempt = SimpleNamespace(ref=spec.ref, pod_name=name, pod_uid=uid)
+    assert rt.observe([attempt])[spec.ref] is Presence.LIVE  # within its grace period
+    clock[0] += 30 + rt.kube.pod_termination_valve - 1
+    assert rt.observe([attempt])[spec.ref] is Presence.LIVE
+    clock[0] += 2
+    assert rt.observe([attempt])[spec.ref] is Presence.GONE
+    evidence = rt.evidence(attempt)
+    assert evidence.record is None and evidence.cause is not None and evidence.cause.kind is EndKind.INFRA_LOSS
+    assert "pod_termination_valve" in evidence.cause.reason
+
+
+def test_a_warm_kill_never_deletes_a_pod_whose_row_holds_another_attempt(warm_runtime):
+    """k8s review §7: attempt N's report was lost and the reaper kills it, but its warm pod finished N and took
+    a newer attempt M since the last pool tick (whose rows still say busy with N). The kill must not delete the
+    pod that runs M (M would be SIGTERMed and re-run); N is gone, and no delete is sent."""
+    rt, core, ledger, informer = warm_runtime
+    name = _ready_worker(rt, core, ledger, informer)
+    spec = warm_spec()
+    rt.launch(spec)
+    uid = "uid-" + name
+    ledger.rows[uid] = replace(ledger.rows[uid], state="busy", taken_at=NOW)
+    rt.warm.set_rows(ledger.workers("default"), time.monotonic())  # the tick's snapshot: busy with N
+    newer = ref()
+    ledger.rows[uid] = replace(ledger.rows[uid], ref=newer, row_version=9)  # now: busy with M
+    attempt = SimpleNamespace(ref=spec.ref, pod_name=name, pod_uid=uid)
+    assert rt.kill(attempt, grace=60) is Presence.GONE
+    time.sleep(0.3)  # a delete would go out on the request pool
+    assert name not in core.deleted
+    assert (ledger.rows[uid].state, ledger.rows[uid].ref) == ("busy", newer)
+    assert rt.observe([attempt])[spec.ref] is Presence.GONE
+
+
+def test_a_warm_attempt_stays_live_while_its_task_heartbeats_whatever_its_pod_says(warm_runtime):
+    """k8s review §14, warm pods: a busy warm pod's node is partitioned; the pod is deleted and goes past its
+    grace period plus ``[leoflow] pod_termination_valve``, then PodGC marks it ``Failed`` (no kubelet wrote an
+    end). While the attempt's TI heartbeat is 3 s old it stays LIVE (its body runs); silent past ``[leoflow]
+    agent_lost_threshold`` it is GONE."""
+    rt, core, ledger, informer = warm_runtime
+    name = _ready_worker(rt, core, ledger, informer)
+    spec = warm_spec()
+    rt.launch(spec)
+    uid = "uid-" + name
+    ledger.rows[uid] = replace(ledger.rows[uid], state="busy", taken_at=NOW)
+    rt.warm.set_rows(ledger.workers("default"), time.monotonic())
+    informer.pods[name] = replace(view(name, uid, deleting=True), deletion_grace=30)
+    clock = [time.monotonic()]
+    rt._monotonic = lambda: clock[0]
+    attempt = SimpleNamespace(ref=spec.ref, pod_name=name, pod_uid=uid)
+    fresh, silent = {spec.ref: 3.0}, {spec.ref: rt.settings.agent_lost_threshold + 1}
+    assert rt.observe([attempt], fresh)[spec.ref] is Presence.LIVE
+    clock[0] += 30 + rt.kube.pod_termination_valve + 1
+    assert rt.observe([attempt], fresh)[spec.ref] is Presence.LIVE  # past grace + valve, still heartbeating
+    informer.pods[name] = replace(view(name, uid, deleting=True, phase="Failed"), deletion_grace=30)  # PodGC
+    assert rt.observe([attempt], fresh)[spec.ref] is Presence.LIVE
+    assert rt.observe([attempt], silent)[spec.ref] is Presence.GONE

@@ -203,3 +203,39 @@ def test_store_outcome_first_write_wins_and_outcomes_reads_exact_refs(engine, wa
     assert store.get(a1.ref).row_version == a1.row_version + 1  # a cached read of the attempt refreshes
     with pytest.raises(ValueError):
         warm.store_outcome(a2.ref, "")
+
+
+def test_a_kill_marks_only_the_attempt_the_row_holds_and_the_marked_pod_takes_no_other(warm):
+    """k8s review §7: the scheduler deletes a warm pod for a kill only when ``mark_killing`` changed its row. A
+    row that let the attempt go (or holds another) is not marked; a marked one is never released to idle nor
+    assigned again, so no newer attempt reaches the pod being deleted."""
+    register(warm)
+    warm.assign("uid-1", ref(1), row_version=0)
+    assert not warm.mark_killing("uid-1", ref(1))  # assigned, not taken: the kill unassigns it instead
+    warm.take("uid-1", ref(1))
+    assert not warm.mark_killing("uid-1", ref(2))  # another epoch
+    assert warm.mark_killing("uid-1", ref(1))
+    assert warm.mark_killing("uid-1", ref(1))  # a repeated kill (a shorter grace) may delete again
+    w = warm.get("uid-1")
+    assert (w.state, w.ref) == ("killing", ref(1))
+    assert not warm.release("uid-1")  # the worker's next await does not free it
+    assert not warm.assign("uid-1", ref(2), row_version=w.row_version)
+    assert warm.get("uid-1").state == "killing"
+
+
+def test_the_pools_retire_of_an_idle_worker_and_a_schedulers_assign_exactly_one_wins(warm):
+    """k8s review §16g: the pool deletes an idle warm pod only when ``retire_idle`` (guarded on ``idle`` and the
+    ``row_version`` it read) deleted the row. An assign since that read wins and keeps the pod; after a retire,
+    the assign finds no row and loses, and the pod's credential no longer names a worker."""
+    register(warm)
+    read = warm.get("uid-1")
+    assert warm.assign("uid-1", ref(1), row_version=read.row_version)  # the scheduler won the race
+    assert not warm.retire_idle("uid-1", row_version=read.row_version)
+    assert warm.get("uid-1").state == "assigned"
+    register(warm, "uid-2", "c2")
+    read = warm.get("uid-2")
+    warm.seen("uid-2")  # a worker's polling does not make the pool's retire lose
+    assert warm.retire_idle("uid-2", row_version=read.row_version)
+    assert not warm.assign("uid-2", ref(2), row_version=read.row_version)
+    assert warm.get("uid-2") is None and warm.by_credential(sha("c2")) is None
+    assert not warm.retire_idle("uid-2", row_version=read.row_version)  # once

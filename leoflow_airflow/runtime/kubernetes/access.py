@@ -53,7 +53,8 @@ SCHEDULER_RULES: tuple[Rule, ...] = (
     Rule("get", "serviceaccounts", "start() checks the task ServiceAccount exists"),
     Rule("create", "configmaps", "warm pods: one anchor ConfigMap per (scheduler job, DAG version) owns its pool"),
     Rule("list", "configmaps", "warm pods: start() finds the anchors of scheduler jobs that are not alive"),
-    Rule("watch", "configmaps", "warm pods: anchors (reserved for a watch-fed anchor cache)"),
+    Rule("get", "configmaps", "warm pods: re-read this scheduler's anchor before creating pods under it (a "
+         "deleted anchor is recreated; k8s review §11), and read it back after a 409"),
     Rule("delete", "configmaps", "warm pods: a drained pool's anchor, and a dead scheduler's (the garbage "
          "collector then removes their pods)"),
 )

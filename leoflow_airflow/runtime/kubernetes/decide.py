@@ -14,7 +14,8 @@
   off a pod, and the JSON patch that takes it off exactly that pod (issue 10 item 4).
 * :func:`deletion_deadline` and :func:`valve_open`: the confirmation valve (issue 10 item 3): a deleted pod
   that goes ``[leoflow] pod_termination_valve`` seconds past its deletion grace period without a terminated
-  status (its node is unreachable: no kubelet reports its end) counts as GONE with no record.
+  status (its node is unreachable: no kubelet reports its end) counts as GONE with no record, once its task
+  instance's heartbeat is silent too (:func:`heartbeat_silent`, k8s review §14).
 * :func:`start_progress`: how far a live pod got toward running its agent (issue 10 item 1), for the
   dispatch-lost reaper (``reap.lost``): the clock starts when the agent container runs, a pod still being
   started is progress, an unschedulable one waits as backpressure for ``[leoflow] pod_unschedulable_timeout``,
@@ -59,6 +60,7 @@ __all__ = [
     "create_event",
     "deletion_deadline",
     "finalizer_index",
+    "heartbeat_silent",
     "presence",
     "release_due",
     "release_patch",
@@ -251,12 +253,30 @@ class _View(Protocol):
     deleting: bool
     node_name: str | None
     deletion_grace: int | None
+    agent: Any
 
 
-def _dead(view: _View) -> bool:
-    """Nothing of the pod runs or ever will: it is terminal, or it is being deleted while bound to no node (the
-    API server binds no pod that has a ``deletionTimestamp``, so it never starts; a finalizer may keep it)."""
-    return view.terminal or (view.deleting and not view.node_name)
+def heartbeat_silent(heartbeat_age: float | None, *, silent_after: float) -> bool:
+    """Whether an attempt's task instance stopped heartbeating: no heartbeat known (``heartbeat_age`` None: no
+    ``last_heartbeat_at``, or the caller does not know it) or its age (seconds since Airflow's
+    ``last_heartbeat_at``) above ``silent_after`` (``[leoflow] agent_lost_threshold``, which the boot ladder keeps
+    above ``task_success_overtime + min_heartbeat_interval + socket_cleanup_timeout``, and above the agent's
+    lease plus its kill's grace: an agent cut off from the API server has killed its task by then).
+
+    A heartbeat is a body's own word that it runs; a pod object is the API server's word about a node that may
+    not act on it (a partitioned node keeps running a pod the API server deleted or PodGC marked Failed). So a
+    pod object alone proves no death while the heartbeat is fresh (DESIGN §2 "proof of death"; k8s review §14).
+    Pure."""
+    return heartbeat_age is None or heartbeat_age > silent_after
+
+
+def _dead(view: _View, silent: bool) -> bool:
+    """Nothing of the pod runs or ever will: its agent container terminated (the kubelet's word) in a terminal
+    pod; a terminal pod whose agent container reported no end (PodGC marks an unreachable node's pods ``Failed``
+    without any kubelet) only once the heartbeat is ``silent`` (k8s review §14); or it is being deleted while
+    bound to no node (the API server binds no pod that has a ``deletionTimestamp``, so it never starts; a
+    finalizer may keep it)."""
+    return (view.terminal and (silent or view.agent is not None)) or (view.deleting and not view.node_name)
 
 
 class _ReadLike(Protocol):
@@ -267,7 +287,8 @@ class _ReadLike(Protocol):
 
 
 def presence(cached: _View | None, read: _ReadLike | None, *, uid: str | None, ref: AttemptRef, now: float,
-             read_reuse: float) -> tuple[Presence, Any, bool]:
+             read_reuse: float, heartbeat_age: float | None = None,
+             silent_after: float = 0.0) -> tuple[Presence, Any, bool]:
     """The presence of attempt ``ref``'s pod, the view it was decided from, and whether a confirming read of
     the pod by name must be sent.
 
@@ -278,22 +299,34 @@ def presence(cached: _View | None, read: _ReadLike | None, *, uid: str | None, r
     ``read_reuse`` seconds otherwise); the attempt's pod, terminal → GONE, else LIVE (a fresh read is asked
     for once it is ``read_reuse`` seconds old). No read yet → UNKNOWN, and one is asked for.
 
+    The pod object alone proves no death while the task instance heartbeats (:func:`heartbeat_silent` of
+    ``heartbeat_age`` and ``silent_after``; k8s review §14): a terminal pod whose agent container reported no
+    end, or a pod gone from the API server, reads LIVE until the heartbeat is silent too. The kubelet's
+    terminated status of the agent container, and a deleted pod never bound to a node, stay proof at once.
+
     :param now: ``monotonic()`` seconds, the clock of ``read.at``.
+    :param heartbeat_age: seconds since the attempt's TI last heartbeat; None when unknown (the pod object
+        decides alone, as before).
+    :param silent_after: ``[leoflow] agent_lost_threshold`` seconds.
     """
+    silent = heartbeat_silent(heartbeat_age, silent_after=silent_after)
+
     def ours(view: Any) -> bool:
         return view is not None and (view.uid == uid if uid else view.ref == ref)
 
     if ours(cached):
         assert cached is not None
-        return (Presence.GONE if _dead(cached) else Presence.LIVE), cached, False
+        return (Presence.GONE if _dead(cached, silent) else Presence.LIVE), cached, False
     if read is None:
         return Presence.UNKNOWN, None, True
     stale = now - read.at >= read_reuse
     if not ours(read.view):
+        if not silent:
+            return Presence.LIVE, None, stale  # its pod object is gone, but its body still heartbeats
         if uid is not None or not stale:
             return Presence.GONE, None, False
         return Presence.UNKNOWN, None, True
-    if _dead(read.view):
+    if _dead(read.view, silent):
         return Presence.GONE, read.view, False
     return Presence.LIVE, read.view, stale
 
@@ -309,12 +342,17 @@ def deletion_deadline(view: _View, *, seen: float, earlier: float | None) -> flo
     return deadline if earlier is None else min(earlier, deadline)
 
 
-def valve_open(deadline: float | None, *, now: float, valve: float) -> bool:
+def valve_open(deadline: float | None, *, now: float, valve: float, heartbeat_age: float | None = None,
+               silent_after: float = 0.0) -> bool:
     """Whether a deleted pod's end stays unconfirmed for too long: ``valve`` seconds (``[leoflow]
-    pod_termination_valve``; 0: never) past its :func:`deletion_deadline` (None: not being deleted). The seed's
-    confirmation valve (ADR 0052 amendment): the reconciler waits for the terminated status to read a record
-    before anything re-runs, but not for ever. Pure; ``now`` is ``monotonic()`` seconds."""
-    return deadline is not None and valve > 0 and now >= deadline + valve
+    pod_termination_valve``; 0: never) past its :func:`deletion_deadline` (None: not being deleted), and its
+    task instance's heartbeat is silent (:func:`heartbeat_silent`: ``heartbeat_age``, seconds since Airflow's
+    ``last_heartbeat_at`` or None when unknown, above ``silent_after``, ``[leoflow] agent_lost_threshold``). The
+    seed's confirmation valve (ADR 0052 amendment): the reconciler waits for the terminated status to read a
+    record before anything re-runs, but not for ever; and never while the body still heartbeats (a partitioned
+    node runs a pod on after its deletion; k8s review §14). Pure; ``now`` is ``monotonic()`` seconds."""
+    return deadline is not None and valve > 0 and now >= deadline + valve \
+        and heartbeat_silent(heartbeat_age, silent_after=silent_after)
 
 
 PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff"})

@@ -9,7 +9,12 @@ pod_override_allow``), then Airflow's ``pod_mutation_hook``, then leoflow's plug
 
 * name ``<dag-task slug>-<ti_id hex>-<epoch>``, one per (ti_id, epoch), a DNS-1123 label;
 * the ``app.kubernetes.io/*`` labels, leoflow's attempt labels (values made label-safe, hashed when cut) and
-  the identity annotation ``leoflow.io/attempt`` (:mod:`.identity`: the one format the token exchange parses);
+  the identity annotation ``leoflow.io/attempt`` (:mod:`.identity`: the one format the token exchange parses).
+  Every ``leoflow.io/*`` label and annotation and every ``app.kubernetes.io/*`` label leoflow sets
+  (:func:`is_leoflow_key`) is leoflow's alone: the template's and the hooks' (operator code, as for every other
+  pin) are replaced by leoflow's, and a ``pod_override`` (a DAG author's) that sets one to another value
+  (``leoflow.io/warm``, say) refuses the pod naming it, so a task pod can never pass for a warm pod or another
+  attempt's (k8s review §1);
 * the finalizer :data:`OUTCOME_FINALIZER` (other finalizers are kept): the pod, and with it the outcome record
   in its termination message, outlives any delete (PodGC's, a user's, a kill's) until the runtime has read it
   and the attempt is settled (issue 10 item 4; the Job controller's ``batch.kubernetes.io/job-tracking``);
@@ -27,6 +32,14 @@ pod_override_allow``), then Airflow's ``pod_mutation_hook``, then leoflow's plug
   byte budget and the credential ceiling. No workload, token, DB URL, fernet key or JWT secret: a pod whose
   environment names one of Airflow's own secrets is refused;
 * ``activeDeadlineSeconds`` no longer than ``[leoflow] credential_ceiling_seconds`` (a shorter one is kept).
+
+Refused whatever the layer (k8s review §9): an environment variable ``[leoflow] agent_env_deny`` names, and a
+container other than the agent's (an init container included) that mounts the exchange token volume. Refused
+unless the pod template has the same reference, or ``[leoflow] pod_secret_allow`` names the Secret: a Secret
+reference (``env[].valueFrom.secretKeyRef``, ``envFrom[].secretRef``, a ``secret`` volume, a projected volume's
+``secret`` source, :func:`secret_refs`) that a ``pod_override`` or a hook brought in. The template is the
+operator's (the README's remote-logging credentials are a template ``secretKeyRef``); a DAG author's override is
+not, and a hook gets no more than it.
 
 Not pinned: the scheduler's ``[logging]`` remote-logging options (``build_pod``'s ``forward_env``,
 :mod:`.logenv`), added to the agent container after the hooks unless a layer sets that variable itself.
@@ -71,13 +84,16 @@ __all__ = [
     "TOKEN_EXPIRATION_SECONDS",
     "TOKEN_FILE",
     "PodAttempt",
+    "SecretRef",
     "allow_entry_problem",
     "attempt_labels",
     "build_pod",
     "forward_environment",
     "is_attempt_pod",
+    "is_leoflow_key",
     "label_value",
     "pod_name",
+    "secret_refs",
     "termination_budget",
 ]
 
@@ -118,12 +134,16 @@ APP_LABELS = {
     "app.kubernetes.io/managed-by": "leoflow",
 }
 LABEL_PREFIX = "leoflow.io/"
+APP_LABEL_KEYS = frozenset({*APP_LABELS, "app.kubernetes.io/version"})
+"""The ``app.kubernetes.io/*`` label keys leoflow sets (:func:`attempt_labels`); others of that prefix (an
+operator's ``app.kubernetes.io/instance``) are not leoflow's."""
 
 ENV_EXCHANGE_URL = "LEOFLOW_EXCHANGE_URL"
 ENV_TOKEN_FILE = "LEOFLOW_TOKEN_FILE"
 ENV_MESSAGE_BUDGET = "LEOFLOW_TERMINATION_MESSAGE_BUDGET"
 ENV_CEILING = "LEOFLOW_CREDENTIAL_CEILING_SECONDS"
-AGENT_ENV = (ENV_EXCHANGE_URL, ENV_TOKEN_FILE, ENV_MESSAGE_BUDGET, ENV_CEILING)
+ENV_LEASE = "LEOFLOW_AGENT_LEASE_SECONDS"  # [leoflow] agent_lease_seconds (leoflow_agent.lease; k8s review §14)
+AGENT_ENV = (ENV_EXCHANGE_URL, ENV_TOKEN_FILE, ENV_MESSAGE_BUDGET, ENV_CEILING, ENV_LEASE)
 """What the agent container's environment carries from leoflow, all of it public."""
 
 _SECURITY_PINS = ("allowPrivilegeEscalation", "privileged", "capabilities.drop", "runAsNonRoot", "seccompProfile")
@@ -222,6 +242,13 @@ def attempt_labels(attempt: PodAttempt) -> dict[str, str]:
     return labels
 
 
+def is_leoflow_key(key: str) -> bool:
+    """Whether a label or annotation ``key`` is leoflow's own: any ``leoflow.io/*`` key, or one of the
+    ``app.kubernetes.io/*`` keys leoflow sets (:data:`APP_LABEL_KEYS`). Only leoflow's own code sets these on a
+    pod (k8s review §1): the warm informer's selector, the warm registration and the exchange trust them."""
+    return key.startswith(LABEL_PREFIX) or key in APP_LABEL_KEYS
+
+
 def is_attempt_pod(metadata: k8s.V1ObjectMeta | None, attempt: PodAttempt) -> bool:
     """Whether a pod with ``metadata`` (read back from the API server) is ``attempt``'s own: its name is the
     attempt's pod name and its identity annotation names the attempt (parsed as the token exchange parses it,
@@ -280,15 +307,20 @@ def build_pod(
         container already sets that name (:func:`forward_environment`).
     :returns: a new ``V1Pod`` ready to create in ``settings.namespace``.
     :raises PodRefused: naming the field: an ``executor_config`` it cannot use, a ``pod_override`` field outside
-        ``settings.pod_override_allow`` (or a container added without ``spec.containers`` allowed), a hook that
-        raised, a second ServiceAccount token volume, an environment variable that is one of Airflow's own
-        secrets, or so many containers that the termination message leaves fewer than
-        ``MIN_TERMINATION_MESSAGE_BUDGET`` bytes for the record.
+        ``settings.pod_override_allow`` (or a container added without ``spec.containers`` allowed), a
+        ``pod_override`` that sets one of leoflow's labels or annotations (``metadata.labels.<key>``), a hook
+        that raised, a Secret reference that neither the template has nor ``settings.pod_secret_allow``
+        names, a second ServiceAccount token volume, a container other than the agent's that mounts the token,
+        an environment variable that is one of Airflow's own secrets or ``settings.agent_env_deny`` names, or so
+        many containers that the termination message leaves fewer than ``MIN_TERMINATION_MESSAGE_BUDGET`` bytes
+        for the record.
     """
     override = _pod_override(executor_config)
     base = merge_pods(template, _leoflow_layer(attempt, settings))
+    operator_refs = frozenset(secret_refs(base))  # the template's: leoflow's layer references no Secret
     if override is not None:
         _check_override(override, base, settings.pod_override_allow)
+        _check_leoflow_keys(override.metadata, attempt, "the pod_override")
     pod = merge_pods(base, override)
     _pin(pod, attempt, settings)
     if mutation_hook is not None:
@@ -303,8 +335,9 @@ def build_pod(
         except Exception as exc:  # a plugin's policy that could not run never lets the pod through
             raise PodRefused("leoflow_mutate_pod", f"raised {type(exc).__name__}: {exc}") from exc
         _pin(pod, attempt, settings)
-    forward_environment(pod, forward_env or {})
-    _check_final(pod)
+    deny = settings.agent_env_deny
+    forward_environment(pod, {k: v for k, v in (forward_env or {}).items() if not withheld(k, deny)})
+    _check_final(pod, settings, operator_refs)
     return pod
 
 
@@ -372,6 +405,24 @@ def _check_override(override: k8s.V1Pod, base: k8s.V1Pod, allow: tuple[str, ...]
                          "needs `spec.containers` in [leoflow] pod_override_allow")
 
 
+def _check_leoflow_keys(meta: k8s.V1ObjectMeta | None, attempt: PodAttempt, who: str) -> None:
+    """Refuse ``meta`` (a ``pod_override``'s) when it sets a leoflow key
+    (:func:`is_leoflow_key`) to anything but the value leoflow gives it for ``attempt``: a task pod that carried
+    ``leoflow.io/warm`` or another version's ``leoflow.io/dag-version`` would pass for a warm pod (k8s review §1).
+    The same value is no change and passes. ``who`` names the layer in the message."""
+    if meta is None:
+        return
+    ours = {
+        "labels": attempt_labels(attempt),
+        "annotations": {IDENTITY_ANNOTATION: identity_annotation(attempt.ref)},
+    }
+    for field in ("labels", "annotations"):
+        for key, value in (getattr(meta, field) or {}).items():
+            if is_leoflow_key(key) and ours[field].get(key) != value:
+                raise PodRefused(f"metadata.{field}.{key}", f"{who} sets {key}={str(value)[:80]!r}; leoflow.io/* "
+                                 "and leoflow's app.kubernetes.io/* keys are leoflow's alone, set by leoflow")
+
+
 # --------------------------------------------------------------------------------------------------
 # pins
 
@@ -381,8 +432,8 @@ def _pin(pod: k8s.V1Pod, attempt: PodAttempt, settings: KubernetesSettings) -> N
     pod.api_version, pod.kind, pod.status = "v1", "Pod", None
     meta = pod.metadata = pod.metadata or k8s.V1ObjectMeta()
     meta.name, meta.generate_name, meta.namespace = pod_name(attempt), None, settings.namespace
-    meta.labels = {**(meta.labels or {}), **attempt_labels(attempt)}
-    meta.annotations = {**(meta.annotations or {}), IDENTITY_ANNOTATION: identity_annotation(attempt.ref)}
+    meta.labels = {**_not_leoflow(meta.labels), **attempt_labels(attempt)}
+    meta.annotations = {**_not_leoflow(meta.annotations), IDENTITY_ANNOTATION: identity_annotation(attempt.ref)}
     meta.finalizers = [f for f in meta.finalizers or [] if f != OUTCOME_FINALIZER] + [OUTCOME_FINALIZER]
 
     spec = pod.spec = pod.spec or k8s.V1PodSpec(containers=[])
@@ -412,9 +463,16 @@ def _pin(pod: k8s.V1Pod, attempt: PodAttempt, settings: KubernetesSettings) -> N
         ENV_TOKEN_FILE: TOKEN_FILE,
         ENV_MESSAGE_BUDGET: str(termination_budget(pod)),
         ENV_CEILING: str(settings.credential_ceiling_seconds),
+        ENV_LEASE: f"{settings.agent_lease_seconds:g}",
     }
     agent.env = [e for e in agent.env or [] if e.name not in ours]
     agent.env.extend(k8s.V1EnvVar(name=k, value=v) for k, v in ours.items())
+
+
+def _not_leoflow(keys: Mapping[str, str] | None) -> dict[str, str]:
+    """``keys`` (labels or annotations) without leoflow's own (:func:`is_leoflow_key`): a template's or a hook's
+    are replaced by what leoflow sets, never kept beside it (k8s review §1)."""
+    return {k: v for k, v in (keys or {}).items() if not is_leoflow_key(k)}
 
 
 def _token_volume(settings: KubernetesSettings) -> k8s.V1Volume:
@@ -456,21 +514,87 @@ def _container_security(sc: k8s.V1SecurityContext | None) -> k8s.V1SecurityConte
 # final checks
 
 
-def _check_final(pod: k8s.V1Pod) -> None:
-    """Refuse what no pin can mend: a second ServiceAccount token, Airflow's own secrets in the environment,
-    and a termination message too small for a record."""
+@dataclass(frozen=True, slots=True)
+class SecretRef:
+    """One route by which a Secret's data reaches a pod's containers (k8s review §9).
+
+    :param field: the pod field path, as a refusal names it (``spec.containers.env.valueFrom.secretKeyRef``,
+        ``spec.initContainers.envFrom.secretRef``, ``spec.volumes.secret``, ``spec.volumes.projected.sources.secret``).
+    :param where: the container and variable, or the volume, that carries it (``container 'base' env AWS_KEY``).
+    :param secret: the Secret's name.
+    :param detail: the rest of the reference (the key, the prefix, the projected items), so that the same Secret
+        reached another way is another reference.
+    """
+
+    field: str
+    where: str
+    secret: str
+    detail: str = ""
+
+
+def secret_refs(pod: k8s.V1Pod) -> list[SecretRef]:
+    """Every Secret reference of ``pod``, in pod order: each container's and init container's
+    ``env[].valueFrom.secretKeyRef`` and ``envFrom[].secretRef``, each ``secret`` volume and each ``secret`` source
+    of a ``projected`` volume. Pure; a reference without a Secret name is listed with ``secret`` ``""``."""
+    refs: list[SecretRef] = []
+    spec = pod.spec
+    if spec is None:
+        return refs
+    for kind, path in (("containers", "spec.containers"), ("init_containers", "spec.initContainers")):
+        for container in getattr(spec, kind) or []:
+            for env in container.env or []:
+                ref = env.value_from.secret_key_ref if env.value_from else None
+                if ref is not None:
+                    refs.append(SecretRef(f"{path}.env.valueFrom.secretKeyRef",
+                                          f"container {container.name!r} env {env.name}", ref.name or "", ref.key))
+            for source in container.env_from or []:
+                if source.secret_ref is not None:
+                    refs.append(SecretRef(f"{path}.envFrom.secretRef", f"container {container.name!r} envFrom",
+                                          source.secret_ref.name or "", source.prefix or ""))
+    for volume in spec.volumes or []:
+        if volume.secret is not None:
+            refs.append(SecretRef("spec.volumes.secret", f"volume {volume.name!r}", volume.secret.secret_name or "",
+                                  _items(volume.secret.items)))
+        for source in (volume.projected.sources or []) if volume.projected else []:
+            if source.secret is not None:
+                refs.append(SecretRef("spec.volumes.projected.sources.secret", f"volume {volume.name!r}",
+                                      source.secret.name or "", _items(source.secret.items)))
+    return refs
+
+
+def _items(items: list[k8s.V1KeyToPath] | None) -> str:
+    return ",".join(sorted(f"{i.key}={i.path}" for i in items or []))
+
+
+def _check_final(pod: k8s.V1Pod, settings: KubernetesSettings, operator_refs: frozenset[SecretRef]) -> None:
+    """Refuse what no pin can mend: a second ServiceAccount token, or the token mounted by another container
+    than the agent's; a Secret reference that is not in ``operator_refs`` (the template's) and names no Secret of
+    ``settings.pod_secret_allow``; Airflow's own secrets or ``settings.agent_env_deny`` names in the environment;
+    and a termination message too small for a record (k8s review §9)."""
     for volume in pod.spec.volumes or []:
         sources = (volume.projected.sources or []) if volume.projected else []
         if volume.name != TOKEN_VOLUME and any(s.service_account_token for s in sources):
             raise PodRefused("spec.volumes", f"volume {volume.name!r} projects a ServiceAccount token; the pod "
                              f"carries exactly one, leoflow's {TOKEN_VOLUME!r}, and no other credential")
+    for ref in secret_refs(pod):
+        if ref not in operator_refs and ref.secret not in settings.pod_secret_allow:
+            raise PodRefused(ref.field, f"{ref.where} references Secret {ref.secret!r}, which the pod template does "
+                             "not and [leoflow] pod_secret_allow does not name; a pod_override or hook may reference "
+                             "only the Secrets the operator allows there")
+    deny = settings.agent_env_deny
     for field in ("containers", "init_containers"):
-        for container in getattr(pod.spec, field) or []:
+        path = "spec.initContainers" if field == "init_containers" else "spec.containers"
+        for index, container in enumerate(getattr(pod.spec, field) or []):
             for env in container.env or []:
-                if withheld(env.name):
-                    path = "spec.initContainers.env" if field == "init_containers" else "spec.containers.env"
-                    raise PodRefused(path, f"{env.name} (container {container.name!r}) is one of Airflow's own "
-                                     "secrets or process markers; a task pod never carries it")
+                if withheld(env.name, deny):
+                    raise PodRefused(f"{path}.env", f"{env.name} (container {container.name!r}) is one of Airflow's "
+                                     "own secrets or process markers, or [leoflow] agent_env_deny names it; a task "
+                                     "pod never carries it")
+            if field == "containers" and index == 0:
+                continue
+            if any(m.name == TOKEN_VOLUME for m in container.volume_mounts or []):
+                raise PodRefused(f"{path}.volumeMounts", f"container {container.name!r} mounts {TOKEN_VOLUME!r}; "
+                                 "the exchange token is the agent container's alone")
     budget = termination_budget(pod)
     if budget < MIN_TERMINATION_MESSAGE_BUDGET:
         raise PodRefused("spec.containers", f"the pod's containers leave the termination message {budget} "

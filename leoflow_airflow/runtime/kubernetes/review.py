@@ -26,6 +26,7 @@ __all__ = [
     "KubeReader",
     "KubeRejected",
     "KubeUnavailable",
+    "OwnerRef",
     "PodFacts",
     "api_client_from_config",
     "TokenReviewResult",
@@ -70,9 +71,22 @@ class TokenReviewResult:
 
 
 @dataclass(frozen=True)
+class OwnerRef:
+    """One ``metadata.ownerReferences`` entry of a pod: ``api_version``, ``kind``, ``name``, ``uid`` and
+    ``controller`` (False when unset)."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool = False
+
+
+@dataclass(frozen=True)
 class PodFacts:
     """What the exchange reads of a pod: ``name``, ``namespace``, ``uid``, ``deletion_timestamp`` (aware,
-    None when the pod is not being deleted), ``annotations`` and ``labels`` (empty when the pod has none)."""
+    None when the pod is not being deleted), ``annotations`` and ``labels`` (empty when the pod has none), and
+    ``owner_references`` (a warm pod's anchor, which the warm registration checks: k8s review §1)."""
 
     name: str
     namespace: str
@@ -80,6 +94,7 @@ class PodFacts:
     deletion_timestamp: datetime | None = None
     annotations: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
+    owner_references: tuple[OwnerRef, ...] = ()
 
 
 class KubeReader(Protocol):
@@ -203,6 +218,8 @@ class KubeClient:
             deletion_timestamp=meta.deletion_timestamp,
             annotations=dict(meta.annotations or {}),
             labels=dict(meta.labels or {}),
+            owner_references=tuple(OwnerRef(o.api_version or "", o.kind or "", o.name or "", o.uid or "",
+                                            bool(o.controller)) for o in meta.owner_references or ()),
         )
 
 

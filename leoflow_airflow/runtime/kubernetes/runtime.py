@@ -28,7 +28,10 @@ One exception, the confirmation valve (issue 10 item 3): a pod that is being del
 pod_termination_valve`` seconds past its deletion grace period without a terminated status (its node is
 unreachable: no kubelet will report its end, and leoflow's finalizer keeps the object) is GONE, and its evidence
 says so (:func:`.status.unconfirmed_cause`, an infra loss), so its task instance is re-run on the infra budget
-before Airflow's heartbeat purge would fail it.
+before Airflow's heartbeat purge would fail it. No pod object alone proves a death while the attempt's task
+instance heartbeats (k8s review §14, :func:`.decide.heartbeat_silent`): the valve, a terminal pod whose agent
+container reported no end (PodGC's ``Failed`` on a lost node) and a pod gone from the API server read LIVE until
+the heartbeat :meth:`observe` is given is older than ``[leoflow] agent_lost_threshold``.
 
 Kills delete exactly the attempt's pod: ``grace_period_seconds`` = the kill's grace and a UID precondition,
 so a newer epoch's pod (another name) or a pod re-created under the same name (another UID) is never touched.
@@ -52,8 +55,16 @@ schedulers' anchors. :meth:`launch` places an attempt on an idle registered work
 the deadline PATCH (:func:`.warmdecide.lowered_deadline`); anything else is a cold pod as before. A warm
 attempt's presence, evidence and start progress come from its ledger row and its pod
 (:func:`.warmdecide.warm_presence`, :func:`~.warmdecide.warm_evidence`, :func:`~.warmdecide.warm_start_progress`:
-an assignment not taken within 60 s is taken back and reads GONE); a kill deletes its worker pod (a worker never
-outlives a killed attempt); warm pods are never collected here (the pool reaps them).
+an assignment not taken within 60 s is taken back and reads GONE; a deleted warm pod gets the confirmation valve
+as a cold one, k8s review §6); a kill deletes its worker pod (a worker never outlives a killed attempt) only after
+the guarded ``WarmLedger.mark_killing`` proved the row still holds that attempt (k8s review §7: never the pod of a
+newer one); warm pods are never collected here (the pool reaps them).
+
+Before the pod cache's first LIST ended (at most :data:`EVIDENCE_SYNC_WAIT_SECONDS` after :meth:`start`),
+:meth:`~KubernetesRuntime.evidence` answers ``Evidence.unknown()`` rather than "no record", so adoption and
+settling wait instead of re-running a recorded success (k8s review §2). :meth:`~KubernetesRuntime.collect` settles
+only pods whose attempt the ledger holds CLOSED: a pod naming an attempt it does not hold is another
+installation's (k8s review §5).
 
 Callbacks (``ExecuteCallback``: deadline callbacks) do not get a pod: they run on the scheduler's host as a
 local child process (:mod:`.callback`: ``BaseExecutor.run_workload``), the workload JSON handed over on its
@@ -85,9 +96,11 @@ from leoflow_airflow.hookspecs import AttemptInfo
 from leoflow_airflow.ledger.states import AttemptRef
 from leoflow_airflow.lifecycle.runtime import (
     CallbackDone,
+    EndCause,
     Evidence,
     Exited,
     LaunchSpec,
+    LedgerRow,
     Presence,
     RuntimeEvent,
     RuntimeFacts,
@@ -130,6 +143,12 @@ STUCK_REASONS = decide.STUCK_REASONS
 """Waiting reasons of the agent container that do not pass by themselves: logged once per pod as an error, and
 the attempt rejected (:func:`.decide.start_progress`)."""
 
+EVIDENCE_SYNC_WAIT_SECONDS = 120.0
+"""Seconds after :meth:`KubernetesRuntime.start` during which the evidence of an attempt whose pod the unsynced
+cache cannot show is :meth:`Evidence.unknown` rather than "no record" (k8s review §2): adoption and settling wait
+for the first LIST instead of resetting a recorded success as lost. Below Airflow's default
+``task_instance_heartbeat_timeout`` (300 s), which adoption restarts (``last_heartbeat_at = now``), so the
+wait never ends in Airflow's purge. Past it (an API server still unreachable) the cache's answer is taken."""
 
 WARM_TICK_SECONDS = 2.0
 """Seconds between two warm pool ticks (each one reads the targets and the ledger's warm rows, then acts)."""
@@ -265,6 +284,7 @@ class KubernetesRuntime:
         self._start_seen: dict[str, tuple[str, datetime]] = {}  # pod uid -> (its start key, first seen at it)
         self._stop_due: dict[str, float] = {}  # deleted pod's uid -> monotonic time it should have stopped by
         self._unconfirmed: dict[str, float] = {}  # pod uid -> seconds past its grace when the valve opened
+        self._held: set[str] = set()  # pod uids whose open valve a fresh heartbeat held shut (said once each)
         self._callbacks: dict[str, subprocess.Popen[bytes]] = {}
         self._checked = False  # the start-up check passed
         self._checking = False
@@ -273,6 +293,8 @@ class KubernetesRuntime:
         self._next_check = 0.0
         self._next_collect = 0.0
         self._started = False
+        self._started_at: float | None = None  # monotonic() of start(): bounds the unsynced-evidence wait
+        self._said_unsynced = False
         self._stopped = False
         self.job_id: int | None = None
         """This scheduler's Airflow job id (the executor sets it before :meth:`start`); warm pods need it."""
@@ -321,6 +343,7 @@ class KubernetesRuntime:
             self.informer = PodInformer(self._api, self.kube.namespace, label_selector(),
                                         request_timeout_seconds=REQUEST_TIMEOUT_SECONDS)
         self.informer.start()
+        self._started_at = self._monotonic()
         self._start_warm()
         self._started = True
         self._start_check()
@@ -893,15 +916,17 @@ class KubernetesRuntime:
         self._next_check = self._monotonic() + START_RETRY_SECONDS
 
     # --- presence, evidence, kill ----------------------------------------------------------------------
-    def _presence(self, name: str, uid: str | None, ref: AttemptRef,
-                  now: float | None = None) -> tuple[Presence, PodView | None]:
+    def _presence(self, name: str, uid: str | None, ref: AttemptRef, now: float | None = None,
+                  heartbeat_age: float | None = None) -> tuple[Presence, PodView | None]:
         """The presence of ``ref``'s pod ``name`` (``uid`` when recorded) and the freshest view of it; asks the
         pool for a confirming read when the cache does not hold it (module docstring).
 
         :param now: ``monotonic()`` seconds of a pass over many attempts whose caller took the pool's answers
             (:meth:`_absorb`) once before it; None (one attempt): both are done here. A scheduler loop looks up
             a page of attempts at a time, and one answer more or less within the pass changes nothing that the
-            next pass does not see (issue 10, "Benchmark": the per-attempt cost of a sweep)."""
+            next pass does not see (issue 10, "Benchmark": the per-attempt cost of a sweep).
+        :param heartbeat_age: seconds since the attempt's TI last heartbeat (None: unknown); while it is at most
+            ``[leoflow] agent_lost_threshold`` no pod object alone makes the attempt GONE (k8s review §14)."""
         if self.informer is None or not self.informer.synced:
             return Presence.UNKNOWN, None
         if now is None:
@@ -909,28 +934,41 @@ class KubernetesRuntime:
             now = self._monotonic()
         presence, view, need_read = decide.presence(
             self.informer.get(name), self._reads.get(name), uid=uid, ref=ref, now=now,
-            read_reuse=READ_REUSE_SECONDS)
+            read_reuse=READ_REUSE_SECONDS, heartbeat_age=heartbeat_age, silent_after=self.settings.agent_lost_threshold)
         if need_read:
             self._request_read(name)
-        if presence is Presence.LIVE and view is not None and self._valve_opened(view, now):
+        if presence is Presence.LIVE and view is not None and self._valve_opened(view, now, heartbeat_age):
             presence = Presence.GONE
         if view is None and uid is not None:
             view = self.informer.tombstone(name, uid)
         return presence, view
 
-    def _valve_opened(self, view: PodView, now: float) -> bool:
+    def _valve_opened(self, view: PodView, now: float, heartbeat_age: float | None = None) -> bool:
         """The confirmation valve (issue 10 item 3, :func:`.decide.valve_open`): whether the live ``view`` is of
         a pod deleted ``[leoflow] pod_termination_valve`` seconds past its grace period that never reported its
-        end. Notes when each deleted pod should have stopped; a pod whose valve opened is remembered, so its
+        end, and whose task instance's heartbeat (``heartbeat_age`` seconds old, None: unknown) is silent past
+        ``[leoflow] agent_lost_threshold`` (k8s review §14: a fresh heartbeat keeps it shut, even after it opened
+        once). Notes when each deleted pod should have stopped; a pod whose valve opened is remembered, so its
         :meth:`evidence` names why it counts as ended."""
+        silent_after = self.settings.agent_lost_threshold
+        due = decide.deletion_deadline(view, seen=now, earlier=self._stop_due.get(view.uid))
+        if due is not None:
+            self._stop_due[view.uid] = due
+        if not decide.heartbeat_silent(heartbeat_age, silent_after=silent_after):
+            if view.uid not in self._held and decide.valve_open(due, now=now, valve=self.kube.pod_termination_valve):
+                self._held.add(view.uid)
+                log.warning("pod %s (uid %s) on %s reported no end %.0f s past its deletion grace period, but its "
+                            "attempt %s heartbeated %.0f s ago: it still runs, so it is not re-run until its "
+                            "heartbeat is silent for [leoflow] agent_lost_threshold (%g s)", view.name, view.uid,
+                            view.node_name or "no node", now - (due or now), view.ref, heartbeat_age or 0.0,
+                            silent_after)
+            return False
         if view.uid in self._unconfirmed:
             return True
-        due = decide.deletion_deadline(view, seen=now, earlier=self._stop_due.get(view.uid))
-        if due is None:
+        if not decide.valve_open(due, now=now, valve=self.kube.pod_termination_valve, heartbeat_age=heartbeat_age,
+                                 silent_after=silent_after):
             return False
-        self._stop_due[view.uid] = due
-        if not decide.valve_open(due, now=now, valve=self.kube.pod_termination_valve):
-            return False
+        assert due is not None
         self._unconfirmed[view.uid] = now - due
         log.warning("pod %s (uid %s) on %s reported no end %.0f s past its deletion grace period: its attempt %s "
                     "counts as ended with no record ([leoflow] pod_termination_valve %g s)", view.name, view.uid,
@@ -944,20 +982,25 @@ class KubernetesRuntime:
         uid = attempt.pod_uid or (launch.uid if launch is not None else None)
         return name, uid, launch
 
-    def observe(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, Presence]:
-        """LIVE / GONE / UNKNOWN per attempt from the cache (module docstring); a create in flight is UNKNOWN."""
+    def observe(self, attempts: Sequence[Attempt],
+                heartbeats: Mapping[AttemptRef, float | None] | None = None) -> Mapping[AttemptRef, Presence]:
+        """LIVE / GONE / UNKNOWN per attempt from the cache (module docstring); a create in flight is UNKNOWN.
+        ``heartbeats``: seconds since each attempt's TI last heartbeat (None or absent: unknown); an attempt
+        whose heartbeat is fresh is never GONE on its pod object's word alone (k8s review §14)."""
         out: dict[AttemptRef, Presence] = {}
+        beats = heartbeats or {}
         self._absorb()
         now = self._monotonic()
         for attempt in attempts:
+            age = beats.get(attempt.ref)
             if (w := self._warm_of(attempt)) is not None:
-                out[attempt.ref] = self._warm_presence(w.name, w.uid, attempt.ref, now)
+                out[attempt.ref] = self._warm_presence(w.name, w.uid, attempt.ref, now, age)
                 continue
             name, uid, launch = self._where(attempt)
             if launch is not None and launch.creating:
                 out[attempt.ref] = Presence.UNKNOWN
                 continue
-            out[attempt.ref] = self._presence(name, uid, attempt.ref, now)[0]
+            out[attempt.ref] = self._presence(name, uid, attempt.ref, now, age)[0]
         return out
 
     # --- warm attempts ---------------------------------------------------------------------------------
@@ -993,8 +1036,14 @@ class KubernetesRuntime:
             return read.view, False
         return tomb, read is not None
 
-    def _warm_presence(self, name: str, uid: str, ref: AttemptRef, now: float | None = None) -> Presence:
-        """The presence of warm attempt ``ref`` on pod ``name``/``uid`` (:func:`.warmdecide.warm_presence`)."""
+    def _warm_presence(self, name: str, uid: str, ref: AttemptRef, now: float | None = None,
+                       heartbeat_age: float | None = None) -> Presence:
+        """The presence of warm attempt ``ref`` on pod ``name``/``uid`` (:func:`.warmdecide.warm_presence`), and
+        GONE once its deleted pod went ``[leoflow] pod_termination_valve`` seconds past its grace period without
+        an end (the confirmation valve, as for a cold pod: :meth:`_valve_opened`; k8s review §6). While the TI's
+        heartbeat is fresh (``heartbeat_age`` at most ``[leoflow] agent_lost_threshold``) and the ledger row still
+        holds ``ref``, the pod object alone (terminal with no end of its agent container, or gone) is no proof:
+        LIVE (k8s review §14)."""
         if self.warm is None or self.warm_informer is None or not self.warm_informer.synced:
             return Presence.UNKNOWN
         w = self._warm_launches.get(launch_id(ref)) or _WarmLaunch(ref, name, uid)
@@ -1007,7 +1056,23 @@ class KubernetesRuntime:
         view, gone = self._warm_view(name, uid, now)
         if gone and view is not None and not view.terminal:
             view = None  # a tombstone's last view says nothing of a pod a live read found gone
-        return warmdecide.warm_presence(row, view, ref, row_fresh=fresh, pod_confirmed_gone=gone)
+        presence = warmdecide.warm_presence(row, view, ref, row_fresh=fresh, pod_confirmed_gone=gone)
+        held = row is not None and row.ref == ref and row.state in (warmdecide.ASSIGNED, warmdecide.BUSY,
+                                                                      warmdecide.KILLING)
+        if presence is Presence.GONE and held and (view is None or view.agent is None) and \
+                not decide.heartbeat_silent(heartbeat_age, silent_after=self.settings.agent_lost_threshold):
+            return Presence.LIVE  # only the pod object says it ended; its body still heartbeats (k8s review §14)
+        if presence is Presence.LIVE and view is not None and self._valve_opened(view, now, heartbeat_age):
+            return Presence.GONE  # deleted, and no kubelet reported its end in time (k8s review §6)
+        return presence
+
+    def _warm_unconfirmed(self, view: PodView | None, now: float) -> EndCause | None:
+        """The infra loss of a warm pod whose confirmation valve opened (:func:`.status.unconfirmed_cause`), or
+        None (no view, terminal, or its valve is closed). k8s review §6."""
+        if view is None or view.terminal or not self._valve_opened(view, now):
+            return None
+        return status.unconfirmed_cause(view, waited=self._unconfirmed[view.uid],
+                                        valve=self.kube.pod_termination_valve)
 
     def start_progress(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, StartProgress]:
         """How far each attempt's pod got toward running its agent (:func:`.decide.start_progress` of the view
@@ -1078,10 +1143,14 @@ class KubernetesRuntime:
 
     def evidence(self, attempt: Attempt) -> Evidence:
         """The record in the pod's termination message (the cached view, its tombstone, or the last confirming
-        read), decoded against the attempt's identity (:func:`.status.pod_evidence`); never raises."""
+        read), decoded against the attempt's identity (:func:`.status.pod_evidence`); ``Evidence.unknown()`` while
+        the cache has not synced, for at most :data:`EVIDENCE_SYNC_WAIT_SECONDS` after :meth:`start` (k8s review
+        §2); never raises."""
         self._absorb()
         if (w := self._warm_of(attempt)) is not None:
             return self._warm_evidence(w)
+        if self._cache_pending(self.informer):
+            return Evidence.unknown()
         name, uid, _ = self._where(attempt)
         view = None
         if self.informer is not None:
@@ -1105,6 +1174,21 @@ class KubernetesRuntime:
             log.exception("reading the evidence of %s failed", attempt.ref)
             return Evidence(None, None)
 
+    def _cache_pending(self, informer: PodInformer | None) -> bool:
+        """Whether evidence read from ``informer`` would be a guess: it has not synced yet and
+        :data:`EVIDENCE_SYNC_WAIT_SECONDS` have not passed since :meth:`start` (k8s review §2). Past the bound the
+        cache's answer is taken, and that is said once."""
+        if (informer is not None and informer.synced) or self._started_at is None:
+            return False
+        if self._monotonic() - self._started_at < EVIDENCE_SYNC_WAIT_SECONDS:
+            return True
+        if not self._said_unsynced:
+            self._said_unsynced = True
+            log.error("the pod cache has not synced %.0f s after start (%s): evidence of ended attempts is read "
+                      "from what it holds", EVIDENCE_SYNC_WAIT_SECONDS,
+                      getattr(informer, "last_error", None) or "no error reported")
+        return False
+
     def _warm_evidence(self, w: _WarmLaunch) -> Evidence:
         """A warm attempt's evidence (:func:`.warmdecide.warm_evidence`): the in-band record from the ledger, then
         the pod's termination message when it is this attempt's, then the pod's end. Never raises."""
@@ -1113,18 +1197,30 @@ class KubernetesRuntime:
         except Exception as exc:  # noqa: BLE001 - the pod may still hold the record
             log.warning("attempt %s: could not read its in-band record: %s", w.ref, _short(exc))
             text = None
+        if not text and self._cache_pending(self.warm_informer):
+            return Evidence.unknown()
         view = None
+        now = self._monotonic()
         if self.warm_informer is not None:
-            view, _ = self._warm_view(w.name, w.uid, self._monotonic())
+            view, _ = self._warm_view(w.name, w.uid, now)
         try:
-            return warmdecide.warm_evidence(text, view, w.ref)
+            return warmdecide.warm_evidence(text, view, w.ref, unconfirmed=self._warm_unconfirmed(view, now))
         except Exception:  # noqa: BLE001 - evidence never raises
             log.exception("reading the evidence of warm attempt %s failed", w.ref)
             return Evidence(None, None)
 
     def _warm_kill(self, w: _WarmLaunch, grace: float) -> Presence:
-        """Kill a warm attempt: an assignment not taken yet is taken back (nothing ran: GONE); else its worker pod
-        is deleted (UID precondition), so the worker never outlives the killed attempt."""
+        """Kill a warm attempt by guarded ledger writes first, then its pod (k8s review §7). The tick's rows may be
+        :data:`WARM_TICK_SECONDS` old, so they only say GONE (a row never holds an attempt again once it let it
+        go); the writes read the row as it is now:
+
+        * ``assigned(ref) -> idle`` (``WarmLedger.unassign``) changed it: nothing ran, GONE;
+        * ``busy(ref) -> killing(ref)`` (``WarmLedger.mark_killing``) changed it: the pod runs this attempt and
+          takes no other, so it is deleted (UID precondition, ``grace``): LIVE until it ends;
+        * neither: the row holds no ``ref`` (its child ended and the worker awaited, maybe took a newer attempt):
+          GONE, and no delete is sent.
+
+        A ledger that fails: nothing is deleted (LIVE; the lifecycle's kill escalation asks again)."""
         presence = self._warm_presence(w.name, w.uid, w.ref)
         if presence is Presence.GONE:
             return Presence.GONE
@@ -1133,8 +1229,16 @@ class KubernetesRuntime:
                 w.revoked = True
                 self._warm_launches.setdefault(launch_id(w.ref), w)
                 return Presence.GONE
-        except Exception as exc:  # noqa: BLE001 - delete the pod then
-            log.warning("attempt %s: could not take back its warm assignment: %s", w.ref, _short(exc))
+            held = self._warm_ledger.mark_killing(w.uid, w.ref)
+        except Exception as exc:  # noqa: BLE001 - no proof the pod runs this attempt: delete nothing
+            log.warning("attempt %s: could not mark its warm pod %s killing: %s; the kill is asked again", w.ref,
+                        w.name, _short(exc))
+            return Presence.LIVE
+        if not held:
+            w.revoked = True  # the row let it go: GONE from now on, whatever the tick's rows still say
+            self._warm_launches.setdefault(launch_id(w.ref), w)
+            log.info("attempt %s: its warm pod %s holds it no more; nothing to kill", w.ref, w.name)
+            return Presence.GONE
         self._request_delete(w.name, w.uid, grace, f"kill of warm attempt {w.ref}")
         log.info("attempt %s: deleting its warm pod %s uid %s (grace %.0f s)", w.ref, w.name, w.uid, grace)
         return Presence.LIVE
@@ -1187,6 +1291,7 @@ class KubernetesRuntime:
                 self._release_soon[(launch.name, launch.uid)] = (ref, self._monotonic() + RELEASE_SOON_SECONDS)
                 self._stop_due.pop(launch.uid, None)
                 self._unconfirmed.pop(launch.uid, None)
+                self._held.discard(launch.uid)
                 self._start_seen.pop(launch.uid, None)
 
     def adopt(self, attempt: Attempt) -> None:
@@ -1211,8 +1316,11 @@ class KubernetesRuntime:
         are deleted (UID precondition) once ``[leoflow] pod_retention_success`` (Succeeded) or
         ``pod_retention_failure`` (otherwise) seconds passed since they ended (:func:`.decide.retention_due`).
 
-        :param is_closed: ``is_closed(ti_id, attempt_epoch)``: the ledger row is CLOSED or absent (a DB read:
-            asked only of pods that hold the finalizer and are terminal or deleting, or whose retention is over).
+        :param is_closed: ``is_closed(ti_id, attempt_epoch)``: a :class:`~leoflow_airflow.lifecycle.runtime.
+            LedgerRow` (``True`` counts as CLOSED; a DB read: asked only of pods that hold the finalizer and are
+            terminal or deleting, or whose retention is over). Only CLOSED settles a pod: one whose attempt the
+            ledger does not hold (ABSENT) is another installation's sharing the namespace, and keeps its
+            finalizer and its pod (k8s review §5).
         """
         self._absorb()
         if self.informer is None or not self.informer.synced:
@@ -1230,8 +1338,8 @@ class KubernetesRuntime:
             if ref is None:  # names no attempt: nothing can ever read it as evidence
                 return True
             at = (ref.ti_id, ref.attempt_epoch)
-            if at not in closed:
-                closed[at] = is_closed(*at)
+            if at not in closed:  # no ledger row is not mine, never settled (k8s review §5)
+                closed[at] = is_closed(*at) == LedgerRow.CLOSED
             return closed[at]
 
         informer = self.informer
@@ -1257,8 +1365,14 @@ class KubernetesRuntime:
                 acted.add(key)
         self._terminal_seen = {k: v for k, v in self._terminal_seen.items() if k in seen}
         # gone from the cache: nothing to confirm, and no memo needed once the cache shows the finalizer gone
-        self._stop_due = {uid: due for uid, due in self._stop_due.items() if informer.has_uid(uid)}
-        self._unconfirmed = {uid: waited for uid, waited in self._unconfirmed.items() if informer.has_uid(uid)}
+        warm = self.warm_informer
+
+        def cached(uid: str) -> bool:  # a warm pod's valve clock lives here too (k8s review §6)
+            return informer.has_uid(uid) or (warm is not None and warm.has_uid(uid))
+
+        self._stop_due = {uid: due for uid, due in self._stop_due.items() if cached(uid)}
+        self._unconfirmed = {uid: waited for uid, waited in self._unconfirmed.items() if cached(uid)}
+        self._held = {uid for uid in self._held if cached(uid)}
         self._released = {key for key in self._released if _holds_finalizer(informer.get(key[0]), key[1])}
         return len(acted)
 
@@ -1276,7 +1390,7 @@ class KubernetesRuntime:
                 continue
             if (view.terminal or view.deleting) and decide.release_due(
                     finalizers=view.finalizers, terminal=view.terminal, deleting=view.deleting,
-                    closed=is_closed(ref.ti_id, ref.attempt_epoch)):
+                    closed=is_closed(ref.ti_id, ref.attempt_epoch) == LedgerRow.CLOSED):
                 if self._request_release(view):
                     acted.add(key)
                 del self._release_soon[key]

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from leoflow_agent import outcome
 from leoflow_airflow.ledger.states import AttemptRef
-from leoflow_airflow.lifecycle.runtime import Evidence, Presence, StartProgress, StartState
+from leoflow_airflow.lifecycle.runtime import EndCause, Evidence, Presence, StartProgress, StartState
 from leoflow_airflow.runtime.kubernetes import status
 from leoflow_airflow.runtime.kubernetes.decide import _operation
 
@@ -35,12 +35,13 @@ ANCHOR_LABEL = "leoflow.io/warm-anchor"
 from leoflow_airflow.runtime.kubernetes.fields import set_paths
 from leoflow_airflow.warm.pool import Worker, WorkerState
 
-__all__ = ["ASSIGN_TIMEOUT_SECONDS", "IDLE", "ASSIGNED", "BUSY", "WarmRow", "cold_reason", "candidates",
+__all__ = ["ASSIGN_TIMEOUT_SECONDS", "IDLE", "ASSIGNED", "BUSY", "KILLING", "WarmRow", "cold_reason", "candidates",
            "dead_anchors", "deadline_patch", "lowered_deadline", "create_deadline", "pool_worker", "warm_evidence",
            "warm_presence", "warm_start_progress"]
 
-IDLE, ASSIGNED, BUSY = "idle", "assigned", "busy"
-"""The ledger row states of a warm worker (``leoflow_warm_worker.state``)."""
+IDLE, ASSIGNED, BUSY, KILLING = "idle", "assigned", "busy", "killing"
+"""The ledger row states of a warm worker (``leoflow_warm_worker.state``; ``killing``: the scheduler deletes its
+pod, which runs the attempt it holds; k8s review §7)."""
 
 ASSIGN_TIMEOUT_SECONDS = 60.0
 """Seconds an attempt may stay ``assigned`` to a warm worker that does not take it (its long poll is gone: the
@@ -165,7 +166,8 @@ def warm_presence(row: WarmRow | None, view: status.PodView | None, ref: Attempt
     pod absent, not confirmed                           UNKNOWN (the cache only defers)
     row gone, or not holding ``ref`` (released,         GONE: the worker awaits again only once the attempt's
     unassigned, holding another attempt)                child ended, so nothing of this attempt runs
-    row ``assigned``/``busy`` with ``ref``, pod live    LIVE
+    row ``assigned``/``busy``/``killing`` with ``ref``,  LIVE
+    pod live
     ==================================================  ===========================================================
     """
     if not row_fresh:
@@ -174,18 +176,20 @@ def warm_presence(row: WarmRow | None, view: status.PodView | None, ref: Attempt
         return Presence.GONE
     if view is None:
         return Presence.GONE if pod_confirmed_gone else Presence.UNKNOWN
-    if row is None or row.ref != ref or row.state not in (ASSIGNED, BUSY):
+    if row is None or row.ref != ref or row.state not in (ASSIGNED, BUSY, KILLING):
         return Presence.GONE
     return Presence.LIVE
 
 
-def warm_evidence(outcome_json: str | None, view: status.PodView | None, ref: AttemptRef) -> Evidence:
+def warm_evidence(outcome_json: str | None, view: status.PodView | None, ref: AttemptRef, *,
+                  unconfirmed: EndCause | None = None) -> Evidence:
     """The evidence of a warm attempt, first usable source wins: the record the worker posted in-band
     (``outcome_json``, the ledger's ``leoflow_attempt.outcome_json``), decoded against ``ref``; then the pod's
     termination message, only when the record in it is this attempt's (:func:`.status.pod_evidence` decodes
     against ``ref``; a warm pod ran other attempts before, whose records are never evidence for this one); then
-    the pod's end (:func:`.status.end_cause`: OOMKilled named, the deadline, an infra loss) when the pod ended.
-    Never raises."""
+    the pod's end (:func:`.status.end_cause`: OOMKilled named, the deadline, an infra loss) when the pod ended;
+    else ``unconfirmed``, the infra loss of a deleted pod whose confirmation valve opened
+    (:func:`.status.unconfirmed_cause`; k8s review §6). Never raises."""
     expect = outcome.AttemptIdentity(ref.ti_id, ref.try_number, ref.attempt_epoch)
     if outcome_json:
         try:
@@ -199,7 +203,9 @@ def warm_evidence(outcome_json: str | None, view: status.PodView | None, ref: At
     evidence = status.pod_evidence(view, expect)
     if evidence.record is not None and _same(evidence.record.attempt(), expect):
         return evidence
-    return Evidence(None, evidence.exit_code if view.terminal else None, evidence.cause if view.terminal else None)
+    if not view.terminal:
+        return Evidence(None, None, unconfirmed)
+    return Evidence(None, evidence.exit_code, evidence.cause)
 
 
 def _same(found: outcome.AttemptIdentity | None, expect: outcome.AttemptIdentity) -> bool:
@@ -237,7 +243,8 @@ def pool_worker(view: status.PodView, row: WarmRow | None, *, version: str, tena
     labels) with its ledger ``row`` (None: not registered yet, or a row of an older pod of that name):
 
     * terminal → TERMINAL (reaped);
-    * being deleted → DRAINING (already going; never counted as ready);
+    * being deleted, or its row ``killing`` (its delete is on its way) → DRAINING (already going; never counted
+      as ready);
     * no row of this UID, or a row that never awaited (registered, still parsing its DAG file) → STARTING since
       the pod's creation (``warm_start_timeout_seconds`` bounds both);
     * row ``assigned``/``busy`` → BUSY (never deleted);
@@ -248,7 +255,7 @@ def pool_worker(view: status.PodView, row: WarmRow | None, *, version: str, tena
     name = view.name
     if view.terminal:
         return Worker(name, version, tenant, WorkerState.TERMINAL)
-    if view.deleting:
+    if view.deleting or (row is not None and row.pod_uid == view.uid and row.state == KILLING):
         return Worker(name, version, tenant, WorkerState.DRAINING)
     if row is None or row.pod_uid != view.uid:
         return Worker(name, version, tenant, WorkerState.STARTING, view.created_at)

@@ -103,6 +103,14 @@ ISOLATION_VOLUMES = {"leoflow-tmp": ("/tmp", None), "leoflow-shm": ("/dev/shm", 
 EXPECTATION_TTL_SECONDS = 120.0
 """Seconds a create stays expected without the warm informer showing its pod (then the cache is re-listed)."""
 
+DEAD_JOB_GRACE_SECONDS = 600.0
+"""Seconds since a scheduler job's last heartbeat (``job.latest_heartbeat``) during which its anchors are kept
+although Airflow's ``Job.is_alive`` (its 30 s health threshold) says it is not alive: a DB stall or a slow
+heartbeat is not death (k8s review §11). Past it, the job's anchors go (:meth:`WarmPool.sweep_dead_anchors`)."""
+DEAD_ANCHOR_SWEEP_SECONDS = 300.0
+"""Seconds between two sweeps of dead jobs' anchors after the start sweep (on the pool tick), so anchors kept by
+:data:`DEAD_JOB_GRACE_SECONDS` at start go once the job stays dead."""
+
 _WARM_NAME = re.compile(r"lfw-[0-9]+-[0-9a-f]{12}-[0-9a-f]{8}")
 _PLACEHOLDER_TI = "00000000-0000-0000-0000-000000000000"
 
@@ -289,6 +297,38 @@ def airflow_versions(*, prewarm: bool) -> list[PoolVersion]:
             for vid, dag_id, vbundle, bversion, mbundle, fileloc in rows]
 
 
+def past_grace(jobs: Iterable[str], heartbeats: Mapping[str, datetime | None], now: datetime,
+               grace_seconds: float = DEAD_JOB_GRACE_SECONDS) -> set[str]:
+    """Of ``jobs`` (scheduler job ids Airflow's ``Job.is_alive`` says are not alive), those whose last heartbeat
+    (``heartbeats``: job id -> ``latest_heartbeat``, aware UTC; a job missing from it has no ``job`` row) is
+    older than ``grace_seconds`` before ``now``, or unknown: only those may lose their anchors. A job that
+    heartbeat within the grace is kept (k8s review §11: a DB stall is not death). Pure."""
+    out = set()
+    for job in jobs:
+        beat = heartbeats.get(job)
+        if beat is not None and beat.tzinfo is None:
+            beat = beat.replace(tzinfo=timezone.utc)
+        if beat is None or (now - beat).total_seconds() > grace_seconds:
+            out.add(job)
+    return out
+
+
+def airflow_job_heartbeats(job_ids: set[str]) -> dict[str, datetime | None]:
+    """``{job id: latest_heartbeat}`` of those of ``job_ids`` (text; non-numeric ones are no Airflow job) that
+    have an Airflow ``job`` row, in one read; raises what SQLAlchemy raises (the sweep then deletes nothing)."""
+    from sqlalchemy import select
+
+    from airflow.jobs.job import Job
+    from airflow.utils.session import create_session
+
+    numeric = sorted({int(j) for j in job_ids if j.isdigit()})
+    if not numeric:
+        return {}
+    with create_session(scoped=False) as session:
+        return {str(i): beat for i, beat in session.execute(
+            select(Job.id, Job.latest_heartbeat).where(Job.id.in_(numeric)))}
+
+
 GAUGED_STATES = (warm_pool.WorkerState.IDLE, warm_pool.WorkerState.STARTING, warm_pool.WorkerState.BUSY,
                  warm_pool.WorkerState.DRAINING)
 """The worker states the pool tick sends as gauges (a terminal pod is no worker any more: not counted)."""
@@ -332,7 +372,8 @@ class WarmPool:
     :param settings: the Kubernetes ``[leoflow]`` options (namespace, ceiling, …).
     :param warm: the ``[leoflow] warm_*`` options.
     :param job_id: this scheduler's Airflow job id (text).
-    :param ledger: the contract's ``WarmLedger`` (``workers``, ``get``, ``forget``), or a stand-in with them.
+    :param ledger: the contract's ``WarmLedger`` (``workers``, ``get``, ``forget``, ``retire_idle``), or a stand-in
+        with them.
     :param informer: the warm pods' informer (``synced``, ``views()``), :func:`warm_selector`.
     :param versions: ``() -> list[PoolVersion]`` (default :func:`airflow_versions`, with the current versions of unpaused DAGs when ``warm_prewarm`` or an override's ``prewarm`` is on).
     :param template: the operator's pod template; ``mutation_hook``: Airflow's ``pod_mutation_hook``.
@@ -340,6 +381,8 @@ class WarmPool:
         deleted by the pool, whatever a lagging ledger read says).
     :param request_timeout: seconds of one API request.
     :param monotonic: the expectations' clock.
+    :param heartbeats: ``(job ids) -> {job id: latest heartbeat}`` (default :func:`airflow_job_heartbeats`): a job
+        not alive but within :data:`DEAD_JOB_GRACE_SECONDS` of its last heartbeat keeps its anchors.
     :raises ConfigError: ``[leoflow] warm_pools`` is malformed.
     """
 
@@ -348,7 +391,8 @@ class WarmPool:
                  template: k8s.V1Pod | None = None, mutation_hook: Callable[[k8s.V1Pod], Any] | None = None,
                  held: Callable[[], set[str]] = set, request_timeout: float = 30.0,
                  monotonic: Callable[[], float] | None = None,
-                 forward_env: Mapping[str, str] | None = None) -> None:
+                 forward_env: Mapping[str, str] | None = None,
+                 heartbeats: Callable[[set[str]], Mapping[str, datetime | None]] | None = None) -> None:
         import time
 
         self.core, self.settings, self.warm, self.job_id = core, settings, warm, str(job_id)
@@ -363,7 +407,10 @@ class WarmPool:
         self.pool_settings = warm_pool.PoolSettings(tenant_cap=warm.warm_tenant_cap or None,
                                                     start_timeout=warm.warm_start_timeout_seconds)
         self.expectations = Expectations(EXPECTATION_TTL_SECONDS)
-        self.anchors: dict[str, str] = {}  # version -> anchor uid (this job's)
+        self.anchors: dict[str, str] = {}  # version -> anchor uid (this job's), confirmed before each Create batch
+        self._heartbeats = heartbeats or airflow_job_heartbeats
+        self._alive: Callable[[set[str]], set[str]] | None = None  # the start sweep's, for the later sweeps
+        self._next_sweep = float("inf")
         self._lock = threading.Lock()
         self.rows: list[Any] = []
         """The ledger rows of the namespace as the last tick read them (placement reads them)."""
@@ -382,13 +429,26 @@ class WarmPool:
         """Delete the anchors whose ``leoflow.io/scheduler-job`` names a job that is not alive
         (:func:`.warmdecide.dead_anchors`; ``alive(job ids) -> the alive ones``, Airflow's ``Job.is_alive``); the
         garbage collector then removes their pods. Returns the names deleted; raises what the client raises on
-        the LIST (the caller logs it)."""
+        the LIST (the caller logs it).
+
+        k8s review §11: a job that is not alive but heartbeat within :data:`DEAD_JOB_GRACE_SECONDS` keeps its
+        anchors (:func:`past_grace`), and ``alive`` is kept so that the pool tick sweeps again every
+        :data:`DEAD_ANCHOR_SWEEP_SECONDS` (such a job's anchors go once it stays dead)."""
+        self._alive = alive
+        self._next_sweep = self._monotonic() + DEAD_ANCHOR_SWEEP_SECONDS
         listed = self.core.list_namespaced_config_map(self.namespace, label_selector=f"{ANCHOR_LABEL}=true",
                                                       _request_timeout=self._timeout)
         anchors = [(cm.metadata.name, (cm.metadata.labels or {}).get(JOB_LABEL, "")) for cm in listed.items]
         versions = {cm.metadata.name: (cm.metadata.labels or {}).get(VERSION_LABEL, "") for cm in listed.items}
         jobs = {job for _, job in anchors if job and job != self.job_id}
         dead = warmdecide.dead_anchors(anchors, alive(jobs) if jobs else set(), self.job_id)
+        if dead:
+            suspects = {job for name, job in anchors if name in dead}
+            gone = past_grace(suspects, self._heartbeats(suspects), datetime.now(timezone.utc))
+            for job in sorted(suspects - gone):
+                log.info("warm pods: scheduler job %s is not alive but heartbeat within %gs: its anchors stay",
+                         job, DEAD_JOB_GRACE_SECONDS)
+            dead = [name for name in dead if dict(anchors)[name] in gone]
         holding: dict[str, Any] | None = None
         for name in dead:
             job = dict(anchors)[name]
@@ -416,7 +476,8 @@ class WarmPool:
         for pod in pods:
             if pod.metadata.uid not in holding or (pod.status and pod.status.phase in ("Succeeded", "Failed")):
                 continue
-            uid = self._ensure_anchor(version, TickReport())
+            report = TickReport()
+            uid = self._ensure_anchor(version, report) if self._confirm_anchor(version, report) else None
             if uid is None:
                 continue
             owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": anchor_name(self.job_id, version), "uid": uid,
@@ -454,6 +515,32 @@ class WarmPool:
                 return None
         self.anchors[version] = uid
         return uid
+
+    def _confirm_anchor(self, version: str, report: TickReport) -> bool:
+        """Before a Create batch of ``version``: re-read this job's cached anchor (one GET). Gone (404) or being
+        deleted: the cache is dropped, so :meth:`_ensure_anchor` creates a new one (or, while the old one is still
+        being deleted, the creates wait a tick); another UID under the name: the cache takes it. Whether the
+        batch may go on; an error of the read is reported and the batch skipped. k8s review §11: a pod owned by a
+        deleted anchor's UID is accepted by the API server and garbage-collected at once, for ever."""
+        cached = self.anchors.get(version)
+        if cached is None:
+            return True
+        name = anchor_name(self.job_id, version)
+        try:
+            found = self.core.read_namespaced_config_map(name, self.namespace, _request_timeout=self._timeout)
+        except Exception as exc:  # noqa: BLE001 - sorted here
+            if getattr(exc, "status", None) != 404:
+                report.errors.append(f"anchor {name}: {_short(exc)}")
+                return False
+            self.anchors.pop(version, None)
+            log.info("warm pods: anchor %s (uid %s) was deleted: creating a new one", name, cached)
+            return True
+        if found.metadata.deletion_timestamp is not None:
+            self.anchors.pop(version, None)
+            report.errors.append(f"anchor {name}: being deleted; its pool waits for it to go")
+            return False
+        self.anchors[version] = found.metadata.uid
+        return True
 
     def _delete_anchor(self, name: str) -> None:
         from kubernetes import client
@@ -508,13 +595,24 @@ class WarmPool:
         self._gauges(snapshot)
         report.actions = warm_pool.decide(snapshot, now, self.pool_settings)
         by_name = {v.name: v for v in views}
+        confirmed: dict[str, bool] = {}  # version -> may create (its anchor was re-read this tick)
         for action in report.actions:
             try:
+                if isinstance(action, warm_pool.Create) and action.version not in confirmed:
+                    confirmed[action.version] = self._confirm_anchor(action.version, report)
+                if isinstance(action, warm_pool.Create) and not confirmed[action.version]:
+                    continue
                 self._act(action, pvs, by_name, report)
             except Exception as exc:  # noqa: BLE001 - one failed action does not stop the others
                 report.errors.append(f"{type(action).__name__} {action}: {_short(exc)}")
         if self.informer.synced:
             self._forget_rows(rows, by_name, now, report)
+        if self._alive is not None and self._monotonic() >= self._next_sweep:
+            try:
+                self.sweep_dead_anchors(self._alive)
+            except Exception as exc:  # noqa: BLE001 - the next sweep tries again
+                self._next_sweep = self._monotonic() + DEAD_ANCHOR_SWEEP_SECONDS
+                report.errors.append(f"sweep of dead anchors: {_short(exc)}")
         for line in report.errors:
             log.warning("warm pods: %s", line)
         return report
@@ -568,7 +666,7 @@ class WarmPool:
             report.created.append(name)
         elif isinstance(action, warm_pool.Delete):
             view = views.get(action.name)
-            if view is None or not self._still_idle(view):
+            if view is None or not self._retire(view):
                 return
             self._delete_pod(view.name, view.uid)
             report.deleted.append(view.name)
@@ -585,13 +683,18 @@ class WarmPool:
             self.anchors.pop(action.version, None)
             report.retired.append(anchor_name(self.job_id, action.version))
 
-    def _still_idle(self, view: PodView) -> bool:
-        """The delete guard: the pod is not held by this runtime and its ledger row, read again now, holds no
-        attempt (a worker assigned since the tick's read is kept)."""
+    def _retire(self, view: PodView) -> bool:
+        """The delete guard, whether the pool may delete ``view``'s pod: not held by this runtime, and its ledger
+        row, read again now, is idle and then deleted by one write guarded on ``idle`` and that read's
+        ``row_version`` (``WarmLedger.retire_idle``; k8s review §16g): a scheduler that assigned it since (on its
+        own thread, between this read and the delete) makes the write change nothing and keeps the pod; one that
+        assigns after finds no row and loses cleanly. A pod with no row (not registered) has nothing to assign."""
         if view.uid in self._held():
             return False
         row = self.ledger.get(view.uid)
-        return row is None or row.state == warmdecide.IDLE
+        if row is None:
+            return True
+        return row.state == warmdecide.IDLE and bool(self.ledger.retire_idle(view.uid, row_version=row.row_version))
 
     def _delete_pod(self, name: str, uid: str) -> None:
         from kubernetes import client

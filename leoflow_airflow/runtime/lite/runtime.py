@@ -325,9 +325,11 @@ class LiteRuntime:
                 launch.handed_at = now
 
     # --- presence, evidence, kill ----------------------------------------------------------------------
-    def observe(self, attempts: Sequence[Attempt]) -> Mapping[AttemptRef, Presence]:
+    def observe(self, attempts: Sequence[Attempt],
+                heartbeats: Mapping[AttemptRef, float | None] | None = None) -> Mapping[AttemptRef, Presence]:
         """LIVE, GONE or UNKNOWN for each attempt (see the module docstring); always UNKNOWN for an attempt
-        stamped with another host (``leoflow_airflow.hosts``).
+        stamped with another host (``leoflow_airflow.hosts``). ``heartbeats`` is ignored: on this machine the
+        process table proves a death by pid, heartbeat or not (k8s review §14 concerns pod objects only).
 
         One pass: every lookup shares one :class:`~leoflow_agent.proc.ProcessTable` (at most one ``/proc``
         scan). The leftovers of agents no zygote of ours saw die are killed after the lookups, and a new table
