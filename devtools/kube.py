@@ -465,7 +465,7 @@ def release_finalizers(core: Any, namespace: str) -> list[str]:
 
     try:
         return [f"releasing pod {namespace}/{r.name}: {r.outcome} {r.detail}"
-                for r in release_pods(core, namespace, label_selector()) if not r.done]
+                for r in release_pods(core, namespace, label_selector(None)) if not r.done]
     except Exception as exc:  # noqa: BLE001 - reported with the other problems
         return [f"releasing leoflow's finalizers in {namespace}: {type(exc).__name__}: {exc}"]
 

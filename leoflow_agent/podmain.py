@@ -493,7 +493,7 @@ def run_pod(config: PodConfig, *, termination_path: str = TERMINATION_MESSAGE_PA
         return supervise_attempt(workload, server=server, attempt=attempt,
                                  sinks=[termination_sink(termination_path, config.message_budget)],
                                  on_reported=reported, title="leoflow-agent pod", subprocess_logs_to_stdout=True,
-                                 fault=config.fault, hostname=socket.gethostname(),
+                                 fault=config.fault, hostname=socket.gethostname(), watch_sigterm=True,
                                  lease_seconds=config.lease_seconds)
     except BaseException:  # noqa: BLE001 - an agent must always exit with a code
         log.exception("attempt %s: the supervisor failed", attempt)

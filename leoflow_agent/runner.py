@@ -113,6 +113,7 @@ def supervise_attempt(
     subprocess_logs_to_stdout: bool = False,
     hostname: str | None = None,
     lease_seconds: float | None = None,
+    watch_sigterm: bool = False,
 ) -> int:
     """Run one ``ExecuteTask`` workload under the Task SDK supervisor with leoflow's wrapping transport; the one
     way every agent runs a task (a Lite agent: :func:`run_launch`; a task pod: :mod:`leoflow_agent.podmain`).
@@ -129,13 +130,17 @@ def supervise_attempt(
     :param sinks: where outcome records go, each written before a terminal PATCH leaves.
     :param on_reported: ``(state, recorded)`` once a terminal PATCH returned 2xx.
     :param fault: a fault-injection point (test mode only) or ``None``.
-    :param killed: ``killed() -> bool`` (see ``RecordingTransport``); ``None``: never killed by leoflow. Either
-        way a SIGTERM the agent receives counts as a kill (:class:`~leoflow_agent.transport.SigtermWatch`).
+    :param killed: ``killed() -> bool`` (see ``RecordingTransport``); ``None``: never killed by leoflow.
     :param title: the process title's prefix (followed by ``dag_id.task_id map_index=N``).
     :param subprocess_logs_to_stdout: the task's log lines also go to stdout (a pod's log), as Airflow's
         ``execute_workload`` has them in a KubernetesExecutor pod.
     :param hostname: the hostname every call of the attempt reports (a pod's name); ``None``: Airflow's
         ``get_hostname()`` asked once. Pinned for the attempt (:func:`leoflow_agent.hostname.pin`).
+    :param watch_sigterm: any SIGTERM the agent receives counts as a kill (task pods: a pod delete, an eviction, a
+        drain reach the agent as SIGTERM, and leoflow writes no kill marker there;
+        :class:`~leoflow_agent.transport.SigtermWatch`, DESIGN §2 "A success after SIGTERM"). Lite leaves it off:
+        leoflow's own kills write the kill marker, and a SIGTERM from elsewhere (a service manager stopping the
+        scheduler's unit) is no reason to doubt a body's success there.
     :param lease_seconds: ``[leoflow] agent_lease_seconds`` (task pods): when the Execution API gives no answer
         below 500 for that long, the agent marks the attempt ``heartbeat_lost``, kills its task's process groups
         (SIGTERM, then SIGKILL after ``[core] killed_task_cleanup_time``) and exits with
@@ -157,7 +162,7 @@ def supervise_attempt(
 
     pin(hostname)
     exit_watch = ExitWatch(sdk_supervisor)
-    sigterm = SigtermWatch.install()  # any SIGTERM holds a later report as killed (DESIGN §2)
+    sigterm = SigtermWatch.install() if watch_sigterm else None  # a SIGTERM holds a later report as killed
 
     def reported(state: str, recorded: bool) -> None:
         if watchdog is not None:
@@ -180,7 +185,7 @@ def supervise_attempt(
         fault=fault,
         max_failed_heartbeats=_conf_int("workers", "max_failed_heartbeats", 3),
         task_log=task_log_writer(workload.log_path),
-        killed=lambda: sigterm() or (killed or _never_killed)(),
+        killed=lambda: (sigterm is not None and sigterm()) or (killed or _never_killed)(),
         on_answer=watchdog.answered if watchdog is not None else None,
     )
     client = heartbeat_counting_client(Client)(base_url=server, token=workload.token, transport=transport)
@@ -206,7 +211,8 @@ def supervise_attempt(
         if watchdog is not None:
             watchdog.stop()
         exit_watch.restore()
-        sigterm.uninstall()
+        if sigterm is not None:
+            sigterm.uninstall()
     return 0
 
 

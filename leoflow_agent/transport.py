@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -163,6 +164,7 @@ class RecordingTransport(httpx.BaseTransport):
         self.heartbeat_lost = False
         self._attempt = attempt
         self._sinks = list(sinks)
+        self._terminal_lock = threading.RLock()  # a terminal report and a lease expiry: one after the other
         self._on_reported = on_reported
         self._fault = fault
         self._task_log = task_log
@@ -337,13 +339,40 @@ class RecordingTransport(httpx.BaseTransport):
 
     def _mark_heartbeat_lost(self, *, kept: str, lost: str) -> None:
         """Set :attr:`heartbeat_lost`; tell the TI's log ``kept`` when a terminal record is kept (it stays), else
-        ``lost`` and write the ``heartbeat_lost`` record."""
-        self.heartbeat_lost = True
-        if self.terminal_recorded is not None:
-            self._tell("error", kept)
-            return
-        self._tell("error", lost)
-        self._write_refusal(outcome.heartbeat_lost(self._attempt))
+        ``lost`` and write the ``heartbeat_lost`` record. Under the terminal lock: a terminal report being recorded
+        on another thread is either recorded first (and kept) or refused after this."""
+        with self._terminal_lock:
+            self.heartbeat_lost = True
+            if self.terminal_recorded is not None:
+                self._tell("error", kept)
+                return
+            self._tell("error", lost)
+            self._write_refusal(outcome.heartbeat_lost(self._attempt))
+
+    def _refusal(self, request: httpx.Request) -> httpx.Response | None:
+        """The local 409 that refuses terminal report ``request`` (after heartbeat loss, after a kill, after an
+        unanswered call: records written as each rule says), or None to let it go."""
+        if self.heartbeat_lost:
+            log.warning("refusing a terminal report after heartbeat loss; the reconciler decides")
+            return httpx.Response(
+                409, json={"detail": {"reason": "leoflow_heartbeat_lost",
+                                      "message": "refused locally by the leoflow agent after heartbeat loss"}},
+                request=request,
+            )
+        if self._refused_after_kill(request):
+            return httpx.Response(
+                409, json={"detail": {"reason": "leoflow_killed",
+                                      "message": "refused locally by the leoflow agent: leoflow killed this attempt"}},
+                request=request,
+            )
+        if self._refused_after_api_loss(request):
+            return httpx.Response(
+                409, json={"detail": {"reason": "leoflow_api_unreachable",
+                                      "message": "refused locally by the leoflow agent: an Execution API call of "
+                                                 "this attempt went unanswered before the task failed"}},
+                request=request,
+            )
+        return None
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` with the attempt header, recording/reporting terminal states and honouring the fault
@@ -358,29 +387,13 @@ class RecordingTransport(httpx.BaseTransport):
             _suicide("before_run")
         if is_run and self._fault == "hang_before_run":
             _hang("hang_before_run")
-        if is_state and self.heartbeat_lost:
-            log.warning("refusing a terminal report after heartbeat loss; the reconciler decides")
-            return httpx.Response(
-                409, json={"detail": {"reason": "leoflow_heartbeat_lost",
-                                      "message": "refused locally by the leoflow agent after heartbeat loss"}},
-                request=request,
-            )
-        if is_state and self._refused_after_kill(request):
-            return httpx.Response(
-                409, json={"detail": {"reason": "leoflow_killed",
-                                      "message": "refused locally by the leoflow agent: leoflow killed this attempt"}},
-                request=request,
-            )
-        if is_state and self._refused_after_api_loss(request):
-            return httpx.Response(
-                409, json={"detail": {"reason": "leoflow_api_unreachable",
-                                      "message": "refused locally by the leoflow agent: an Execution API call of "
-                                                 "this attempt went unanswered before the task failed"}},
-                request=request,
-            )
         if is_state:
-            request.read()
-            recorded = self._record(request)
+            with self._terminal_lock:  # a lease expiring on its own thread waits for this report, or refuses it
+                refusal = self._refusal(request)
+                if refusal is not None:
+                    return refusal
+                request.read()
+                recorded = self._record(request)
             if recorded is not None and self._fault == "after_record":
                 _suicide("after_record")
         response = self._inner.handle_request(request)

@@ -17,8 +17,10 @@ imports and the parse. What it does, in order:
    ``BundleDagBag`` that the task processes of every attempt are answered from while the file is unchanged), then
    readies the heap for forks (:func:`leoflow_agent.warm.ready_to_fork`);
 4. **awaits** an attempt: ``POST <exchange_url>/v1/warm/await`` (``Authorization: Bearer <credential>``, body
-   ``{"taken": <the last attempt handed to it, {ti_id, try_number, attempt_epoch}, or null>}``: an attempt whose
-   answer was lost is handed again, one it ran is not; k8s review §4), a long poll of up to ``await_seconds``.
+   ``{"taken": <the last attempt handed to it, {ti_id, try_number, attempt_epoch}, or null>, "record": <that
+   attempt's outcome record, when the termination-message file holds it>}``: an attempt whose answer was lost is
+   handed again, one it ran is not, and its record lands even when its own POST was lost; k8s review §3, §4),
+   a long poll of up to ``await_seconds``.
    204: nothing yet, ask again at once. 401: this worker was retired (its row deleted), exit 0. 429, a 5xx,
    another unexpected status, a transport error or a 200 that is no assignment: back off
    (:func:`leoflow_agent.podmain.backoff_delay`) and ask again (:func:`classify_await`);
@@ -733,7 +735,7 @@ def run_attempt_child(config: WarmConfig, registration: Registration, assignment
             configure_logging(output=sys.stdout.buffer, json_output=True)
             return supervise_attempt(workload, server=server, attempt=attempt, sinks=sinks, on_reported=reported,
                                      title="leoflow-agent warm pod", subprocess_logs_to_stdout=True,
-                                     fault=config.pod.fault, hostname=socket.gethostname(),
+                                     fault=config.pod.fault, hostname=socket.gethostname(), watch_sigterm=True,
                                      lease_seconds=config.pod.lease_seconds)
         except BaseException:  # noqa: BLE001 - an agent must always exit with a code
             log.exception("attempt %s: the supervisor failed", attempt)
@@ -992,7 +994,7 @@ def _await_attempts(config: WarmConfig, registration: Registration, post: Post, 
         answer_headers: Mapping[str, str] = {}
         body = b""
         try:
-            status, answer_headers, body = post(await_url, json.dumps({"taken": taken}).encode(), headers,
+            status, answer_headers, body = post(await_url, await_body(taken, termination_path), headers,
                                                 registration.await_seconds + AWAIT_MARGIN_SECONDS)
         except Exception as exc:  # noqa: BLE001 - a transport error of any kind is "no answer"
             what = f"no answer ({type(exc).__name__})"
@@ -1036,6 +1038,27 @@ def _await_attempts(config: WarmConfig, registration: Registration, post: Post, 
         finally:
             termination.busy, termination.child = False, None
         idle_since = monotonic()
+
+
+def await_body(taken: dict[str, Any] | None, termination_path: str) -> bytes:
+    """The body of an ``await``: ``{"taken": taken}`` and, when the termination-message file holds the record of
+    that attempt (its child writes it before its terminal PATCH), ``"record": <its text>``: the in-band record is
+    sent again with every await until the control plane releases the worker, so a record whose own POST was lost
+    (an api-server outage across the attempt's end) still lands, and the attempt is never read GONE without it
+    (k8s review §3). A file that cannot be read, or holds another attempt's record or none, adds nothing."""
+    body: dict[str, Any] = {"taken": taken}
+    if taken is not None:
+        try:
+            with open(termination_path, encoding="utf-8") as fh:
+                text = fh.read(outcome.MAX_RECORD_BYTES + 1).strip()
+        except (OSError, UnicodeDecodeError):
+            text = ""
+        record = outcome.decode(text) if text else None
+        ident = None if record is None else record.attempt()
+        if ident is not None and (ident.ti_id, ident.try_number, ident.attempt_epoch) == (
+                taken.get("ti_id"), taken.get("try_number"), taken.get("attempt_epoch")):
+            body["record"] = text
+    return json.dumps(body).encode()
 
 
 def _run_one(config: WarmConfig, registration: Registration, assignment: Assignment, number: int, *,

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from leoflow_airflow.dispatch.guard import TIRow
+from leoflow_airflow.reap.lost import SUPERSEDED
 from leoflow_airflow.reap.orphan import RunningTI
 
 
@@ -103,10 +104,15 @@ def load_ti_rows(keys: list[LogicalKey]) -> dict[LogicalKey, TIRow]:
 
 
 def load_ti_liveness(ti_ids: list[str]) -> dict[str, tuple[str | None, object]]:
-    """Return ``{ti_id: (state, last_heartbeat_at)}`` for the live rows among ``ti_ids`` (one query)."""
+    """Return ``{ti_id: (state, last_heartbeat_at)}`` for the live rows among ``ti_ids`` (one query), and
+    ``(SUPERSEDED, end_date)`` for the ids a newer try archived to ``task_instance_history`` (a second query, only
+    for the ids the first did not find): Airflow 3.3 gives a clear, a retry and an infra re-drive a new id at once
+    (``prepare_db_for_next_try``), stamping the archived row's ``end_date`` then if it had none, so that date is
+    when the execution stopped being its task's current one. An id in neither table is absent."""
     from sqlalchemy import select
 
     from airflow.models.taskinstance import TaskInstance
+    from airflow.models.taskinstancehistory import TaskInstanceHistory
     from airflow.utils.session import create_session
 
     keys = []
@@ -121,7 +127,16 @@ def load_ti_liveness(ti_ids: list[str]) -> dict[str, tuple[str | None, object]]:
         rows = session.execute(
             select(TaskInstance.id, TaskInstance.state, TaskInstance.last_heartbeat_at).where(TaskInstance.id.in_(keys))
         ).all()
-    return {str(r.id): (None if r.state is None else str(r.state), r.last_heartbeat_at) for r in rows}
+        found: dict[str, tuple[str | None, object]] = {
+            str(r.id): (None if r.state is None else str(r.state), r.last_heartbeat_at) for r in rows}
+        missing = [k for k in keys if str(k) not in found]
+        if missing:
+            archived = session.execute(
+                select(TaskInstanceHistory.task_instance_id, TaskInstanceHistory.end_date)
+                .where(TaskInstanceHistory.task_instance_id.in_(missing))
+            ).all()
+            found.update({str(r.task_instance_id): (SUPERSEDED, r.end_date) for r in archived})
+    return found
 
 
 def _aware(value: Any) -> datetime | None:

@@ -133,7 +133,8 @@ def attempts(args: Any) -> None:
 
 
 def release_pods(args: Any) -> None:
-    """Strip leoflow's finalizer from every leoflow task pod of ``--namespace`` (default ``[leoflow] namespace``),
+    """Strip leoflow's finalizer from every task pod of this installation (label ``leoflow.io/instance`` =
+    ``[leoflow] instance``, :func:`release_selector`) in ``--namespace`` (default ``[leoflow] namespace``),
     running or not, printing one line per pod (``released``, ``gone``, ``not-held``; ``would-release`` with
     ``--dry-run``; ``failed``/``conflict`` with the reason); exit 0 when every pod is released, else 1 (also when
     the configuration cannot be loaded or the pods cannot be listed). Uses the scheduler's Kubernetes identity
@@ -146,7 +147,6 @@ def release_pods(args: Any) -> None:
     from leoflow_airflow.runtime.kubernetes.finalizer import ReleaseOutcome, release_pods as strip
     from leoflow_airflow.runtime.kubernetes.pod import OUTCOME_FINALIZER
     from leoflow_airflow.runtime.kubernetes.review import api_client_from_config
-    from leoflow_airflow.runtime.kubernetes.runtime import label_selector
 
     try:
         kube = settings.load().kubernetes
@@ -163,7 +163,8 @@ def release_pods(args: Any) -> None:
     from kubernetes import client
 
     try:
-        results = strip(client.CoreV1Api(api_client), namespace, label_selector(), dry_run=args.dry_run)
+        results = strip(client.CoreV1Api(api_client), namespace, release_selector(kube.instance, args.unlabelled),
+                        dry_run=args.dry_run)
     except Exception as exc:  # noqa: BLE001 - the LIST failed: nothing was released
         print(f"leoflow: cannot list the pods of namespace {namespace}: {type(exc).__name__}: "
               f"{getattr(exc, 'status', '')} {getattr(exc, 'reason', exc)}", file=sys.stderr)
@@ -178,6 +179,18 @@ def release_pods(args: Any) -> None:
     print(f"{verb} {OUTCOME_FINALIZER} on {done} pod(s) in namespace {namespace}"
           + (f"; {len(bad)} failed (run it again)" if bad else ""))
     sys.exit(1 if bad else 0)
+
+
+def release_selector(instance: str, unlabelled: bool) -> str:
+    """The label selector ``release-pods`` lists with: this installation's task pods
+    (:func:`~leoflow_airflow.runtime.kubernetes.runtime.label_selector` of ``instance``), so another installation
+    sharing the namespace keeps its finalizers (k8s review §5); with ``unlabelled`` (``--unlabelled``) instead the
+    task pods that carry no ``leoflow.io/instance`` label at all, made by a leoflow older than that label, which no
+    scheduler of this version watches (any installation's: run it once after the upgrade)."""
+    from leoflow_airflow.runtime.kubernetes.pod import INSTANCE_LABEL
+    from leoflow_airflow.runtime.kubernetes.runtime import label_selector
+
+    return f"{label_selector(None)},!{INSTANCE_LABEL}" if unlabelled else label_selector(instance)
 
 
 def get_cli_commands() -> list[GroupCommand]:
@@ -213,11 +226,14 @@ def get_cli_commands() -> list[GroupCommand]:
                 ),
                 ActionCommand(
                     name="release-pods",
-                    help="Strip leoflow's finalizer from every leoflow task pod (for an uninstall)",
+                    help="Strip leoflow's finalizer from every task pod of this installation (for an uninstall)",
                     func=release_pods,
                     args=(
                         Arg(("--namespace",), help="the task namespace (default: [leoflow] namespace)", default=None),
                         Arg(("--dry-run",), help="only list the pods that hold it", action="store_true"),
+                        Arg(("--unlabelled",), action="store_true",
+                            help="instead, the task pods without a leoflow.io/instance label (made by a leoflow "
+                                 "older than [leoflow] instance, any installation's): once after that upgrade"),
                     ),
                 ),
             ],

@@ -8,6 +8,7 @@ key and the value, before anything is started.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass, replace
@@ -91,6 +92,39 @@ def _dns_label(v: str) -> str | None:
 def _dns_subdomain(v: str) -> str | None:
     ok = len(v) <= 253 and _DNS_SUBDOMAIN.fullmatch(v)
     return None if ok else "must be a DNS-1123 subdomain (lower-case letters, digits, '-' and '.')"
+
+
+MAX_INSTANCE_LEN = 40
+"""The longest ``[leoflow] instance``: a DNS-1123 label with room to spare (k8s review §5)."""
+
+
+def _instance(v: str) -> str | None:
+    if not v or (len(v) <= MAX_INSTANCE_LEN and _DNS_LABEL.fullmatch(v)):
+        return None
+    return (f"must be a DNS-1123 label of at most {MAX_INSTANCE_LEN} characters (lower-case letters, digits and "
+            "'-', a letter or digit at both ends), or empty to derive it from [database] sql_alchemy_conn")
+
+
+def instance_id(url: str) -> str:
+    """The default ``[leoflow] instance``: the first 12 hex digits of the SHA-256 of the metadata database's
+    identity in ``url`` (a SQLAlchemy URL, Airflow's ``[database] sql_alchemy_conn``): its backend without the
+    driver (``postgresql`` for ``postgresql+psycopg2``), host (lower-case), port and database, joined by
+    newlines. Never the user, password or query. Two Airflows on different metadata databases get different
+    values with no configuration, and one Airflow's scheduler and api-servers (one URL) the same (k8s review §5).
+    Renaming the database host (or spelling the default port out) changes it.
+
+    :raises ValueError: when ``url`` is not a SQLAlchemy URL (empty included).
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError) as exc:
+        raise ValueError(f"not a SQLAlchemy URL: {type(exc).__name__}") from None
+    parts = (parsed.get_backend_name(), (parsed.host or "").lower(),
+             "" if parsed.port is None else str(parsed.port), parsed.database or "")
+    return hashlib.sha256("\n".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 def _no_space(v: str) -> str | None:
@@ -239,6 +273,14 @@ OPTIONS: tuple[Option, ...] = (
     # plugin app) read this one group (KubernetesSettings); each value is checked on its own whatever the runtime
     Option("namespace", "string", "default", "Namespace of the task pods; the token exchange accepts only "
            "tokens of pods in it.", _dns_label),
+    Option("instance", "string", "", "This installation's name on the Kubernetes objects it makes: every task "
+           "pod, warm pod and warm anchor carries the label leoflow.io/instance=<instance>, and the scheduler "
+           "lists, watches, adopts, releases and deletes only objects with its own value, so two Airflows sharing a "
+           "task namespace never touch each other's. A DNS-1123 label of at most 40 characters. Empty: the first "
+           "12 hex digits of the SHA-256 of [database] sql_alchemy_conn's backend, host, port and database (never "
+           "its user or password), the same for one Airflow's scheduler and api-servers; renaming the database host "
+           "changes it. Set it explicitly when two installations share a namespace, or to keep it across a "
+           "database move.", _instance),
     Option("service_account", "string", "default", "ServiceAccount the task pods run as; the token exchange "
            "accepts only this account's projected tokens (`system:serviceaccount:<namespace>:<service_account>`). "
            "Its API token is never mounted (automountServiceAccountToken: false).", _dns_subdomain),
@@ -404,6 +446,10 @@ class KubernetesSettings:
     agent_env_deny: tuple[str, ...] = ()
     """``[leoflow] agent_env_deny`` (shared with Lite, :attr:`LeoflowSettings.agent_env_deny`): environment
     variable names (or ``PREFIX*``) a task pod never sets (k8s review §9)."""
+    instance: str = ""
+    """``[leoflow] instance``, or the value :func:`instance_id` derived from ``[database] sql_alchemy_conn``: the
+    ``leoflow.io/instance`` label on every object this installation makes and in every selector it lists with
+    (k8s review §5). Empty only when neither is set (Airflow always sets the database URL)."""
     agent_lease_seconds: float = 45.0
     """``[leoflow] agent_lease_seconds`` (a copy of :attr:`LeoflowSettings.agent_lease_seconds`): the task pod
     agent's lease on its task, handed to the pod (k8s review §14)."""
@@ -592,6 +638,8 @@ def _load(get: Callable[[str, str, str], str]) -> LeoflowSettings:
     if not values["runtime_dir"]:
         home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
         values["runtime_dir"] = os.path.join(home, "leoflow")
+    if not values["instance"]:
+        values["instance"] = _derived_instance(str(get("database", "sql_alchemy_conn", "") or "").strip())
     for name in ("agent_env_passthrough", "zygote_preload", "agent_env_deny", "pod_override_allow",
                  "pod_secret_allow"):
         values[name] = _split_names(values[name])
@@ -599,6 +647,18 @@ def _load(get: Callable[[str, str, str], str]) -> LeoflowSettings:
                               **{k: values[k] for k in KUBERNETES_SHARED_KEYS})
     warm = WarmSettings(**{k: values.pop(k) for k in WARM_KEYS})
     return LeoflowSettings(**values, kubernetes=kube, warm=warm)
+
+
+def _derived_instance(url: str) -> str:
+    """:func:`instance_id` of ``url`` (empty when ``url`` is); :raises ConfigError: naming ``[leoflow] instance``
+    when ``url`` is not a SQLAlchemy URL, so the operator can set it instead."""
+    if not url:
+        return ""
+    try:
+        return instance_id(url)
+    except ValueError as exc:
+        raise ConfigError(f"{SECTION}.instance", "", f"cannot be derived from [database] sql_alchemy_conn ({exc}); "
+                          "set [leoflow] instance") from None
 
 
 def check_api_access(kube: KubernetesSettings) -> None:

@@ -69,24 +69,33 @@ def ledger_lookup() -> Lookup:
     return lookup
 
 
+HANDED_OVER_STATES = ("up_for_retry", "restarting")
+"""States of a task instance's new try in which the archived try's execution may still act: Airflow archives the
+id inside the execution's own ``up_for_retry`` report (its ``on_retry_callback`` then runs, reading Connections and
+Variables with the old token), and at a clear of a running task (RESTARTING, until the executor hands it back)."""
+
+
 def superseded_try(ti_id: str) -> Any:
     """A SQL boolean that is true when ``ti_id`` (a UUID string) is a superseded try of its task instance:
-    Airflow's ``task_instance`` has no row of that id any more and ``task_instance_history`` has it. Airflow 3.3
-    gives every new try a new id (``TaskInstance.prepare_db_for_next_try``: a clear, a retry, leoflow's infra
-    re-drive) and archives the old one there. An id in neither table (a dag run deleted, or never created) is not
-    judged here: Airflow answers for it (404). Two primary-key lookups, built on Airflow's own tables so that the
-    id binds as Airflow stores it (native ``uuid`` on PostgreSQL, 32 hex characters on SQLite). Raises
-    ``ValueError`` for a ``ti_id`` that is no UUID (:func:`~leoflow_airflow.api.fence.token_subject` hands over
-    UUIDs only)."""
+    ``task_instance_history`` holds it (Airflow 3.3 gives every new try a new id at once,
+    ``TaskInstance.prepare_db_for_next_try``: a clear, a retry, leoflow's infra re-drive, and archives the old one
+    there) and the task instance's current row, its newer try, is past :data:`HANDED_OVER_STATES`: scheduled,
+    queued, running or ended. An id in neither table (a dag run deleted) is not judged here: Airflow answers for it
+    (404). Primary-key and unique-key lookups, built on Airflow's own tables so that the id binds as Airflow stores
+    it (native ``uuid`` on PostgreSQL, 32 hex characters on SQLite). Raises ``ValueError`` for a ``ti_id`` that is
+    no UUID (:func:`~leoflow_airflow.api.fence.token_subject` hands over UUIDs only)."""
     import sqlalchemy as sa
 
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.taskinstancehistory import TaskInstanceHistory
 
-    key = uuid.UUID(ti_id)
-    live = sa.exists().where(TaskInstance.__table__.c.id == key)
-    archived = sa.exists().where(TaskInstanceHistory.__table__.c.task_instance_id == key)
-    return sa.and_(~live, archived)
+    ti, tih = TaskInstance.__table__, TaskInstanceHistory.__table__
+    return sa.exists().where(
+        tih.c.task_instance_id == uuid.UUID(ti_id),
+        ti.c.dag_id == tih.c.dag_id, ti.c.run_id == tih.c.run_id, ti.c.task_id == tih.c.task_id,
+        ti.c.map_index == tih.c.map_index,
+        sa.or_(ti.c.state.is_(None), ti.c.state.not_in(HANDED_OVER_STATES)),
+    )
 
 
 class ExecutionFence:

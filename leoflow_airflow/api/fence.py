@@ -4,8 +4,9 @@ A request to Airflow's Execution API (``/execution/...``) is judged from three t
 (:mod:`leoflow_airflow.api.execution_fence`) gathers: the ``ti_id`` its bearer token names (``sub``, read
 without verifying the signature: :func:`token_subject`), the attempt its ``Leoflow-Attempt`` header names
 (:mod:`leoflow_agent.fencing`), the ledger's current attempt of that ``ti_id`` (its highest epoch), and whether
-that ``ti_id`` is still its task instance's current try (Airflow's ``task_instance`` row still has that id: a
-clear, a retry or an infra re-drive gives the next try a new id and moves the old one to the history table). It
+that ``ti_id`` is a superseded try (a clear, a retry or an infra re-drive gives the next try a new id and moves the
+old one to the history table; once that newer try is past ``up_for_retry``/``restarting``, the old execution has
+nothing left to do: :func:`leoflow_airflow.api.execution_fence.superseded_try`). It
 passes when the token names no ``ti_id``, when the ``ti_id`` has no leoflow attempt (another executor's task,
 a callback or a connection test: their tokens' ``sub`` is no ledger ``ti_id``), or when the ``ti_id`` is its
 task instance's current try and the header names exactly the current attempt; otherwise it is refused with 409
@@ -59,7 +60,7 @@ PASS = Verdict(True)
 class Current(NamedTuple):
     """What the fence's ledger read returns for a ``ti_id`` leoflow ran: the ledger's current attempt of it
     (``try_number``, ``attempt_epoch``: its highest epoch, whatever its state) and ``superseded``, whether the
-    ``ti_id`` is no longer its task instance's current try (Airflow's ``task_instance`` has no row of that id)."""
+    ``ti_id`` is a superseded try of its task instance (:func:`~leoflow_airflow.api.execution_fence.superseded_try`)."""
 
     try_number: int
     attempt_epoch: int
@@ -107,8 +108,8 @@ def decide(*, ti_id: str, header: str | None, current: tuple[int, int] | None, s
     :param header: the request's ``Leoflow-Attempt`` value, ``None`` when absent.
     :param current: the ledger's current attempt of ``ti_id`` as ``(try_number, attempt_epoch)`` (its
         highest epoch, whatever its state), ``None`` when leoflow has no attempt of it.
-    :param superseded: ``ti_id`` is no longer its task instance's current try (Airflow's ``task_instance`` table
-        has no row with that id any more: a newer try replaced it).
+    :param superseded: ``ti_id`` is a superseded try of its task instance (archived, and its newer try is past
+        ``up_for_retry``/``restarting``).
     :returns: :data:`PASS` when ``current`` is ``None`` (not leoflow's task) or the ``ti_id`` is current and
         the header names exactly ``(ti_id, *current)``; a refusal with reason ``leoflow_superseded_try`` when
         ``superseded`` (whatever the header: every execution of that ``ti_id`` is over);

@@ -112,10 +112,11 @@ registration as ``await_seconds``): well under the 60 s idle timeouts of common 
 POLL_INTERVAL_SECONDS = 0.25
 """How often a held ``await`` reads its worker row, in seconds: an assignment is delivered within this (plus a
 DB read) of the scheduler's write; one indexed primary-key read per waiting worker per interval."""
-MAX_AWAIT_BYTES = 1024
-"""Largest ``await`` body read, in bytes (it is ``{}``)."""
 MAX_OUTCOME_BYTES = outcome_record.MAX_RECORD_BYTES
 """Largest ``outcome`` body read, in bytes: the largest record :mod:`leoflow_agent.outcome` ever encodes."""
+MAX_AWAIT_BYTES = MAX_OUTCOME_BYTES + 1024
+"""Largest ``await`` body read, in bytes: ``{"taken": …, "record": …}``, the record of the last attempt as its
+worker holds it (:func:`await_record`)."""
 
 WARM_REFUSALS: frozenset[str] = frozenset({
     "not_warm_pod",        # register: the pod is no warm pod leoflow made (warm_pod_problem)
@@ -292,6 +293,25 @@ def await_taken(body: bytes) -> AttemptRef | None | object:
     return AttemptRef(ti_id, try_number, epoch)
 
 
+def await_record(body: bytes) -> tuple[AttemptRef, str] | None:
+    """The outcome record an ``await`` body carries (``{"record": "<record JSON>"}``: the worker's copy of its last
+    attempt's record, sent again on every await until its row is released, k8s review §3) as ``(the attempt it
+    names, its text)``; None when the body carries none, or one :mod:`leoflow_agent.outcome` does not read or
+    that names no attempt. Never raises: the body is checked by :func:`parse_await`."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    text = data.get("record") if isinstance(data, dict) else None
+    if not isinstance(text, str) or not text.strip():
+        return None
+    record = outcome_record.decode(text.strip())
+    ident = None if record is None else record.attempt()
+    if ident is None:
+        return None
+    return AttemptRef(ident.ti_id, ident.try_number, ident.attempt_epoch), text.strip()
+
+
 def judge_busy(attempt: Any, ref: AttemptRef, pod_uid: str, *, outcome_stored: bool,
                taken: AttemptRef | None | object) -> tuple[str, str]:
     """What an ``await`` does with its worker's ``busy`` row holding ``ref``, given ``attempt`` (the ledger's
@@ -388,13 +408,19 @@ class WarmPods:
             raise WarmRefused("unknown_credential", "no worker row has that credential")
         return found
 
-    def begin_await(self, credential: str, *, taken: AttemptRef | None | object = UNSAID) -> WarmWorker:
-        """The first step of an ``await``: the worker of ``credential``, marked seen; a ``busy`` row is released
-        only when :func:`judge_busy` says RELEASE (its attempt's outcome is known, or nothing of it is left
-        here; k8s review §3), else kept (:meth:`redeliver` then decides whether to hand it again). ``taken``:
-        :func:`await_taken` of the body. Returns the row as read before any release. Raises as :meth:`worker`."""
+    def begin_await(self, credential: str, *, taken: AttemptRef | None | object = UNSAID,
+                    record: tuple[AttemptRef, str] | None = None) -> WarmWorker:
+        """The first step of an ``await``: the worker of ``credential``, marked seen; a ``record`` the body carries
+        (:func:`await_record`) of the attempt the row holds is stored first (first write wins), so an in-band
+        record whose own POST was lost still lands; then a ``busy`` row is released only when :func:`judge_busy`
+        says RELEASE (its attempt's outcome is known, or nothing of it is left here; k8s review §3), else kept
+        (:meth:`redeliver` then decides whether to hand it again). ``taken``: :func:`await_taken` of the body.
+        Returns the row as read before any release. Raises as :meth:`worker`."""
         worker = self.worker(credential)
         where = f"warm pod {worker.namespace}/{worker.pod_name} (uid {worker.pod_uid})"
+        if record is not None and worker.state in ("busy", "killing") and worker.ref == record[0]:
+            if _ledger(where, lambda: self.workers.store_outcome(record[0], record[1])):
+                log.info("%s: outcome record of %s stored from its await", where, record[0])
         if worker.state == "busy" and worker.ref is not None:
             verdict, why = self._judge_busy(worker.pod_uid, worker.ref, taken, where)
             if verdict != RELEASE:
@@ -567,7 +593,8 @@ class WarmService:
             parse_await(body)
             taken = await_taken(body)
             pods = self._serving()
-            worker = await to_thread(functools.partial(pods.begin_await, credential, taken=taken))
+            worker = await to_thread(functools.partial(pods.begin_await, credential, taken=taken,
+                                                       record=await_record(body)))
             if worker.state == "busy":
                 again = await to_thread(pods.redeliver, worker.pod_uid, taken)
                 if again is not None:

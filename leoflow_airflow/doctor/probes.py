@@ -85,7 +85,8 @@ def _warm_pools(kube: Any, warm: Any, timeout: float) -> Finding:
     try:
         api = api_client_from_config(in_cluster=kube.in_cluster, kube_config=kube.kube_config)
         try:
-            pods = client.CoreV1Api(api).list_namespaced_pod(kube.namespace, label_selector=warmpods.warm_selector(),
+            pods = client.CoreV1Api(api).list_namespaced_pod(kube.namespace,
+                                                             label_selector=warmpods.warm_selector(kube.instance),
                                                              _request_timeout=timeout).items
         finally:
             api.close()
@@ -259,7 +260,7 @@ def _kubernetes(kube: Any, options: DoctorOptions) -> list[Finding]:
             except Exception as exc:  # noqa: BLE001 - the refusal is the finding
                 status, message = _api_error(exc)
                 out.append(F.dry_run_finding(ns, message, status=status))
-        out.append(_finalizers(core, ns, timeout))
+        out.append(_finalizers(core, ns, kube.instance, timeout))
         return out
     finally:
         api.close()
@@ -321,7 +322,7 @@ def _pod_security(core: Any, ns: str, timeout: float) -> Finding:
     return F.pod_security_finding(ns, obj.metadata.labels or {})
 
 
-def _finalizers(core: Any, ns: str, timeout: float) -> Finding:
+def _finalizers(core: Any, ns: str, instance: str, timeout: float) -> Finding:
     """Pods holding leoflow's finalizer, terminal or deleting, whose attempt's ledger row is closed or gone:
     what the runtime's ``collect()`` should have released (:func:`.decide.release_due`)."""
     from leoflow_airflow.ledger.states import AttemptState
@@ -333,7 +334,7 @@ def _finalizers(core: Any, ns: str, timeout: float) -> Finding:
     try:
         token = None
         while True:
-            page = core.list_namespaced_pod(ns, label_selector=label_selector(), limit=500, _continue=token,
+            page = core.list_namespaced_pod(ns, label_selector=label_selector(instance), limit=500, _continue=token,
                                             _request_timeout=timeout, _preload_content=False)
             data = json.loads(page.data)
             for obj in data.get("items", []):

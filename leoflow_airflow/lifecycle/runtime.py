@@ -145,10 +145,9 @@ class Evidence:
 class LedgerRow(enum.IntEnum):
     """What the ledger holds of one attempt, as :meth:`Runtime.collect`'s ``is_closed`` answers it.
 
-    Truthy (CLOSED, ABSENT) where a runtime that removes only what it made itself may remove what the attempt
-    left: Lite's record directory of a row the ledger's retention already deleted. The Kubernetes runtime
-    shares its namespace with whatever else runs there, so it removes only CLOSED: a pod whose identity names an
-    attempt this ledger does not hold is another installation's, never settled (k8s review §5)."""
+    Truthy (CLOSED, ABSENT) where a runtime may remove what the attempt left: Lite's record directory of a row the
+    ledger's retention already deleted; a Kubernetes pod of this installation (its informer lists only pods
+    labelled with ``[leoflow] instance``, so another installation's never reach ``collect``; k8s review §5)."""
 
     OPEN = 0
     CLOSED = 1

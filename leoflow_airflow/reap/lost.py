@@ -5,8 +5,9 @@
   Kill it; the reconciler then decides from the record (or re-drives it as an infra loss) before Airflow's
   own purge would fail it at ``[scheduler] task_instance_heartbeat_timeout``.
 * **moved-on**: the TI is no longer this execution's to run: a user marked it success or failed, or cleared it
-  while it ran (RESTARTING), or it ended (a report of its own) while its agent lives on, and its heartbeat has been
-  silent for more than ``[leoflow] agent_lost_threshold`` seconds. A healthy agent ends by itself well within that
+  while it ran, or a retry or a re-drive superseded its try (a new ``ti_id``), or it ended (a report of its own)
+  while its agent lives on, and its heartbeat (for a superseded try: the archive time) has been silent for more
+  than ``[leoflow] agent_lost_threshold`` seconds. A healthy agent ends by itself well within that
   (the supervisor stops its task at the heartbeat's 409 and leaves ``task_success_overtime`` for callbacks; the
   boot-time ladder keeps the threshold above both), so one still alive cannot reach the api-server or is hung:
   kill it, with ``reap_kill_grace`` (on Kubernetes: delete that epoch's pod with its grace period), instead of
@@ -42,12 +43,20 @@ from datetime import datetime
 from leoflow_airflow.ledger.states import AttemptRef
 from leoflow_airflow.lifecycle.runtime import Presence, StartProgress, StartState
 
-__all__ = ["After", "AttemptView", "KillAgent", "MOVED_ON_STATES", "Presence", "ReapSettings", "decide"]
+__all__ = ["After", "AttemptView", "KillAgent", "MOVED_ON_STATES", "Presence", "ReapSettings", "SUPERSEDED",
+           "decide"]
+
+SUPERSEDED = "superseded"
+"""The ``ti_state`` of an attempt whose ``ti_id`` a newer try archived (a clear, a retry, an infra re-drive: Airflow
+3.3 gives the task instance a new id at once); its ``last_heartbeat_at`` is then the archive time
+(``leoflow_airflow.airflow_db.load_ti_liveness``)."""
 
 MOVED_ON_STATES = frozenset({"success", "failed", "skipped", "removed", "upstream_failed", "up_for_retry",
-                             "restarting"})
-"""Airflow states of an attempt's own ``ti_id`` in which its execution has nothing left to run once its heartbeat
-is silent past the threshold (the moved-on reaper): ended, marked by a user, or cleared while running."""
+                             "restarting", SUPERSEDED})
+"""States of an attempt's own ``ti_id`` in which its execution has nothing left to run once its heartbeat is
+silent past the threshold (the moved-on reaper): ended, marked by a user, or superseded by a newer try (a clear
+of a running task or a retry archives the id at once; "restarting" and "up_for_retry" on the same id are kept
+for the moment between Airflow's two writes)."""
 
 
 @dataclass(frozen=True)

@@ -246,7 +246,11 @@ def test_a_warm_pod_agent_runs_two_attempts_from_one_parse_and_sweeps_between_th
     # each await names the attempt handed to the worker last (none at first), so a lost answer is handed again
     assert json.loads(app.events[1][1]["body"]) == {"taken": None}
     first = {key: assignments[0][key] for key in ("ti_id", "try_number", "attempt_epoch")}
-    assert json.loads(app.events[3][1]["body"]) == {"taken": first}
+    second_await = json.loads(app.events[3][1]["body"])
+    assert second_await["taken"] == first and set(second_await) == {"taken", "record"}, second_await
+    # ... and carries the record of that attempt again (it lands even when its own POST was lost)
+    again = outcome.decode(second_await["record"])
+    assert again is not None and again.attempt() == outcome.AttemptIdentity(ti_ids[0], 1, 1), second_await
     outcomes = [details for route, details in app.events if route == "outcome"]
     for number, (ti_id, sent) in enumerate(zip(ti_ids, outcomes), start=1):
         record = sent["record"]

@@ -116,7 +116,7 @@ def release_leoflow_pods(core: client.CoreV1Api, namespace: str) -> None:
     from leoflow_airflow.runtime.kubernetes.finalizer import release_pods
     from leoflow_airflow.runtime.kubernetes.runtime import label_selector
 
-    failed = [r for r in release_pods(core, namespace, label_selector()) if not r.done]
+    failed = [r for r in release_pods(core, namespace, label_selector(None)) if not r.done]
     assert not failed, f"leoflow's finalizer could not be released in {namespace}: {failed}"
 
 

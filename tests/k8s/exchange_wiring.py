@@ -155,7 +155,7 @@ def make_warm_pod(core: client.CoreV1Api, namespace: str, *, node: str, version:
                   "leoflow.io/dag-version": version, "leoflow.io/scheduler-job": job_id}
     owners = None
     if anchored:
-        anchor = warmpods.build_anchor(job_id, version, namespace)
+        anchor = warmpods.build_anchor(job_id, version, namespace, instance="test")
         try:
             made = core.create_namespaced_config_map(namespace, anchor)
         except client.ApiException as exc:

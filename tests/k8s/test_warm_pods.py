@@ -63,7 +63,7 @@ def pool_for(api, k8s_env):
                 "kube_config": str(k8s_env.kubeconfig), **options}
         s = leoflow_settings.load(lambda section, key, fallback: conf.get(key, fallback))
         if informer is None:
-            informer = PodInformer(api, namespace, warmpods.warm_selector())
+            informer = PodInformer(api, namespace, warmpods.warm_selector(None))
             informer.start()
             informers.append(informer)
             wait_for(lambda: informer.synced, 30, what="the warm informer to sync")
@@ -78,7 +78,7 @@ def pool_for(api, k8s_env):
 
 
 def warm_pods(core, namespace):
-    return core.list_namespaced_pod(namespace, label_selector=warmpods.warm_selector()).items
+    return core.list_namespaced_pod(namespace, label_selector=warmpods.warm_selector(None)).items
 
 
 def _pool_gauges(statsd) -> dict[str, float]:

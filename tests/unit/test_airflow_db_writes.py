@@ -272,3 +272,34 @@ def test_rows_are_read_by_logical_key_and_by_id_in_one_query_each(engine, monkey
     assert len([s for s in statements if s.lstrip().upper().startswith("SELECT")]) == 3
     assert airflow_db.load_ti_row("d", "r-read", "t7", -1) == rows[("d", "r-read", "t7", -1)]
     assert airflow_db.load_ti_row("d", "r-read", "missing", -1) is None
+
+
+def test_liveness_names_a_try_a_newer_one_archived_superseded_since_its_archive(engine, monkeypatch):
+    """Airflow 3.3 gives a cleared or retried task instance a new id at once (``prepare_db_for_next_try``, run here
+    on the real model) and moves the old one to ``task_instance_history``: the reapers and the presence pass read
+    the old id as ``superseded`` with the archive time as its last sign of life, so an execution left running
+    under it is reaped once that is older than ``agent_lost_threshold`` (the moved-on reaper), never kept for ever.
+    An id in neither table stays absent."""
+    from airflow import settings
+    from airflow.models.taskinstance import TaskInstance
+
+    from leoflow_airflow import airflow_db
+    from leoflow_airflow.reap.lost import SUPERSEDED
+
+    monkeypatch.setattr(settings, "NonScopedSession", lambda: Session(engine))
+    with Session(engine) as session:
+        _add_run(session, "r-archive")
+        old = _add_ti(session, "r-archive", heartbeat=T0)
+        live = _add_ti(session, "r-archive", heartbeat=T0 + timedelta(seconds=5), task_id="other")
+        session.commit()
+    with Session(engine) as session:
+        ti = session.get(TaskInstance, uuid.UUID(old))
+        ti.end_date = T0 + timedelta(seconds=9)
+        ti.prepare_db_for_next_try(session)
+        session.commit()
+        new = str(ti.id)
+    nowhere = str(uuid.uuid4())
+    found = airflow_db.load_ti_liveness([old, live, new, nowhere, "not-a-uuid"])
+    assert found[old] == (SUPERSEDED, T0 + timedelta(seconds=9))
+    assert found[live] == ("running", T0 + timedelta(seconds=5)) and found[new][0] == "running"
+    assert nowhere not in found and "not-a-uuid" not in found

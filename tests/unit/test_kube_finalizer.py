@@ -358,13 +358,29 @@ def test_release_pods_is_an_airflow_leoflow_command_with_its_options():
     [group] = cli.get_cli_commands()
     [command] = [c for c in group.subcommands if c.name == "release-pods"]
     assert command.func is cli.release_pods
-    assert [a.flags for a in command.args] == [("--namespace",), ("--dry-run",)]
+    assert [a.flags for a in command.args] == [("--namespace",), ("--dry-run",), ("--unlabelled",)]
 
 
-def test_collect_leaves_pods_of_another_installation_alone(runtime, tmp_path):
-    """k8s review §5: two installations share the task namespace (the default ``[leoflow] namespace``). A pod of
-    the other one ended, holds leoflow's finalizer and names an attempt this ledger never held: its record is
-    the other scheduler's to read, so this scheduler's GC neither releases nor deletes it, however long it ends."""
+def test_release_pods_lists_only_this_installations_pods_or_only_unlabelled_ones():
+    """k8s review §5: ``release-pods`` strips the finalizer of this installation's task pods
+    (``leoflow.io/instance=<[leoflow] instance>``), never of another installation's sharing the namespace;
+    ``--unlabelled`` takes only pods without the label (a leoflow older than it), which no scheduler now watches."""
+    from leoflow_airflow import cli
+
+    assert cli.release_selector("blue", False).split(",") == [
+        "app.kubernetes.io/component=task-attempt", "app.kubernetes.io/managed-by=leoflow",
+        "app.kubernetes.io/name=leoflow", "app.kubernetes.io/part-of=airflow", "leoflow.io/instance=blue"]
+    unlabelled = cli.release_selector("blue", True).split(",")
+    assert unlabelled[-1] == "!leoflow.io/instance" and not any(t.startswith("leoflow.io/instance=")
+                                                                for t in unlabelled)
+
+
+def test_collect_settles_a_pod_of_ours_whose_ledger_row_retention_removed(runtime, tmp_path):
+    """k8s review §5 and its follow-up: the informer lists only this installation's pods
+    (``leoflow.io/instance``, :func:`test_release_pods_lists_only_this_installations_pods_or_only_unlabelled_ones`
+    and the informer selector tests), so a pod it holds whose attempt the ledger no longer holds (retention or
+    ``airflow db clean`` removed the closed row before the pod's own retention ran out) is ours and settled: its
+    finalizer is released and the ended pod deleted, never kept for ever. An open row still keeps it."""
     import dataclasses
 
     import sqlalchemy as sa
@@ -377,20 +393,23 @@ def test_collect_leaves_pods_of_another_installation_alone(runtime, tmp_path):
     rt.kube = dataclasses.replace(rt.kube, pod_retention_success=0, pod_retention_failure=0)
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
     metadata.create_all(engine)
-    ledger = SimpleNamespace(ledger=LedgerStore(engine))  # this installation's ledger: it holds no attempt
+    store = LedgerStore(engine)
+    ledger = SimpleNamespace(ledger=store)
+    open_ti = str(uuid.uuid4())
+    held = store.claim_epoch(ti_id=open_ti, try_number=1, dag_id="d", task_id="t", run_id="r", map_index=-1,
+                             runtime="kubernetes", workload_json="{}", scheduler_job_id=1)
 
     def is_closed(ti_id, epoch):  # what the lifecycle answers the runtime's collect
         return Lifecycle._is_closed(ledger, ti_id, epoch)
 
     deletes: list[str] = []
     core.delete_namespaced_pod = lambda name, namespace, **kw: deletes.append(name)
-    core.add("theirs", ref=AttemptRef(str(uuid.uuid4()), 1, 1), phase="Succeeded")
-    core.add("theirs-deleted", ref=AttemptRef(str(uuid.uuid4()), 1, 1), phase="Failed", deleting=True)
+    core.add("aged-out", ref=AttemptRef(str(uuid.uuid4()), 1, 1), phase="Succeeded")
+    core.add("open", ref=held.ref, phase="Failed", deleting=True)
     for _ in range(2):
         clock[0] += 31  # every sweep
-        assert rt.collect(is_closed) == 0
+        rt.collect(is_closed)
         settle(rt)
-    assert {n: p["metadata"]["finalizers"] for n, p in core.pods.items()} == {"theirs": [FIN],
-                                                                              "theirs-deleted": [FIN]}
-    assert not core.patches and deletes == []
+    assert core.pods["aged-out"]["metadata"]["finalizers"] == [] and set(deletes) == {"aged-out"}
+    assert core.pods["open"]["metadata"]["finalizers"] == [FIN]
     engine.dispose()

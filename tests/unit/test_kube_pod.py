@@ -33,12 +33,14 @@ from leoflow_airflow.runtime.kubernetes.pod import PodAttempt, build_pod
 TI = "0190b6c2-7a1e-7000-8000-00000000abcd"
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+INSTANCE = "blue"  # [leoflow] instance
 
 
 def kube(**overrides: str) -> leoflow_settings.KubernetesSettings:
     """KubernetesSettings as ``load_kubernetes`` gives them for these ``[leoflow]`` values (image and exchange
     URL set)."""
-    values = {"image": "registry.example/leoflow:1", "exchange_url": "https://airflow.example/leoflow", **overrides}
+    values = {"image": "registry.example/leoflow:1", "exchange_url": "https://airflow.example/leoflow",
+              "instance": INSTANCE, **overrides}
     return leoflow_settings.load_kubernetes(lambda section, key, fallback: values.get(key, fallback))
 
 
@@ -91,7 +93,7 @@ def test_labels_are_valid_and_hashed_when_cut_and_the_annotation_keeps_the_whole
     ``is_attempt_pod`` reads it back as the exchange's parser does."""
     long_a, long_b = "d" * 80 + "a", "d" * 80 + "b"  # differ only past the cut
     a = attempt(dag_id=long_a, run_id="scheduled__2026-01-01T00:00:00+00:00", map_index=3)
-    labels = pods.attempt_labels(a)
+    labels = pods.attempt_labels(a, instance=INSTANCE)
     for key, value in labels.items():
         assert len(value) <= 63 and LABEL_VALUE.fullmatch(value), (key, value)
     assert labels["app.kubernetes.io/managed-by"] == "leoflow"
@@ -99,9 +101,10 @@ def test_labels_are_valid_and_hashed_when_cut_and_the_annotation_keeps_the_whole
     assert labels["leoflow.io/ti-id"] == TI
     assert (labels["leoflow.io/try-number"], labels["leoflow.io/attempt-epoch"]) == ("1", "1")
     assert labels["leoflow.io/map-index"] == "3"
-    assert labels["leoflow.io/dag-id"] != pods.attempt_labels(attempt(dag_id=long_b))["leoflow.io/dag-id"]
+    other = pods.attempt_labels(attempt(dag_id=long_b), instance=INSTANCE)
+    assert labels["leoflow.io/dag-id"] != other["leoflow.io/dag-id"]
     assert pods.label_value("etl") == "etl"  # a valid value is kept as it is
-    assert "leoflow.io/map-index" not in pods.attempt_labels(attempt())  # "-1" is no label value
+    assert "leoflow.io/map-index" not in pods.attempt_labels(attempt(), instance=INSTANCE)  # "-1" is no label value
 
     pod = build_pod(a, kube())
     value = pod.metadata.annotations[IDENTITY_ANNOTATION]
@@ -485,3 +488,23 @@ def test_a_pod_never_carries_a_secret_reference_leoflow_did_not_allow():
     assert "VAULT_TOKEN" in env_of(agent(build_pod(attempt(), kube(), template=vault)))
     forwarded = build_pod(attempt(), kube(agent_env_deny="VAULT_*"), forward_env={"VAULT_ADDR": "x", "TZ": "UTC"})
     assert "VAULT_ADDR" not in env_of(agent(forwarded)) and env_of(agent(forwarded))["TZ"] == "UTC"
+
+
+def test_every_task_pod_carries_its_installations_label_and_no_layer_changes_it():
+    """k8s review §5: the pod is labelled ``leoflow.io/instance=<[leoflow] instance>``, the label the runtime's
+    informer selects on, so two installations sharing the namespace never see each other's pods. A template's or a
+    hook's value is replaced by leoflow's; a ``pod_override`` that names another installation is refused."""
+    template = k8s.V1Pod(metadata=k8s.V1ObjectMeta(labels={"leoflow.io/instance": "green", "team": "a"}),
+                         spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="base")]))
+
+    def hook(p):
+        p.metadata.labels["leoflow.io/instance"] = "green"
+
+    for pod in (build_pod(attempt(), kube()), build_pod(attempt(), kube(), template=template, mutation_hook=hook),
+                build_pod(attempt(), kube(), plugin_hook=lambda p, a: hook(p))):
+        assert pod.metadata.labels["leoflow.io/instance"] == INSTANCE
+    assert build_pod(attempt(), kube(instance="green")).metadata.labels["leoflow.io/instance"] == "green"
+    override = {"pod_override": k8s.V1Pod(metadata=k8s.V1ObjectMeta(labels={"leoflow.io/instance": "green"}))}
+    with pytest.raises(PodRefused) as err:
+        build_pod(attempt(), kube(), executor_config=override)
+    assert err.value.field == "metadata.labels.leoflow.io/instance"

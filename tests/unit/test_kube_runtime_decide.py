@@ -125,6 +125,7 @@ class View:
     deleting: bool = False
     node_name: str | None = "node-1"
     deletion_grace: int | None = None
+    agent: object | None = None  # the agent container's terminated state (status.ContainerEnd)
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,16 @@ def test_the_cache_says_live_or_terminal():
     assert presence(View("u1", REF), None)[::2] == (Presence.LIVE, False)
     assert presence(View("u1", REF, terminal=True), None)[::2] == (Presence.GONE, False)
     assert presence(View("u1", REF), None, uid=None)[0] is Presence.LIVE  # no UID yet: by identity
+
+
+def test_an_ended_agent_container_is_proof_of_death_while_a_sidecar_keeps_the_pod_running():
+    """k8s review §12: Istio's proxy or a logging sidecar keeps the pod ``Running`` after the agent reported and
+    exited; the kubelet's ``terminated`` state of the agent container ends the attempt (its slot is freed and its
+    record read), whatever the phase and however fresh the heartbeat that ended with it."""
+    ended = View("u1", REF, terminal=False, agent=object())
+    assert decide.presence(ended, None, uid="u1", ref=REF, now=100.0, read_reuse=10.0, heartbeat_age=1.0,
+                           silent_after=120.0)[0] is Presence.GONE
+    assert presence(View("u1", REF, terminal=False), None)[0] is Presence.LIVE
 
 
 def test_absence_from_the_cache_is_unknown_until_a_read_confirms_it():

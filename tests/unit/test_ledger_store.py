@@ -89,32 +89,43 @@ def test_current_ref_names_the_highest_epoch_as_current_does(store):
 
 def test_the_fence_read_tells_a_superseded_try_from_the_current_one(store):
     """The Execution API fence's one statement (:func:`leoflow_airflow.api.execution_fence.superseded_try`) on
-    Airflow's own tables: a ``ti_id`` whose ``task_instance`` row is still there is current; once a newer try
-    took a new id and the old one went to ``task_instance_history``, the old one reads superseded; an id in
-    neither table is left to Airflow (not superseded); a ``ti_id`` leoflow never ran reads None."""
+    Airflow's own tables: a ``ti_id`` whose ``task_instance`` row is still there is current; once a newer try took a
+    new id and the old one went to ``task_instance_history``, the old one reads superseded as soon as the newer try
+    is past ``up_for_retry``/``restarting`` (while it waits there, the old execution's retry callbacks may still
+    read and write); an id in neither table is left to Airflow; a ``ti_id`` leoflow never ran reads None."""
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.taskinstancehistory import TaskInstanceHistory
 
     from leoflow_airflow.api.execution_fence import superseded_try
 
-    narrow = sa.MetaData()  # only the key columns, typed as Airflow stores them
-    ti = sa.Table(TaskInstance.__table__.name, narrow,
-                  sa.Column("id", TaskInstance.__table__.c.id.type, primary_key=True))
-    tih = sa.Table(TaskInstanceHistory.__table__.name, narrow,
-                   sa.Column("task_instance_id", TaskInstanceHistory.__table__.c.task_instance_id.type,
-                             primary_key=True))
+    narrow = sa.MetaData()  # the columns the statement reads, typed as Airflow stores them
+
+    def table(model, key):
+        cols = model.__table__.c
+        return sa.Table(model.__table__.name, narrow, sa.Column(key, cols[key].type, primary_key=True),
+                        *(sa.Column(c, cols[c].type) for c in ("dag_id", "run_id", "task_id", "map_index", "state")))
+
+    ti, tih = table(TaskInstance, "id"), table(TaskInstanceHistory, "task_instance_id")
     narrow.create_all(store.engine)
     old, new, lost = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
+    logical = {"dag_id": "d", "run_id": "r", "task_id": "t", "map_index": -1}
     for ti_id in (old, lost):
         claim(store, ti_id, try_number=1)
     claim(store, old, try_number=1)
     with store.engine.begin() as conn:
-        conn.execute(ti.insert().values(id=uuid.UUID(old)))
+        conn.execute(ti.insert().values(id=uuid.UUID(old), state="running", **logical))
     assert store.current_ref_and(old, superseded_try(old)) == (AttemptRef(old, 1, 2), False)
+
+    def newer_try(state):
+        with store.engine.begin() as conn:
+            conn.execute(sa.update(ti).values(id=uuid.UUID(new), state=state))
+
     with store.engine.begin() as conn:  # prepare_db_for_next_try: archived, the row takes the next try's id
-        conn.execute(tih.insert().values(task_instance_id=uuid.UUID(old)))
-        conn.execute(sa.update(ti).where(ti.c.id == uuid.UUID(old)).values(id=uuid.UUID(new)))
-    assert store.current_ref_and(old, superseded_try(old)) == (AttemptRef(old, 1, 2), True)
+        conn.execute(tih.insert().values(task_instance_id=uuid.UUID(old), state="up_for_retry", **logical))
+    for state, superseded in (("up_for_retry", False), ("restarting", False), (None, True), ("scheduled", True),
+                              ("queued", True), ("running", True), ("success", True)):
+        newer_try(state)
+        assert store.current_ref_and(old, superseded_try(old)) == (AttemptRef(old, 1, 2), superseded), state
     assert store.current_ref_and(lost, superseded_try(lost)) == (AttemptRef(lost, 1, 1), False)
     assert store.current_ref_and(new, superseded_try(new)) is None
 

@@ -43,12 +43,12 @@ def test_moved_on_kills_a_live_agent_whose_task_was_marked_or_cleared_once_its_h
     """Mark success, mark failed and a clear while it runs: a healthy agent stops at the heartbeat's 409 and ends
     by itself; one that still lives past the threshold cannot reach the api-server (a partitioned node) or hangs,
     and is killed, so its pod is deleted with its grace instead of running on or showing Succeeded."""
-    for state in ("success", "failed", "restarting", "up_for_retry", "skipped"):
+    for state in ("success", "failed", "restarting", "up_for_retry", "skipped", "superseded"):
         [action] = decide([view(state=state, hb_age=121)], NOW, SETTINGS)
         assert (action.ref, action.reaper) == (REF, "moved-on") and state in action.why and "121 s" in action.why
         assert decide([view(state=state, hb_age=119)], NOW, SETTINGS) == []  # its callbacks may still run
         assert decide([view(presence=Presence.UNKNOWN, state=state, hb_age=1000)], NOW, SETTINGS) == []
-    assert decide([view(state=None, hb_age=None)], NOW, SETTINGS) == []  # archived: the fence stops its calls
+    assert decide([view(state=None, hb_age=None)], NOW, SETTINGS) == []  # in neither table: nothing to go by
     assert decide([view(state="deferred", hb_age=1000)], NOW, SETTINGS) == []
 
 

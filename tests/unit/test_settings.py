@@ -7,6 +7,8 @@ through Airflow's real config with an ``AIRFLOW__LEOFLOW__*`` environment variab
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from leoflow_airflow import settings
@@ -14,10 +16,11 @@ from leoflow_airflow.errors import ConfigError
 
 
 def getter(**overrides: str):
-    """A ``get(section, key, fallback)`` returning ``overrides[key]`` or the fallback (the option default)."""
+    """A ``get(section, key, fallback)`` returning ``overrides[key]`` or the fallback (the option default); also
+    ``[database] sql_alchemy_conn`` (key ``sql_alchemy_conn``), which ``[leoflow] instance`` is derived from."""
 
     def get(section: str, key: str, fallback: str) -> str:
-        assert section == "leoflow"
+        assert section == "leoflow" or (section, key) == ("database", "sql_alchemy_conn")
         return overrides.get(key, fallback)
 
     return get
@@ -335,3 +338,42 @@ def test_a_malformed_value_turns_the_exchange_off_naming_it():
         with pytest.raises(ConfigError) as err:
             settings.load_exchange(getter(**{"runtime": "kubernetes", key: value}))
         assert f"[leoflow] {key} = {value!r}" in str(err.value)
+
+
+# --- the installation identity (k8s review §5) -------------------------------------------------------------
+
+
+def test_instance_defaults_to_a_hash_of_the_metadata_database_never_of_its_credentials():
+    """Two Airflows on different metadata databases get different ``[leoflow] instance`` values with no
+    configuration; one Airflow's processes (one URL, whatever driver or credentials a process uses) the same one;
+    the value is a DNS-label-safe 12 hex digits and carries nothing of the user or password."""
+    url = "postgresql+psycopg2://airflow:s3cret@db.prod.example:5432/airflow"
+
+    def instance(conn: str, **more: str) -> str:
+        return settings.load(getter(sql_alchemy_conn=conn, **more)).kubernetes.instance
+
+    prod = instance(url)
+    assert re.fullmatch(r"[0-9a-f]{12}", prod) and prod == settings.instance_id(url)
+    assert instance("postgresql://other:pw2@DB.prod.example:5432/airflow") == prod  # driver, user, password, case
+    assert instance("postgresql://airflow:s3cret@db.staging.example:5432/airflow") != prod  # another database host
+    assert instance("postgresql://airflow:s3cret@db.prod.example:5432/airflow_b") != prod  # another database
+    assert instance("mysql://airflow:s3cret@db.prod.example:5432/airflow") != prod  # another backend
+    assert instance("sqlite:////opt/airflow/airflow.db") != instance("sqlite:////opt/other/airflow.db")
+    assert instance(url, instance="team-a") == "team-a"  # an explicit value wins
+    assert settings.load_exchange(getter(runtime="kubernetes", sql_alchemy_conn=url)).instance == prod  # api-server
+
+
+@pytest.mark.parametrize("value", ["Team-A", "team_a", "-a", "a-", "a" * 41, "a.b"])
+def test_an_instance_that_is_no_short_dns_label_is_refused_naming_the_option(value):
+    with pytest.raises(ConfigError) as err:
+        settings.load(getter(instance=value))
+    assert err.value.key == "leoflow.instance" and "DNS-1123 label of at most 40" in str(err.value), str(err.value)
+    assert settings.load(getter(instance="a" * 40)).kubernetes.instance == "a" * 40
+
+
+def test_an_instance_that_cannot_be_derived_is_refused_without_echoing_the_database_url():
+    with pytest.raises(ConfigError) as err:
+        settings.load(getter(sql_alchemy_conn="not a url:s3cret"))
+    assert err.value.key == "leoflow.instance" and "set [leoflow] instance" in str(err.value)
+    assert "s3cret" not in str(err.value)
+    assert settings.load(getter(sql_alchemy_conn="not a url", instance="prod")).kubernetes.instance == "prod"

@@ -32,7 +32,22 @@ from tests.fakes.warm_ledger import MemoryLedger, Row
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=timezone.utc)
 V1 = "0192f0c4-1111-7222-8333-444455556666"
 V2 = "0192f0c4-2222-7222-8333-444455556666"
-BASE = {"runtime": "kubernetes", "image": "img:1", "exchange_url": "http://x/leoflow"}
+BASE = {"runtime": "kubernetes", "image": "img:1", "exchange_url": "http://x/leoflow", "instance": "blue"}
+
+
+def selects(selector: str, labels: dict | None) -> bool:
+    """Whether a Kubernetes equality-based ``selector`` (``k=v`` and ``!k`` terms, comma-joined) selects an object
+    with ``labels``, as the API server decides it."""
+    labels = labels or {}
+    for term in filter(None, selector.split(",")):
+        if term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        else:
+            key, _, value = term.partition("=")
+            if labels.get(key) != value:
+                return False
+    return True
 
 
 def load(**conf: str) -> leoflow_settings.LeoflowSettings:
@@ -96,7 +111,7 @@ def test_a_warm_pod_is_a_hardened_task_pod_with_the_warm_pins():
     assert labels["leoflow.io/scheduler-job"] == "17" and labels["leoflow.io/tenant"]
     assert not any(k in labels for k in ("leoflow.io/ti-id", "leoflow.io/attempt-epoch", "leoflow.io/dag-id"))
     assert labels["app.kubernetes.io/component"] == "warm-pod"  # the task pods' informer never sees it
-    assert "app.kubernetes.io/component=task-attempt" in label_selector()
+    assert "app.kubernetes.io/component=task-attempt" in label_selector("blue")
     assert not pod.metadata.annotations and not pod.metadata.finalizers
     (owner,) = pod.metadata.owner_references
     assert (owner.kind, owner.name, owner.uid, owner.controller, owner.block_owner_deletion) == (
@@ -289,8 +304,9 @@ class FakeCore:
             raise ApiError(404)
         return self.configmaps[name]
 
-    def list_namespaced_config_map(self, ns, **kw):
-        return SimpleNamespace(items=list(self.configmaps.values()))
+    def list_namespaced_config_map(self, ns, label_selector="", **kw):
+        return SimpleNamespace(items=[cm for cm in self.configmaps.values()
+                                      if selects(label_selector, cm.metadata.labels)])
 
     def delete_namespaced_config_map(self, name, ns, **kw):
         if self.configmaps.pop(name, None) is None:
@@ -464,11 +480,72 @@ def test_the_pool_never_deletes_a_worker_that_holds_an_attempt():
 def test_at_start_the_anchors_of_dead_scheduler_jobs_are_deleted():
     core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
     for job in ("3", "4"):
-        core.create_namespaced_config_map("default", warmpods.build_anchor(job, V1, "default"))
+        core.create_namespaced_config_map("default", warmpods.build_anchor(job, V1, "default", instance="blue"))
     pool = make_pool(core, ledger, informer, warm_min_idle="1",
                      heartbeats=lambda jobs: {"3": NOW - timedelta(days=1)})
     assert pool.sweep_dead_anchors(lambda jobs: {"4"} & jobs) == [f"leoflow-warm-3-{V1}"]
     assert set(core.configmaps) == {f"leoflow-warm-4-{V1}"}
+
+
+def test_sweep_dead_anchors_ignores_anchors_of_another_installation():
+    """k8s review §5: installation green shares the namespace; its scheduler job 3 is never alive in this (blue)
+    installation's ``job`` table. Blue's start sweep must not delete green's anchor (the garbage collector would
+    then kill green's warm pods, running attempts included), only blue's own dead job's."""
+    core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
+    core.create_namespaced_config_map("default", warmpods.build_anchor("3", V1, "default", instance="green"))
+    core.create_namespaced_config_map("default", warmpods.build_anchor("4", V2, "default", instance="blue"))
+    pool = make_pool(core, ledger, informer, warm_min_idle="1", heartbeats=lambda jobs: {})
+    assert pool.sweep_dead_anchors(lambda jobs: set()) == [f"leoflow-warm-4-{V2}"]
+    assert set(core.configmaps) == {f"leoflow-warm-3-{V1}"}
+    assert core.configmaps[f"leoflow-warm-3-{V1}"].metadata.labels["leoflow.io/instance"] == "green"
+
+
+def test_warm_pods_and_anchors_carry_the_installation_label():
+    """k8s review §5: every warm pod and anchor ConfigMap the pool makes is labelled ``leoflow.io/instance`` with
+    ``[leoflow] instance``, whatever the pod template says, so only this installation's selectors find them."""
+    core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
+    pool = make_pool(core, ledger, informer, warm_min_idle="2")
+    pool.tick(NOW)
+    assert core.pods and core.configmaps
+    for obj in (*core.pods.values(), *core.configmaps.values()):
+        assert obj.metadata.labels["leoflow.io/instance"] == "blue", obj.metadata.name
+    s = load()
+    template = k8s.V1Pod(metadata=k8s.V1ObjectMeta(labels={"leoflow.io/instance": "green"}),
+                         spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="base")]))
+    pod = warmpods.build_warm_pod(warmpods.PoolVersion(V1, "etl", "dags", "", "etl.py"), s.kubernetes, s.warm,
+                                  job_id="5", name=warmpods.warm_pod_name("5", V1), anchor_uid="u", template=template)
+    assert pod.metadata.labels["leoflow.io/instance"] == "blue"
+
+
+def test_the_pod_and_warm_informers_select_only_this_installations_pods(monkeypatch):
+    """k8s review §5: the runtime's two informers watch with selectors that take this installation's task pods
+    (resp. warm pods) and neither another installation's (``[leoflow] instance`` green) nor the other kind."""
+    from leoflow_airflow.runtime.kubernetes.pod import PodAttempt, build_pod
+
+    core, selectors = FakeCore(), []
+
+    def informer_factory(api, namespace, selector):
+        selectors.append(selector)
+        return FakeInformer()
+
+    monkeypatch.setattr("kubernetes.client.CoreV1Api", lambda api: core)
+    blue, green = load(warm_min_idle="1"), load(warm_min_idle="1", instance="green")
+    rt = KubernetesRuntime(blue, api_client_factory=lambda: SimpleNamespace(), informer_factory=informer_factory,
+                           mutation_hook=False, warm_ledger_factory=MemoryLedger, warm_versions=versions,
+                           jobs_alive=lambda jobs: set())
+    rt.job_id = 5
+    rt.start()
+    rt.terminate()
+    task_selector, warm_selector = selectors
+    attempt = PodAttempt(str(uuid.uuid4()), 1, 1, "etl", "t", "run")
+    pv = warmpods.PoolVersion(V1, "etl", "dags", "", "etl.py")
+    task = {s.kubernetes.instance: build_pod(attempt, s.kubernetes).metadata.labels for s in (blue, green)}
+    warm = {s.kubernetes.instance: warmpods.build_warm_pod(pv, s.kubernetes, s.warm, job_id="5", anchor_uid="u",
+                                                           name=warmpods.warm_pod_name("5", V1)).metadata.labels
+            for s in (blue, green)}
+    assert selects(task_selector, task["blue"]) and not selects(task_selector, task["green"])
+    assert selects(warm_selector, warm["blue"]) and not selects(warm_selector, warm["green"])
+    assert not selects(task_selector, warm["blue"]) and not selects(warm_selector, task["blue"])
 
 
 def test_a_deleted_anchor_is_recreated_before_the_next_creates_so_they_are_not_garbage_collected():
@@ -497,7 +574,7 @@ def test_a_scheduler_job_that_heartbeat_recently_keeps_its_anchors_until_it_stay
     the job stays dead past it. A job with no row (or long dead) loses them at once."""
     core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
     for job in ("3", "6", "7"):
-        core.create_namespaced_config_map("default", warmpods.build_anchor(job, V1, "default"))
+        core.create_namespaced_config_map("default", warmpods.build_anchor(job, V1, "default", instance="blue"))
     now = datetime.now(timezone.utc)
     beats = {"3": now - timedelta(seconds=90), "6": now - timedelta(hours=2)}  # job 7: no Airflow job row
     clock = [1000.0]

@@ -96,6 +96,37 @@ def test_a_warm_attempt_whose_inband_record_and_report_were_lost_is_not_redriven
     assert (workers.get("uid-1").state, workers.get("uid-1").ref) == ("idle", None)
 
 
+def test_a_record_whose_own_post_was_lost_lands_with_the_next_await(delivered, tmp_path):
+    """k8s review §3, the fix's other half: the worker keeps its last attempt's record (the termination-message
+    file its child wrote before its report) and sends it with every await; the control plane stores it (first
+    write wins) and releases the worker, so the attempt's success is read from the record, not re-driven. A
+    record of another attempt, or a body that is no record, stores nothing."""
+    from leoflow_agent import outcome
+    from leoflow_agent.warmpod import await_body
+
+    store, workers, pods, auth, ref, minted, _ = delivered
+    taken = {"ti_id": ref.ti_id, "try_number": ref.try_number, "attempt_epoch": ref.attempt_epoch}
+    termination = tmp_path / "termination-log"
+    other = outcome.record_for_state("success", {"state": "success", "end_date": "2026-12-07T00:00:00Z"},
+                                     attempt=outcome.AttemptIdentity(str(uuid.uuid4()), 1, 1), api_version="2026-06-30")
+    termination.write_text(outcome.encode(other))
+    assert json.loads(await_body(taken, str(termination))) == {"taken": taken}  # another attempt's: not sent
+    assert await_with(pods, auth, json.dumps({"taken": taken, "record": "garbage"}).encode()).status == 204
+    assert workers.outcomes([ref]) == {} and workers.get("uid-1").state == "busy"
+
+    mine = outcome.record_for_state("success", {"state": "success", "end_date": "2026-12-07T00:00:00Z"},
+                                    attempt=outcome.AttemptIdentity(ref.ti_id, ref.try_number, ref.attempt_epoch),
+                                    api_version="2026-06-30")
+    termination.write_text(outcome.encode(mine) + "\n")
+    body = await_body(taken, str(termination))
+    assert json.loads(body) == {"taken": taken, "record": outcome.encode(mine)}
+    assert await_with(pods, auth, body).status == 204 and len(minted) == 1
+    assert workers.outcomes([ref]) == {ref: outcome.encode(mine)}
+    assert (workers.get("uid-1").state, workers.get("uid-1").ref) == ("idle", None)
+    assert json.loads(await_body(None, str(termination))) == {"taken": None}
+    assert json.loads(await_body(taken, str(tmp_path / "missing"))) == {"taken": taken}
+
+
 def test_a_busy_attempt_that_moved_on_is_released_whatever_the_worker_says(delivered):
     """The attempt's report landed (REPORTED) or it was settled: nothing of it is left to lose, so the next
     await releases the row, and a worker that says it took nothing is not handed a finished attempt."""

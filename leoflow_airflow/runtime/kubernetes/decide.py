@@ -271,12 +271,13 @@ def heartbeat_silent(heartbeat_age: float | None, *, silent_after: float) -> boo
 
 
 def _dead(view: _View, silent: bool) -> bool:
-    """Nothing of the pod runs or ever will: its agent container terminated (the kubelet's word) in a terminal
-    pod; a terminal pod whose agent container reported no end (PodGC marks an unreachable node's pods ``Failed``
-    without any kubelet) only once the heartbeat is ``silent`` (k8s review §14); or it is being deleted while
-    bound to no node (the API server binds no pod that has a ``deletionTimestamp``, so it never starts; a
-    finalizer may keep it)."""
-    return (view.terminal and (silent or view.agent is not None)) or (view.deleting and not view.node_name)
+    """Nothing of the attempt runs or ever will: its agent container terminated (the kubelet's word), whatever the
+    pod's phase: a sidecar or an injected container may keep the pod ``Running`` after the agent ended (k8s review
+    §12), and task pods never restart a container (``restartPolicy: Never``); a terminal pod whose agent container
+    reported no end (PodGC marks an unreachable node's pods ``Failed`` without any kubelet) only once the heartbeat
+    is ``silent`` (k8s review §14); or it is being deleted while bound to no node (the API server binds no pod that
+    has a ``deletionTimestamp``, so it never starts; a finalizer may keep it)."""
+    return view.agent is not None or (view.terminal and silent) or (view.deleting and not view.node_name)
 
 
 class _ReadLike(Protocol):

@@ -155,7 +155,7 @@ def release_pods(core: Any, namespace: str, label_selector: str, *, dry_run: boo
     deleting ones then go.
 
     :param core: a ``kubernetes.client.CoreV1Api`` (``list``, ``get`` and ``patch pods`` in ``namespace``).
-    :param label_selector: leoflow's pods (``runtime.label_selector()``).
+    :param label_selector: leoflow's pods (``runtime.label_selector(instance)``).
     :param dry_run: only list them (``WOULD_RELEASE``).
     :returns: one :class:`Release` per pod that held it, in the LIST's order.
     :raises kubernetes.client.ApiException: (or a transport error) when the LIST fails: nothing was released.

@@ -8,7 +8,8 @@ pod_override_allow``), then Airflow's ``pod_mutation_hook``, then leoflow's plug
 (:mod:`leoflow_airflow.hookspecs`). Then leoflow sets again what it pins, so no layer can change it:
 
 * name ``<dag-task slug>-<ti_id hex>-<epoch>``, one per (ti_id, epoch), a DNS-1123 label;
-* the ``app.kubernetes.io/*`` labels, leoflow's attempt labels (values made label-safe, hashed when cut) and
+* the ``app.kubernetes.io/*`` labels, the installation label :data:`INSTANCE_LABEL` (``[leoflow] instance``, k8s
+  review §5), leoflow's attempt labels (values made label-safe, hashed when cut) and
   the identity annotation ``leoflow.io/attempt`` (:mod:`.identity`: the one format the token exchange parses).
   Every ``leoflow.io/*`` label and annotation and every ``app.kubernetes.io/*`` label leoflow sets
   (:func:`is_leoflow_key`) is leoflow's alone: the template's and the hooks' (operator code, as for every other
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AGENT_ARGS",
     "AGENT_CONTAINER",
+    "INSTANCE_LABEL",
     "OUTCOME_FINALIZER",
     "PINNED_PATHS",
     "TERMINATION_MESSAGE_PATH",
@@ -134,6 +136,10 @@ APP_LABELS = {
     "app.kubernetes.io/managed-by": "leoflow",
 }
 LABEL_PREFIX = "leoflow.io/"
+INSTANCE_LABEL = LABEL_PREFIX + "instance"
+"""The installation label, ``[leoflow] instance``'s value, on every task pod, warm pod and warm anchor leoflow makes
+and in every selector it lists or watches with, so two installations sharing a task namespace never list, adopt,
+release or delete each other's objects (k8s review §5). A ``leoflow.io/*`` key: pinned like the others."""
 APP_LABEL_KEYS = frozenset({*APP_LABELS, "app.kubernetes.io/version"})
 """The ``app.kubernetes.io/*`` label keys leoflow sets (:func:`attempt_labels`); others of that prefix (an
 operator's ``app.kubernetes.io/instance``) are not leoflow's."""
@@ -222,12 +228,14 @@ def pod_name(attempt: PodAttempt) -> str:
     return f"{slug or 'leoflow'}-{suffix}"
 
 
-def attempt_labels(attempt: PodAttempt) -> dict[str, str]:
+def attempt_labels(attempt: PodAttempt, *, instance: str) -> dict[str, str]:
     """The labels of the attempt's pod: ``app.kubernetes.io/*`` (name, component, part-of, managed-by,
-    version) and ``leoflow.io/{ti-id,try-number,attempt-epoch,dag-id,task-id,run-id}`` plus ``map-index`` when
+    version), :data:`INSTANCE_LABEL` ``instance`` (``[leoflow] instance``, k8s review §5) and
+    ``leoflow.io/{ti-id,try-number,attempt-epoch,dag-id,task-id,run-id}`` plus ``map-index`` when
     mapped. Values go through :func:`label_value`; the identity annotation (:mod:`.identity`) keeps the
     attempt's identity unabridged, and the ledger row of that ``ti_id`` the rest."""
-    labels = {**APP_LABELS, "app.kubernetes.io/version": label_value(__version__)}
+    labels = {**APP_LABELS, "app.kubernetes.io/version": label_value(__version__),
+              INSTANCE_LABEL: label_value(instance)}
     fields = {
         "ti-id": attempt.ti_id,
         "try-number": str(attempt.try_number),
@@ -320,7 +328,7 @@ def build_pod(
     operator_refs = frozenset(secret_refs(base))  # the template's: leoflow's layer references no Secret
     if override is not None:
         _check_override(override, base, settings.pod_override_allow)
-        _check_leoflow_keys(override.metadata, attempt, "the pod_override")
+        _check_leoflow_keys(override.metadata, attempt, settings.instance, "the pod_override")
     pod = merge_pods(base, override)
     _pin(pod, attempt, settings)
     if mutation_hook is not None:
@@ -385,7 +393,7 @@ def _leoflow_layer(attempt: PodAttempt, settings: KubernetesSettings) -> k8s.V1P
     return k8s.V1Pod(
         api_version="v1", kind="Pod",
         metadata=k8s.V1ObjectMeta(name=pod_name(attempt), namespace=settings.namespace,
-                                  labels=attempt_labels(attempt),
+                                  labels=attempt_labels(attempt, instance=settings.instance),
                                   annotations={IDENTITY_ANNOTATION: identity_annotation(attempt.ref)}),
         spec=k8s.V1PodSpec(containers=[k8s.V1Container(name=AGENT_CONTAINER, image=settings.image or None,
                                                        args=list(AGENT_ARGS))]),
@@ -405,15 +413,16 @@ def _check_override(override: k8s.V1Pod, base: k8s.V1Pod, allow: tuple[str, ...]
                          "needs `spec.containers` in [leoflow] pod_override_allow")
 
 
-def _check_leoflow_keys(meta: k8s.V1ObjectMeta | None, attempt: PodAttempt, who: str) -> None:
-    """Refuse ``meta`` (a ``pod_override``'s) when it sets a leoflow key
-    (:func:`is_leoflow_key`) to anything but the value leoflow gives it for ``attempt``: a task pod that carried
-    ``leoflow.io/warm`` or another version's ``leoflow.io/dag-version`` would pass for a warm pod (k8s review §1).
+def _check_leoflow_keys(meta: k8s.V1ObjectMeta | None, attempt: PodAttempt, instance: str, who: str) -> None:
+    """Refuse ``meta`` (a ``pod_override``'s) when it sets a leoflow key (:func:`is_leoflow_key`) to anything but
+    the value leoflow gives it for ``attempt`` in installation ``instance``: a task pod that carried
+    ``leoflow.io/warm`` or another version's ``leoflow.io/dag-version`` would pass for a warm pod (k8s review §1),
+    one with another ``leoflow.io/instance`` for another installation's (k8s review §5).
     The same value is no change and passes. ``who`` names the layer in the message."""
     if meta is None:
         return
     ours = {
-        "labels": attempt_labels(attempt),
+        "labels": attempt_labels(attempt, instance=instance),
         "annotations": {IDENTITY_ANNOTATION: identity_annotation(attempt.ref)},
     }
     for field in ("labels", "annotations"):
@@ -432,7 +441,7 @@ def _pin(pod: k8s.V1Pod, attempt: PodAttempt, settings: KubernetesSettings) -> N
     pod.api_version, pod.kind, pod.status = "v1", "Pod", None
     meta = pod.metadata = pod.metadata or k8s.V1ObjectMeta()
     meta.name, meta.generate_name, meta.namespace = pod_name(attempt), None, settings.namespace
-    meta.labels = {**_not_leoflow(meta.labels), **attempt_labels(attempt)}
+    meta.labels = {**_not_leoflow(meta.labels), **attempt_labels(attempt, instance=settings.instance)}
     meta.annotations = {**_not_leoflow(meta.annotations), IDENTITY_ANNOTATION: identity_annotation(attempt.ref)}
     meta.finalizers = [f for f in meta.finalizers or [] if f != OUTCOME_FINALIZER] + [OUTCOME_FINALIZER]
 

@@ -113,7 +113,7 @@ from leoflow_airflow.runtime.kubernetes import decide, status, warmdecide, warmp
 from leoflow_airflow.runtime.kubernetes.classify import Verdict, VerdictKind, classify_exception
 from leoflow_airflow.runtime.kubernetes.finalizer import Release, ReleaseOutcome, release_finalizer
 from leoflow_airflow.runtime.kubernetes.launches import PodLaunch, PodLaunches
-from leoflow_airflow.runtime.kubernetes.pod import APP_LABELS, PodAttempt, build_pod, pod_name
+from leoflow_airflow.runtime.kubernetes.pod import APP_LABELS, INSTANCE_LABEL, PodAttempt, build_pod, pod_name
 
 if TYPE_CHECKING:
     from leoflow_airflow.ledger.store import Attempt
@@ -179,10 +179,14 @@ POLL_TURN_SHARE = 0.1
 changed (its safety net; the lifecycle's LIVE page is the first one)."""
 
 
-def label_selector() -> str:
-    """The label selector of every task pod leoflow creates (:data:`.pod.APP_LABELS`, ``k=v`` joined by commas):
-    the informer watches exactly these."""
-    return ",".join(f"{k}={v}" for k, v in sorted(APP_LABELS.items()))
+def label_selector(instance: str | None) -> str:
+    """The label selector of the task pods installation ``instance`` (``[leoflow] instance``) creates:
+    :data:`.pod.APP_LABELS` and :data:`.pod.INSTANCE_LABEL` ``=instance``, ``k=v`` joined by commas. The informer
+    watches exactly these, so the pods of another installation sharing the namespace are never seen, adopted,
+    released or deleted (k8s review §5). ``None``: every installation's, and pods of a leoflow older than the
+    label (an uninstall's cleanup, ``release-pods --all-instances``); never the runtime's."""
+    labels = dict(APP_LABELS) if instance is None else {**APP_LABELS, INSTANCE_LABEL: instance}
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
 _Launch = PodLaunch  # the runtime's name for it (tests build them)
@@ -335,12 +339,13 @@ class KubernetesRuntime:
         self._core = client.CoreV1Api(self._api)
         self._pool = concurrent.futures.ThreadPoolExecutor(self.kube.kube_api_workers,
                                                            thread_name_prefix="leoflow-kube")
+        selector = label_selector(self.kube.instance)
         if self._informer_factory is not None:
-            self.informer = self._informer_factory(self._api, self.kube.namespace, label_selector())
+            self.informer = self._informer_factory(self._api, self.kube.namespace, selector)
         else:
             from leoflow_airflow.runtime.kubernetes.informer import PodInformer
 
-            self.informer = PodInformer(self._api, self.kube.namespace, label_selector(),
+            self.informer = PodInformer(self._api, self.kube.namespace, selector,
                                         request_timeout_seconds=REQUEST_TIMEOUT_SECONDS)
         self.informer.start()
         self._started_at = self._monotonic()
@@ -368,12 +373,13 @@ class KubernetesRuntime:
         except Exception as exc:  # noqa: BLE001 - the ledger is missing or unreachable: cold pods only
             log.error("leoflow warm pods: the warm ledger cannot be used (%s): cold pods only", _short(exc))
             return
+        selector = warmpods.warm_selector(self.kube.instance)
         if self._informer_factory is not None:
-            self.warm_informer = self._informer_factory(self._api, self.kube.namespace, warmpods.warm_selector())
+            self.warm_informer = self._informer_factory(self._api, self.kube.namespace, selector)
         else:
             from leoflow_airflow.runtime.kubernetes.informer import PodInformer
 
-            self.warm_informer = PodInformer(self._api, self.kube.namespace, warmpods.warm_selector(),
+            self.warm_informer = PodInformer(self._api, self.kube.namespace, selector,
                                              request_timeout_seconds=REQUEST_TIMEOUT_SECONDS)
         self.warm_informer.start()
         self.warm = warmpods.WarmPool(
@@ -506,7 +512,8 @@ class KubernetesRuntime:
         host = getattr(getattr(self._api, "configuration", None), "host", "?")
         notes: list[str] = []
         try:
-            self._core.list_namespaced_pod(ns, limit=1, label_selector=label_selector(), _request_timeout=t)
+            self._core.list_namespaced_pod(ns, limit=1, label_selector=label_selector(self.kube.instance),
+                                           _request_timeout=t)
         except Exception as exc:  # noqa: BLE001 - sorted here
             code = getattr(exc, "status", None)
             if code in (401, 403):
@@ -1318,9 +1325,9 @@ class KubernetesRuntime:
 
         :param is_closed: ``is_closed(ti_id, attempt_epoch)``: a :class:`~leoflow_airflow.lifecycle.runtime.
             LedgerRow` (``True`` counts as CLOSED; a DB read: asked only of pods that hold the finalizer and are
-            terminal or deleting, or whose retention is over). Only CLOSED settles a pod: one whose attempt the
-            ledger does not hold (ABSENT) is another installation's sharing the namespace, and keeps its
-            finalizer and its pod (k8s review §5).
+            terminal or deleting, or whose retention is over). CLOSED and ABSENT settle a pod: the informer lists
+            only this installation's pods (``leoflow.io/instance``, k8s review §5), so a pod of an attempt the
+            ledger no longer holds is one whose closed row retention removed; OPEN keeps it.
         """
         self._absorb()
         if self.informer is None or not self.informer.synced:
@@ -1338,8 +1345,8 @@ class KubernetesRuntime:
             if ref is None:  # names no attempt: nothing can ever read it as evidence
                 return True
             at = (ref.ti_id, ref.attempt_epoch)
-            if at not in closed:  # no ledger row is not mine, never settled (k8s review §5)
-                closed[at] = is_closed(*at) == LedgerRow.CLOSED
+            if at not in closed:  # only this installation's pods are listed (k8s review §5)
+                closed[at] = _settles(is_closed(*at))
             return closed[at]
 
         informer = self.informer
@@ -1390,7 +1397,7 @@ class KubernetesRuntime:
                 continue
             if (view.terminal or view.deleting) and decide.release_due(
                     finalizers=view.finalizers, terminal=view.terminal, deleting=view.deleting,
-                    closed=is_closed(ref.ti_id, ref.attempt_epoch) == LedgerRow.CLOSED):
+                    closed=_settles(is_closed(ref.ti_id, ref.attempt_epoch))):
                 if self._request_release(view):
                     acted.add(key)
                 del self._release_soon[key]
@@ -1466,3 +1473,9 @@ def _short(exc: BaseException) -> str:
     code = getattr(exc, "status", None)
     text = f"HTTP {code} {getattr(exc, 'reason', '')}".strip() if isinstance(code, int) and code else str(exc)
     return f"{type(exc).__name__}: {text}"[:300]
+
+
+def _settles(answer: object) -> bool:
+    """Whether ``collect``'s ``is_closed`` answer lets a pod of this installation go: CLOSED (or ``True``), or
+    ABSENT (its closed row was removed by the ledger's retention); OPEN (or ``False``) keeps it."""
+    return answer is True or answer in (LedgerRow.CLOSED, LedgerRow.ABSENT)

@@ -71,6 +71,7 @@ from leoflow_airflow.runtime.kubernetes.identity import IDENTITY_ANNOTATION
 from leoflow_airflow.runtime.kubernetes.pod import (
     AGENT_CONTAINER,
     APP_LABELS,
+    INSTANCE_LABEL,
     OUTCOME_FINALIZER,
     PodAttempt,
     attempt_labels,
@@ -86,8 +87,8 @@ if TYPE_CHECKING:
     from leoflow_airflow.settings import KubernetesSettings, WarmSettings
 
 __all__ = ["ANCHOR_LABEL", "GAUGED_STATES", "JOB_LABEL", "TENANT_LABEL", "VERSION_LABEL", "WARM_ARGS", "WARM_LABEL",
-           "PoolVersion", "TickReport", "WarmPool", "airflow_versions", "anchor_name", "build_anchor", "build_warm_pod",
-           "is_warm_name", "pod_state_counts", "warm_pod_name", "warm_selector"]
+           "PoolVersion", "TickReport", "WarmPool", "airflow_versions", "anchor_name", "anchor_selector",
+           "build_anchor", "build_warm_pod", "is_warm_name", "pod_state_counts", "warm_pod_name", "warm_selector"]
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +116,21 @@ _WARM_NAME = re.compile(r"lfw-[0-9]+-[0-9a-f]{12}-[0-9a-f]{8}")
 _PLACEHOLDER_TI = "00000000-0000-0000-0000-000000000000"
 
 
-def warm_selector() -> str:
-    """The label selector of every warm pod (any scheduler's): the warm informer watches exactly these."""
+def warm_selector(instance: str | None) -> str:
+    """The label selector of the warm pods of installation ``instance`` (``[leoflow] instance``; any scheduler's of
+    it): the warm informer watches exactly these, so another installation's warm pods in the namespace are never
+    counted, placed on or deleted (k8s review §5). ``None``: every installation's (tests, cleanup)."""
     labels = {"app.kubernetes.io/managed-by": "leoflow", WARM_LABEL: "true"}
+    if instance is not None:
+        labels[INSTANCE_LABEL] = instance
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def anchor_selector(instance: str) -> str:
+    """The label selector of installation ``instance``'s anchor ConfigMaps (:func:`build_anchor`): the dead-anchor
+    sweep lists only these, so it never judges, and deletes, another installation's anchors, whose scheduler jobs
+    are never alive in this installation's ``job`` table (k8s review §5)."""
+    return f"{ANCHOR_LABEL}=true,{INSTANCE_LABEL}={instance}"
 
 
 def anchor_name(job_id: str, version: str) -> str:
@@ -162,13 +174,14 @@ class PoolVersion:
         return VersionInfo(self.version, self.dag_id, self.bundle, self.team, self.active_run, self.current)
 
 
-def build_anchor(job_id: str, version: str, namespace: str) -> k8s.V1ConfigMap:
-    """The anchor ConfigMap of ``job_id``'s pool of ``version`` (labels ``leoflow.io/warm-anchor``,
-    ``leoflow.io/scheduler-job``, ``leoflow.io/dag-version``); it holds no data."""
+def build_anchor(job_id: str, version: str, namespace: str, *, instance: str) -> k8s.V1ConfigMap:
+    """The anchor ConfigMap of ``job_id``'s pool of ``version`` in installation ``instance`` (labels
+    ``leoflow.io/warm-anchor``, ``leoflow.io/scheduler-job``, ``leoflow.io/dag-version`` and
+    ``leoflow.io/instance``, :func:`anchor_selector`); it holds no data."""
     return k8s.V1ConfigMap(api_version="v1", kind="ConfigMap", metadata=k8s.V1ObjectMeta(
         name=anchor_name(job_id, version), namespace=namespace,
         labels={**WARM_APP_LABELS, ANCHOR_LABEL: "true", JOB_LABEL: label_value(job_id),
-                VERSION_LABEL: label_value(version)}))
+                VERSION_LABEL: label_value(version), INSTANCE_LABEL: label_value(instance)}))
 
 
 def build_warm_pod(pv: PoolVersion, settings: KubernetesSettings, warm: WarmSettings, *, job_id: str, name: str,
@@ -179,7 +192,8 @@ def build_warm_pod(pv: PoolVersion, settings: KubernetesSettings, warm: WarmSett
 
     Built as a task pod is (:func:`.pod.build_pod`: the template, leoflow's layer, ``mutation_hook``, the pins
     and final checks) for a placeholder attempt, then pinned as a warm pod: the name, labels ``leoflow.io/warm``,
-    ``leoflow.io/dag-version``, ``leoflow.io/tenant``, ``leoflow.io/scheduler-job`` in place of the attempt labels,
+    ``leoflow.io/dag-version``, ``leoflow.io/tenant``, ``leoflow.io/scheduler-job`` and ``leoflow.io/instance``
+    (``settings.instance``, :func:`warm_selector`; k8s review §5) in place of the attempt labels,
     no identity annotation and no outcome finalizer, args :data:`WARM_ARGS`, the ``LEOFLOW_WARM_*`` environment
     next to the cold pod's, the scratch ``emptyDir`` (:data:`SCRATCH_DIR`), ``activeDeadlineSeconds``
     :func:`.warmdecide.create_deadline` (None when the ceiling is 0), and one ownerReference to the anchor
@@ -194,11 +208,11 @@ def build_warm_pod(pv: PoolVersion, settings: KubernetesSettings, warm: WarmSett
     pod = build_pod(placeholder, settings, template=template, mutation_hook=mutation_hook,
                     forward_env=forward_env)
     meta = pod.metadata
-    ours = set(attempt_labels(placeholder))
+    ours = set(attempt_labels(placeholder, instance=settings.instance))
     meta.name = name
     meta.labels = {**{k: v for k, v in (meta.labels or {}).items() if k not in ours}, **WARM_APP_LABELS,
                    WARM_LABEL: "true", VERSION_LABEL: label_value(pv.version), TENANT_LABEL: label_value(pv.tenant),
-                   JOB_LABEL: label_value(job_id)}
+                   JOB_LABEL: label_value(job_id), INSTANCE_LABEL: label_value(settings.instance)}
     meta.annotations = {k: v for k, v in (meta.annotations or {}).items() if k != IDENTITY_ANNOTATION} or None
     meta.finalizers = [f for f in meta.finalizers or [] if f != OUTCOME_FINALIZER] or None
     meta.owner_references = [k8s.V1OwnerReference(api_version="v1", kind="ConfigMap",
@@ -429,14 +443,16 @@ class WarmPool:
         """Delete the anchors whose ``leoflow.io/scheduler-job`` names a job that is not alive
         (:func:`.warmdecide.dead_anchors`; ``alive(job ids) -> the alive ones``, Airflow's ``Job.is_alive``); the
         garbage collector then removes their pods. Returns the names deleted; raises what the client raises on
-        the LIST (the caller logs it).
+        the LIST (the caller logs it). Only this installation's anchors are listed (:func:`anchor_selector`,
+        k8s review §5): another's jobs are never alive here.
 
         k8s review §11: a job that is not alive but heartbeat within :data:`DEAD_JOB_GRACE_SECONDS` keeps its
         anchors (:func:`past_grace`), and ``alive`` is kept so that the pool tick sweeps again every
         :data:`DEAD_ANCHOR_SWEEP_SECONDS` (such a job's anchors go once it stays dead)."""
         self._alive = alive
         self._next_sweep = self._monotonic() + DEAD_ANCHOR_SWEEP_SECONDS
-        listed = self.core.list_namespaced_config_map(self.namespace, label_selector=f"{ANCHOR_LABEL}=true",
+        listed = self.core.list_namespaced_config_map(self.namespace,
+                                                      label_selector=anchor_selector(self.settings.instance),
                                                       _request_timeout=self._timeout)
         anchors = [(cm.metadata.name, (cm.metadata.labels or {}).get(JOB_LABEL, "")) for cm in listed.items]
         versions = {cm.metadata.name: (cm.metadata.labels or {}).get(VERSION_LABEL, "") for cm in listed.items}
@@ -470,7 +486,7 @@ class WarmPool:
         from leoflow_airflow.runtime.kubernetes.decide import _operation
         from leoflow_airflow.runtime.kubernetes.finalizer import JSON_PATCH
 
-        selector = f"{warm_selector()},{JOB_LABEL}={job},{VERSION_LABEL}={version}"
+        selector = f"{warm_selector(self.settings.instance)},{JOB_LABEL}={job},{VERSION_LABEL}={version}"
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector,
                                              _request_timeout=self._timeout).items
         for pod in pods:
@@ -499,7 +515,7 @@ class WarmPool:
         uid = self.anchors.get(version)
         if uid is not None:
             return uid
-        body = build_anchor(self.job_id, version, self.namespace)
+        body = build_anchor(self.job_id, version, self.namespace, instance=self.settings.instance)
         try:
             uid = self.core.create_namespaced_config_map(self.namespace, body, _request_timeout=self._timeout).metadata.uid
             report.anchors_created.append(body.metadata.name)
