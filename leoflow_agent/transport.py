@@ -183,6 +183,7 @@ class RecordingTransport(httpx.BaseTransport):
         self.terminal_recorded: str | None = None
         """The state of the last terminal record written to at least one sink. Once set, heartbeat loss writes
         no ``heartbeat_lost`` to any sink: a record that contradicts a kept terminal one would be re-driven."""
+        self._refusal_written: str | None = None  # the reason of the refusal record written last (written once)
 
     @property
     def attempt_ti_id(self) -> str:
@@ -234,8 +235,12 @@ class RecordingTransport(httpx.BaseTransport):
 
     def _write_refusal(self, record: outcome.OutcomeRecord) -> None:
         """Write a refusal ``record`` (``heartbeat_lost``, ``killed``, ``api_unreachable``: no state) to every
-        sink, telling the TI's log about a sink that fails. Callers write one only before any terminal record.
-        Never raises."""
+        sink, telling the TI's log about a sink that fails. Callers write one only before any terminal record. The
+        same refusal is written once: the supervisor re-sends a refused report at its exit, which changes nothing
+        (a warm pod would POST the record again). Never raises."""
+        if self._refusal_written == record.reason:
+            return
+        self._refusal_written = record.reason
         for sink in self._sinks:
             try:
                 sink(record)

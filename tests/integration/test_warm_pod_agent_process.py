@@ -293,7 +293,8 @@ def test_a_sigterm_during_an_attempt_reaches_it_and_the_worker_takes_no_other(st
     """The pod is deleted while an attempt runs: the SIGTERM reaches the attempt's supervisor, which passes it on
     to the task (Airflow 3.3 then runs the operator's ``on_kill`` and lets the task go on, as in a cold pod, whose
     kubelet SIGKILLs it after the grace period). The worker takes no other attempt: once this one ends (the test
-    lets the task finish) and its record is sent, it exits 0 without another await."""
+    lets the task finish) and its record is sent, once, it exits 0 without another await. The success the task
+    reports after the signal is held as ``killed``."""
     run_id = stack.trigger(DAG_ID)
     assignments = _queue_attempts(stack, run_id)
     hold = tmp_path / "hold"
@@ -327,3 +328,7 @@ def test_a_sigterm_during_an_attempt_reaches_it_and_the_worker_takes_no_other(st
     assert agent.returncode == 0 and "stopped by SIGTERM after 1 attempts" in out, out[-3000:]
     assert not _alive(task_pid)
     assert [route for route, _ in app.events] == ["register", "await", "outcome"], app.events
+    # the task went on after the SIGTERM and returned: that success is not trusted (DESIGN §2 "A success after
+    # SIGTERM"), the record says killed and the scheduler re-runs the task on the infra budget
+    [sent] = [details for route, details in app.events if route == "outcome"]
+    assert sent["record"].reason == outcome.Reason.KILLED and sent["record"].state is None, sent

@@ -31,10 +31,10 @@ from .test_kube_runtime import TEMPLATE, attempt, make_runtime, new_ref  # noqa:
 pytestmark = pytest.mark.k8s
 
 
-def _kube(namespace: str, k8s_env) -> leoflow_settings.KubernetesSettings:
-    """The ``[leoflow]`` Kubernetes options ``make_runtime`` gives its runtime."""
+def _kube(namespace: str, k8s_env, **more: str) -> leoflow_settings.KubernetesSettings:
+    """The ``[leoflow]`` Kubernetes options ``make_runtime`` gives its runtime (``more``: other options)."""
     conf = {"image": "registry.example/leoflow:test", "exchange_url": "http://127.0.0.1:9/leoflow",
-            "namespace": namespace, "in_cluster": "False", "kube_config": str(k8s_env.kubeconfig)}
+            "namespace": namespace, "in_cluster": "False", "kube_config": str(k8s_env.kubeconfig), **more}
     return leoflow_settings.load_kubernetes(lambda section, key, fallback: conf.get(key, fallback))
 
 
@@ -156,7 +156,7 @@ def test_release_pods_strips_every_leoflow_pod_and_the_namespace_can_go(core, k8
     name = f"release-pods-{uuid.uuid4().hex[:6]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     request.addfinalizer(lambda: _delete_namespace(core, name))
-    kube = _kube(name, k8s_env)
+    kube = _kube(name, k8s_env, instance="release-test")  # the CLI below is given the same
     running = core.create_namespaced_pod(name, _kwok_pod(new_ref(), kube, {}))
     done = new_ref()
     finished = core.create_namespaced_pod(name, _kwok_pod(done, kube, {"kwok.leoflow.test/exit-code": "0"}))
@@ -166,12 +166,13 @@ def test_release_pods_strips_every_leoflow_pod_and_the_namespace_can_go(core, k8
     uids = {p.metadata.uid for p in (running, finished, deleted)}
     for key, value in {"RUNTIME": "kubernetes", "IMAGE": "registry.example/leoflow:test",
                        "EXCHANGE_URL": "http://127.0.0.1:9/leoflow", "NAMESPACE": "not-this-one",
-                       "IN_CLUSTER": "False", "KUBE_CONFIG": str(k8s_env.kubeconfig)}.items():
+                       "IN_CLUSTER": "False", "KUBE_CONFIG": str(k8s_env.kubeconfig),
+                       "INSTANCE": "release-test"}.items():
         monkeypatch.setenv(f"AIRFLOW__LEOFLOW__{key}", value)
 
     def run(*argv: str) -> str:
         with pytest.raises(SystemExit) as exit_:
-            cli.release_pods(SimpleNamespace(namespace=name, dry_run="--dry-run" in argv))
+            cli.release_pods(SimpleNamespace(namespace=name, dry_run="--dry-run" in argv, unlabelled=False))
         assert exit_.value.code == 0
         return capsys.readouterr().out
 

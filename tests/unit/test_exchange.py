@@ -62,10 +62,12 @@ TASK_AUDIENCE = "urn:airflow.apache.org:task"
 
 
 def projected_token(*, audience: str | list = AUDIENCE, namespace: str = NS, service_account: str = SA,
-                    exp_in: float = 3600, pod: dict | None = None, drop: tuple[str, ...] = (), **more) -> str:
+                    exp_in: float = 7 * 86400, pod: dict | None = None, drop: tuple[str, ...] = (), **more) -> str:
     """A JWT whose claims look like a projected ServiceAccount token of ``namespace``/``service_account`` bound
     to a pod, for ``audience`` (what the exchange's local pre-check reads); signed with a test key nobody
-    checks: only the fake TokenReview decides whether it is authentic."""
+    checks: only the fake TokenReview decides whether it is authentic. It expires ``exp_in`` seconds after it is
+    made: a week by default, because module-level tokens (``TOKEN``, the parametrized cases) are made when pytest
+    collects, which in a whole-suite run is more than an hour before the unit tests run."""
     import time as _time
 
     import jwt

@@ -388,10 +388,11 @@ def versions():
     return [warmpods.PoolVersion(V1, "etl", "dags", "", "etl.py", active_run=True)]
 
 
-def make_pool(core, ledger, informer, heartbeats=None, monotonic=None, **conf):
+def make_pool(core, ledger, informer, heartbeats=None, monotonic=None, health_threshold=None, **conf):
     s = load(**conf)
     return warmpods.WarmPool(core, s.kubernetes, s.warm, job_id="5", ledger=ledger, informer=informer,
-                             versions=versions, heartbeats=heartbeats or (lambda jobs: {}), monotonic=monotonic)
+                             versions=versions, heartbeats=heartbeats or (lambda jobs: {}), monotonic=monotonic,
+                             health_threshold=health_threshold)
 
 
 def test_the_pool_creates_min_idle_pods_under_one_anchor_and_a_lagging_cache_never_overshoots():
@@ -570,31 +571,32 @@ def test_a_deleted_anchor_is_recreated_before_the_next_creates_so_they_are_not_g
 
 def test_a_scheduler_job_that_heartbeat_recently_keeps_its_anchors_until_it_stays_dead():
     """k8s review §11: ``Job.is_alive`` says not alive after 30 s without a heartbeat (a DB stall is enough); the
-    anchors of a job that heartbeat within the grace stay, and a later sweep on the pool tick deletes them once
-    the job stays dead past it. A job with no row (or long dead) loses them at once."""
+    anchors of a job that heartbeat within the grace (two thresholds: 60 s here) stay, and a later sweep on the
+    pool tick (every threshold) deletes them once the job stays dead past it. A job with no row (or long dead)
+    loses them at once."""
     core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
     for job in ("3", "6", "7"):
         core.create_namespaced_config_map("default", warmpods.build_anchor(job, V1, "default", instance="blue"))
     now = datetime.now(timezone.utc)
-    beats = {"3": now - timedelta(seconds=90), "6": now - timedelta(hours=2)}  # job 7: no Airflow job row
+    beats = {"3": now - timedelta(seconds=45), "6": now - timedelta(hours=2)}  # job 7: no Airflow job row
     clock = [1000.0]
     pool = make_pool(core, ledger, informer, heartbeats=lambda jobs: {j: beats[j] for j in jobs if j in beats},
-                     monotonic=lambda: clock[0])
+                     monotonic=lambda: clock[0], health_threshold=30.0)
+    assert (pool.dead_job_grace, pool.dead_sweep_every) == (60.0, 30.0)
     assert pool.sweep_dead_anchors(lambda jobs: set()) == [f"leoflow-warm-6-{V1}", f"leoflow-warm-7-{V1}"]
     assert set(core.configmaps) == {f"leoflow-warm-3-{V1}"}
     beats["3"] = now - timedelta(hours=1)  # it never came back
     pool.tick(NOW)
     assert f"leoflow-warm-3-{V1}" in core.configmaps  # not yet time for the next sweep
-    clock[0] += warmpods.DEAD_ANCHOR_SWEEP_SECONDS
+    clock[0] += pool.dead_sweep_every
     pool.tick(NOW)
     assert f"leoflow-warm-3-{V1}" not in core.configmaps
-    assert warmpods.past_grace({"a", "b"}, {"a": NOW - timedelta(seconds=599)}, NOW) == {"b"}
+    assert warmpods.past_grace({"a", "b"}, {"a": NOW - timedelta(seconds=59)}, NOW) == {"b"}
 
 
-def test_the_pool_keeps_a_worker_the_scheduler_assigns_between_the_pools_read_and_its_delete():
-    """k8s review §16g: the pool re-reads the row (idle) and the scheduler, on its own thread, assigns the worker
-    right then: the pool's delete must not land (the attempt would be re-dispatched). With the guarded retire,
-    exactly one of them wins."""
+def _a_draining_pool_with_one_idle_worker():
+    """A pool with one registered idle worker whose DAG version just drained (its worker is to go):
+    ``(core, ledger, pool, pod name, pod uid)``."""
     core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
     pool = make_pool(core, ledger, informer, warm_min_idle="1", warm_max_pool_size="1")
     pool.tick(NOW)
@@ -602,7 +604,15 @@ def test_the_pool_keeps_a_worker_the_scheduler_assigns_between_the_pools_read_an
     (name,) = core.pods
     uid = "uid-" + name
     ledger.rows[uid] = Row(uid, name, last_seen_at=NOW)
-    pool._versions = lambda: []  # the version drains: its idle worker is to go
+    pool._versions = lambda: []
+    return core, ledger, pool, name, uid
+
+
+def test_the_pool_keeps_a_worker_the_scheduler_assigns_between_the_pools_read_and_its_delete():
+    """k8s review §16g: the pool re-reads the row (idle) and the scheduler, on its own thread, assigns the worker
+    right then: the pool's delete must not land (the attempt would be re-dispatched). With the guarded retire,
+    exactly one of them wins."""
+    core, ledger, pool, name, uid = _a_draining_pool_with_one_idle_worker()
     real_get, won = ledger.get, []
 
     def get_then_scheduler_assigns(pod_uid):
@@ -617,14 +627,7 @@ def test_the_pool_keeps_a_worker_the_scheduler_assigns_between_the_pools_read_an
 
 
 def test_the_pools_delete_of_an_idle_worker_retires_its_row_first_so_a_later_assign_loses():
-    core, ledger, informer = FakeCore(), MemoryLedger(), FakeInformer()
-    pool = make_pool(core, ledger, informer, warm_min_idle="1", warm_max_pool_size="1")
-    pool.tick(NOW)
-    informer.show(core)
-    (name,) = core.pods
-    uid = "uid-" + name
-    ledger.rows[uid] = Row(uid, name, last_seen_at=NOW)
-    pool._versions = lambda: []
+    core, ledger, pool, name, uid = _a_draining_pool_with_one_idle_worker()
     assert pool.tick(NOW).deleted == [name] and name in core.deleted
     assert not ledger.assign(uid, ref(), row_version=0)  # the scheduler read it idle before: it loses cleanly
 
@@ -792,17 +795,23 @@ def test_a_killed_warm_attempt_deletes_its_worker_pod(warm_runtime):
         time.sleep(0.01)
 
 
+def _a_busy_warm_attempt(rt, core, ledger, informer):
+    """A ready warm worker that took an attempt (launched, its row busy with it): ``(pod name, pod uid, spec)``."""
+    name = _ready_worker(rt, core, ledger, informer)
+    spec = warm_spec()
+    rt.launch(spec)
+    uid = "uid-" + name
+    ledger.rows[uid] = replace(ledger.rows[uid], state="busy", taken_at=NOW)
+    return name, uid, spec
+
+
 def test_a_deleted_warm_pod_that_never_ends_opens_the_valve(warm_runtime):
     """k8s review §6: a warm pod's node partitions while it runs an attempt; the pod is deleted (a kill, the
     taint manager) but no kubelet reports its end. As for a cold pod, once ``[leoflow] pod_termination_valve``
     seconds passed beyond its deletion grace period the attempt counts as ended by an infra loss (re-run on the
     infra budget), instead of staying LIVE until Airflow's heartbeat purge fails it through the user's retries."""
     rt, core, ledger, informer = warm_runtime
-    name = _ready_worker(rt, core, ledger, informer)
-    spec = warm_spec()
-    rt.launch(spec)
-    uid = "uid-" + name
-    ledger.rows[uid] = replace(ledger.rows[uid], state="busy", taken_at=NOW)
+    name, uid, spec = _a_busy_warm_attempt(rt, core, ledger, informer)
     rt.warm.set_rows(ledger.workers("default"), time.monotonic())
     informer.pods[name] = replace(view(name, uid, deleting=True), deletion_grace=30)  # Running: no end reported
     clock = [time.monotonic()]
@@ -823,11 +832,7 @@ def test_a_warm_kill_never_deletes_a_pod_whose_row_holds_another_attempt(warm_ru
     a newer attempt M since the last pool tick (whose rows still say busy with N). The kill must not delete the
     pod that runs M (M would be SIGTERMed and re-run); N is gone, and no delete is sent."""
     rt, core, ledger, informer = warm_runtime
-    name = _ready_worker(rt, core, ledger, informer)
-    spec = warm_spec()
-    rt.launch(spec)
-    uid = "uid-" + name
-    ledger.rows[uid] = replace(ledger.rows[uid], state="busy", taken_at=NOW)
+    name, uid, spec = _a_busy_warm_attempt(rt, core, ledger, informer)
     rt.warm.set_rows(ledger.workers("default"), time.monotonic())  # the tick's snapshot: busy with N
     newer = ref()
     ledger.rows[uid] = replace(ledger.rows[uid], ref=newer, row_version=9)  # now: busy with M
@@ -845,11 +850,7 @@ def test_a_warm_attempt_stays_live_while_its_task_heartbeats_whatever_its_pod_sa
     end). While the attempt's TI heartbeat is 3 s old it stays LIVE (its body runs); silent past ``[leoflow]
     agent_lost_threshold`` it is GONE."""
     rt, core, ledger, informer = warm_runtime
-    name = _ready_worker(rt, core, ledger, informer)
-    spec = warm_spec()
-    rt.launch(spec)
-    uid = "uid-" + name
-    ledger.rows[uid] = replace(ledger.rows[uid], state="busy", taken_at=NOW)
+    name, uid, spec = _a_busy_warm_attempt(rt, core, ledger, informer)
     rt.warm.set_rows(ledger.workers("default"), time.monotonic())
     informer.pods[name] = replace(view(name, uid, deleting=True), deletion_grace=30)
     clock = [time.monotonic()]

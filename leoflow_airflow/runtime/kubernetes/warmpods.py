@@ -104,13 +104,29 @@ ISOLATION_VOLUMES = {"leoflow-tmp": ("/tmp", None), "leoflow-shm": ("/dev/shm", 
 EXPECTATION_TTL_SECONDS = 120.0
 """Seconds a create stays expected without the warm informer showing its pod (then the cache is re-listed)."""
 
-DEAD_JOB_GRACE_SECONDS = 600.0
-"""Seconds since a scheduler job's last heartbeat (``job.latest_heartbeat``) during which its anchors are kept
-although Airflow's ``Job.is_alive`` (its 30 s health threshold) says it is not alive: a DB stall or a slow
-heartbeat is not death (k8s review §11). Past it, the job's anchors go (:meth:`WarmPool.sweep_dead_anchors`)."""
-DEAD_ANCHOR_SWEEP_SECONDS = 300.0
-"""Seconds between two sweeps of dead jobs' anchors after the start sweep (on the pool tick), so anchors kept by
-:data:`DEAD_JOB_GRACE_SECONDS` at start go once the job stays dead."""
+DEAD_JOB_GRACE_FACTOR = 2.0
+"""A scheduler job's anchors are kept while its last heartbeat (``job.latest_heartbeat``) is younger than this many
+times ``[scheduler] scheduler_health_check_threshold``, although Airflow's ``Job.is_alive`` (that threshold) says
+it is not alive: a DB stall or a slow heartbeat up to twice the threshold is not death (k8s review §11). Past it,
+the job's anchors go (:meth:`WarmPool.sweep_dead_anchors`), and the garbage collector their pods: a crashed
+scheduler's idle warm pods are gone within about three thresholds (90 s at Airflow's default 30 s)."""
+DEAD_JOB_GRACE_SECONDS = 60.0
+"""The grace at Airflow's default threshold (30 s × :data:`DEAD_JOB_GRACE_FACTOR`)."""
+DEAD_ANCHOR_SWEEP_SECONDS = 30.0
+"""Seconds between two sweeps of dead jobs' anchors after the start sweep (on the pool tick) at Airflow's default
+threshold (one threshold), so anchors kept by the grace at start go once the job stays dead."""
+
+
+def health_check_threshold() -> float:
+    """Airflow's ``[scheduler] scheduler_health_check_threshold`` in seconds (30 when Airflow's configuration
+    cannot be read or the value is not a positive number)."""
+    try:
+        from airflow.configuration import conf
+
+        value = conf.getfloat("scheduler", "scheduler_health_check_threshold", fallback=30.0)
+    except Exception:  # noqa: BLE001 - a missing or malformed value: Airflow's default
+        return 30.0
+    return value if value > 0 else 30.0
 
 _WARM_NAME = re.compile(r"lfw-[0-9]+-[0-9a-f]{12}-[0-9a-f]{8}")
 _PLACEHOLDER_TI = "00000000-0000-0000-0000-000000000000"
@@ -396,7 +412,10 @@ class WarmPool:
     :param request_timeout: seconds of one API request.
     :param monotonic: the expectations' clock.
     :param heartbeats: ``(job ids) -> {job id: latest heartbeat}`` (default :func:`airflow_job_heartbeats`): a job
-        not alive but within :data:`DEAD_JOB_GRACE_SECONDS` of its last heartbeat keeps its anchors.
+        not alive but within :data:`DEAD_JOB_GRACE_FACTOR` health thresholds of its last heartbeat keeps its
+        anchors.
+    :param health_threshold: ``[scheduler] scheduler_health_check_threshold`` seconds (default: read from
+        Airflow, :func:`health_check_threshold`); the dead-job grace and the re-sweep interval follow from it.
     :raises ConfigError: ``[leoflow] warm_pools`` is malformed.
     """
 
@@ -406,7 +425,8 @@ class WarmPool:
                  held: Callable[[], set[str]] = set, request_timeout: float = 30.0,
                  monotonic: Callable[[], float] | None = None,
                  forward_env: Mapping[str, str] | None = None,
-                 heartbeats: Callable[[set[str]], Mapping[str, datetime | None]] | None = None) -> None:
+                 heartbeats: Callable[[set[str]], Mapping[str, datetime | None]] | None = None,
+                 health_threshold: float | None = None) -> None:
         import time
 
         self.core, self.settings, self.warm, self.job_id = core, settings, warm, str(job_id)
@@ -423,6 +443,9 @@ class WarmPool:
         self.expectations = Expectations(EXPECTATION_TTL_SECONDS)
         self.anchors: dict[str, str] = {}  # version -> anchor uid (this job's), confirmed before each Create batch
         self._heartbeats = heartbeats or airflow_job_heartbeats
+        threshold = health_threshold if health_threshold is not None else health_check_threshold()
+        self.dead_job_grace = DEAD_JOB_GRACE_FACTOR * threshold
+        self.dead_sweep_every = max(5.0, threshold)
         self._alive: Callable[[set[str]], set[str]] | None = None  # the start sweep's, for the later sweeps
         self._next_sweep = float("inf")
         self._lock = threading.Lock()
@@ -446,11 +469,11 @@ class WarmPool:
         the LIST (the caller logs it). Only this installation's anchors are listed (:func:`anchor_selector`,
         k8s review §5): another's jobs are never alive here.
 
-        k8s review §11: a job that is not alive but heartbeat within :data:`DEAD_JOB_GRACE_SECONDS` keeps its
+        k8s review §11: a job that is not alive but heartbeat within :attr:`dead_job_grace` seconds keeps its
         anchors (:func:`past_grace`), and ``alive`` is kept so that the pool tick sweeps again every
-        :data:`DEAD_ANCHOR_SWEEP_SECONDS` (such a job's anchors go once it stays dead)."""
+        :attr:`dead_sweep_every` seconds (such a job's anchors go once it stays dead)."""
         self._alive = alive
-        self._next_sweep = self._monotonic() + DEAD_ANCHOR_SWEEP_SECONDS
+        self._next_sweep = self._monotonic() + self.dead_sweep_every
         listed = self.core.list_namespaced_config_map(self.namespace,
                                                       label_selector=anchor_selector(self.settings.instance),
                                                       _request_timeout=self._timeout)
@@ -460,10 +483,11 @@ class WarmPool:
         dead = warmdecide.dead_anchors(anchors, alive(jobs) if jobs else set(), self.job_id)
         if dead:
             suspects = {job for name, job in anchors if name in dead}
-            gone = past_grace(suspects, self._heartbeats(suspects), datetime.now(timezone.utc))
+            gone = past_grace(suspects, self._heartbeats(suspects), datetime.now(timezone.utc),
+                              self.dead_job_grace)
             for job in sorted(suspects - gone):
                 log.info("warm pods: scheduler job %s is not alive but heartbeat within %gs: its anchors stay",
-                         job, DEAD_JOB_GRACE_SECONDS)
+                         job, self.dead_job_grace)
             dead = [name for name in dead if dict(anchors)[name] in gone]
         holding: dict[str, Any] | None = None
         for name in dead:
@@ -627,7 +651,7 @@ class WarmPool:
             try:
                 self.sweep_dead_anchors(self._alive)
             except Exception as exc:  # noqa: BLE001 - the next sweep tries again
-                self._next_sweep = self._monotonic() + DEAD_ANCHOR_SWEEP_SECONDS
+                self._next_sweep = self._monotonic() + self.dead_sweep_every
                 report.errors.append(f"sweep of dead anchors: {_short(exc)}")
         for line in report.errors:
             log.warning("warm pods: %s", line)
