@@ -231,7 +231,7 @@ def test_a_superseded_try_is_refused_whatever_its_header_says():
 def test_the_middleware_refuses_every_route_of_a_superseded_try():
     ledger, reached = Ledger({TI: (1, 2, True), OTHER: (1, 1, False)}), []
     fence = _served(ExecutionFence(None, lookup=ledger), reached)
-    for path in (HB, f"/execution/xcoms/d/r/t/return_value", "/execution/variables/k",
+    for path in (HB, "/execution/xcoms/d/r/t/return_value", "/execution/variables/k",
                  "/execution/asset-events/by-asset", f"/execution/task-instances/{TI}/state"):
         status, _, body = _call(fence, path, header=_header(epoch=2))
         assert (status, body["detail"]["reason"]) == (409, fencing.SUPERSEDED), path
