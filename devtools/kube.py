@@ -317,7 +317,9 @@ class KubeStack:
         subject = client.RbacV1Subject(kind="ServiceAccount", name=name, namespace=self.namespace)
 
         def policy(rules) -> list:
-            return [client.V1PolicyRule(api_groups=[r.group], resources=[r.resource], verbs=[r.verb]) for r in rules]
+            return [client.V1PolicyRule(api_groups=[r.group], verbs=[r.verb],
+                                        resources=[r.resource + (f"/{r.subresource}" if r.subresource else "")])
+                    for r in rules]
 
         namespaced = [r for r in (*SCHEDULER_RULES, *EXCHANGE_RULES) if r.resource != "tokenreviews"]
         rbac.create_namespaced_role(self.namespace, client.V1Role(

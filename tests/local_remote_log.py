@@ -24,7 +24,10 @@ from pathlib import Path
 
 from airflow.configuration import conf
 
-__all__ = ["DEFAULT_REMOTE_CONN_ID", "LOGGING_CONFIG", "REMOTE_TASK_LOG", "LocalDirRemoteLogIO"]
+__all__ = ["DEFAULT_REMOTE_CONN_ID", "DROP_UPLOADS_OF", "LOGGING_CONFIG", "REMOTE_TASK_LOG", "LocalDirRemoteLogIO"]
+
+DROP_UPLOADS_OF = "LEOFLOW_TEST_DROP_UPLOADS_OF"
+"""The environment variable naming a task id whose own uploads are lost (:meth:`LocalDirRemoteLogIO.upload`)."""
 
 SOURCE_PREFIX = "leoflow test remote-log directory: "
 """How :meth:`LocalDirRemoteLogIO.read` names its source in the log view."""
@@ -62,10 +65,18 @@ class LocalDirRemoteLogIO:
 
     def upload(self, path: str | os.PathLike, ti: object = None) -> None:
         """Copy the log file ``path`` (relative to ``base_log_folder``, or absolute under it) to the remote
-        directory, replacing an earlier copy whole (written aside, then renamed). A missing file is skipped."""
+        directory, replacing an earlier copy whole (written aside, then renamed). A missing file is skipped.
+
+        In a process whose environment names the task in :data:`DROP_UPLOADS_OF` (a task pod's template sets it),
+        that task's upload is lost and its log file removed: the pod's supervisor never reached its upload and
+        its disk went with the pod (an OOM kill of the container, a delete past its grace, a lost node)."""
         local = Path(path)
         if not local.is_absolute():
             local = self.base_log_folder / local
+        dropped = os.environ.get(DROP_UPLOADS_OF)
+        if dropped and getattr(ti, "task_id", None) == dropped:
+            local.unlink(missing_ok=True)
+            return
         if not local.is_file():
             return
         dest = self.remote_base / local.relative_to(self.base_log_folder)

@@ -329,7 +329,7 @@ class Lifecycle:
             except Exception:  # noqa: BLE001 - a failed read of Airflow's rows waits for the next cycle
                 log.exception("leoflow orphan-run reaper failed; trying again next cycle")
         try:
-            removed = self.runtime.collect(self._is_closed)
+            removed = self.runtime.collect(self._is_closed, self._workload_of)
         except Exception:  # noqa: BLE001 - GC must never break the scheduler loop
             log.exception("leoflow record GC failed")
         else:
@@ -344,6 +344,11 @@ class Lifecycle:
         if row is None:
             return LedgerRow.ABSENT
         return LedgerRow.CLOSED if row.state == _S.CLOSED else LedgerRow.OPEN
+
+    def _workload_of(self, ti_id: str, epoch: int) -> str | None:
+        """:meth:`Runtime.collect`'s ``workload_of``: the attempt's ledger ``workload_json``, None without a row."""
+        row = self.ledger.get_epoch(ti_id, epoch)
+        return None if row is None else row.workload_json
 
     # --- events -----------------------------------------------------------------------------------------
     def apply(self, events: Sequence[RuntimeEvent]) -> None:

@@ -318,9 +318,11 @@ class Runtime(Protocol):
     def adopt(self, attempt: Attempt) -> None:
         """A predecessor's attempt that still runs: watch it (it counts against this runtime's capacity)."""
 
-    def collect(self, is_closed: Callable[[str, int], bool]) -> int:
+    def collect(self, is_closed: Callable[[str, int], bool],
+                workload_of: Callable[[str, int], str | None] | None = None) -> int:
         """Remove what settled attempts left behind; the count removed. ``is_closed(ti_id, epoch)`` answers a
-        :class:`LedgerRow` (truthy: closed or absent)."""
+        :class:`LedgerRow` (truthy: closed or absent); ``workload_of(ti_id, epoch)`` the attempt's ledger
+        ``workload_json`` (None: no such row), for what a runtime keeps before it removes (a pod's log)."""
 
     def extra_capacity(self, parallelism: int, running_ages: Sequence[float]) -> int:
         """Workloads the runtime can hold beyond free slots right now (Lite: the adaptive queue-ahead)."""

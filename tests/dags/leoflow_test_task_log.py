@@ -1,6 +1,7 @@
-"""Test DAG (tests/integration/test_kube_task_logs.py): one task that prints a first marker, waits for the
-test to create ``$AIRFLOW_HOME/traces/task_log_gate`` (at most 180 s, so the test can read its log while it
-runs), then prints a second marker and succeeds."""
+"""Test DAG (tests/integration/test_kube_task_logs.py): ``talk`` prints a first marker, waits for the test to
+create ``$AIRFLOW_HOME/traces/task_log_gate`` (at most 180 s, so the test can read its log while it runs), then
+prints a second marker and succeeds. ``lost_upload``, beside it, prints a third marker and fails (no retry): the
+test's remote store loses its own upload (``tests/local_remote_log.py`` ``DROP_UPLOADS_OF``)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from airflow.sdk import dag, task
 
 FIRST = "leoflow-task-log-first-marker"
 SECOND = "leoflow-task-log-second-marker"
+THIRD = "leoflow-task-log-lost-upload-marker"
 
 
 @dag(dag_id="leoflow_test_task_log", schedule=None, catchup=False, tags=["leoflow-test"])
 def leoflow_test_task_log():
-    """A single task logging before and after the test's gate."""
+    """A task logging before and after the test's gate, and one whose own log upload is lost."""
 
     @task
     def talk() -> None:
@@ -29,7 +31,14 @@ def leoflow_test_task_log():
             time.sleep(0.2)
         print(SECOND, flush=True)
 
+    @task(retries=0)
+    def lost_upload() -> None:
+        """Print THIRD, then fail."""
+        print(THIRD, flush=True)
+        raise RuntimeError("lost_upload fails on purpose")
+
     talk()
+    lost_upload()
 
 
 leoflow_test_task_log()

@@ -139,7 +139,8 @@ class FakeRuntime:
         """Record it."""
         self.adopted.append(attempt.ref)
 
-    def collect(self, is_closed: Callable[[str, int], bool]) -> int:
+    def collect(self, is_closed: Callable[[str, int], bool],
+                workload_of: Callable[[str, int], str | None] | None = None) -> int:
         """Nothing to collect."""
         return 0
 

@@ -14,6 +14,12 @@ marker, waits for the test's gate, prints another:
 * once it succeeded and its pod was deleted (``pod_retention_success = 0``), the local log file the pod wrote
   is deleted too, and the same REST call returns both markers, read from the remote directory.
 
+Beside it, ``lost_upload`` prints a third marker and fails, and its own upload is lost with its log file (the
+pod's template sets ``LEOFLOW_TEST_DROP_UPLOADS_OF``: a supervisor that never reached its upload, a disk that went
+with the pod). Its retained pod's log is kept in the remote directory before leoflow releases the pod (issue 33
+item 11, ``runtime/kubernetes/logsalvage.py``): the REST call for that ended try returns the third marker, after
+leoflow's line naming the pod, from the remote directory.
+
 Wall time about 2 min on 2 cores, most of it bringing the stack up.
 """
 
@@ -29,6 +35,7 @@ import pytest
 from devtools.kube import KubeStack, require_binaries
 from devtools.stack import REPO_ROOT
 from tests.integration.lite_procs import wait_for
+from tests.local_remote_log import DROP_UPLOADS_OF
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(900)]
 
@@ -36,14 +43,15 @@ DAG = "leoflow_test_task_log"
 DAG_FILE = REPO_ROOT / "tests" / "dags" / f"{DAG}.py"
 FIRST = "leoflow-task-log-first-marker"
 SECOND = "leoflow-task-log-second-marker"
+THIRD = "leoflow-task-log-lost-upload-marker"
 LEOFLOW = "leoflow_airflow.executor.LeoflowExecutor"
 REMOTE_SOURCE = "leoflow test remote-log directory: "  # tests/local_remote_log.py SOURCE_PREFIX
 
 
-def _log(stack, run_id: str) -> tuple[list[str], str]:
-    """``(sources, text)`` of try 1 of ``talk`` through ``GET .../taskInstances/talk/logs/1`` (JSON): the
+def _log(stack, run_id: str, task_id: str = "talk") -> tuple[list[str], str]:
+    """``(sources, text)`` of try 1 of ``task_id`` through ``GET .../taskInstances/<task_id>/logs/1`` (JSON): the
     source lines of Airflow's "Log message source details" group, and every event joined by newlines."""
-    body = stack._call("GET", f"/dags/{DAG}/dagRuns/{run_id}/taskInstances/talk/logs/1",
+    body = stack._call("GET", f"/dags/{DAG}/dagRuns/{run_id}/taskInstances/{task_id}/logs/1",
                        headers={"accept": "application/json"})
     events = [c.get("event", "") if isinstance(c, dict) else str(c) for c in body["content"]]
     try:
@@ -75,6 +83,7 @@ def test_the_task_log_is_the_pod_log_while_it_runs_and_the_remote_copy_after_its
         # the image would ship the logging module; here the template's PYTHONPATH stands in for it
         template = json.loads(kube.pod_template_file.read_text())
         template["spec"]["containers"][0]["env"].append({"name": "PYTHONPATH", "value": str(REPO_ROOT)})
+        template["spec"]["containers"][0]["env"].append({"name": DROP_UPLOADS_OF, "value": "lost_upload"})
         kube.pod_template_file.write_text(json.dumps(template, indent=2) + "\n")
         assert "remote" not in (kube.pod_home / "airflow.cfg").read_text()
         from kubernetes import client
@@ -96,19 +105,22 @@ def test_the_task_log_is_the_pod_log_while_it_runs_and_the_remote_copy_after_its
             sources, text = wait_for(live, 180, "the first marker in the running task's log")
             assert [s for s in sources if s.startswith("pod ") and "agent container" in s], sources
             assert SECOND not in text
-            [pod] = core.list_namespaced_pod(kube.namespace, label_selector=f"leoflow.io/dag-id={DAG}").items
+            [pod] = core.list_namespaced_pod(kube.namespace,
+                                             label_selector=f"leoflow.io/dag-id={DAG},leoflow.io/task-id=talk").items
             env = {e.name: e.value for e in pod.spec.containers[0].env}
             assert env["AIRFLOW__LOGGING__REMOTE_LOGGING"] == "True"
             assert env["AIRFLOW__LOGGING__REMOTE_BASE_LOG_FOLDER"] == str(remote)
             assert env["AIRFLOW__LOGGING__LOGGING_CONFIG_CLASS"] == "tests.local_remote_log.LOGGING_CONFIG"
 
             (stack.traces_dir / "task_log_gate").touch()
-            assert stack.wait_for_run(DAG, run_id, timeout=180) == "success"
+            assert stack.wait_for_run(DAG, run_id, timeout=180) == "failed"  # lost_upload failed on purpose
+            assert stack.task_states(DAG, run_id) == {"talk": "success", "lost_upload": "failed"}
             wait_for(lambda: not core.list_namespaced_pod(
-                kube.namespace, label_selector=f"leoflow.io/dag-id={DAG}").items, 120, "the task's pod to be gone")
+                kube.namespace, label_selector=f"leoflow.io/dag-id={DAG},leoflow.io/task-id=talk").items, 120,
+                "the task's pod to be gone")
 
             # the pod is gone: delete the log file it wrote; the log view reads the remote copy
-            [local] = (stack.home / "logs").glob(f"dag_id={DAG}/**/attempt=1.log")
+            [local] = (stack.home / "logs").glob(f"dag_id={DAG}/**/task_id=talk/**/attempt=1.log")
             kept = remote / local.relative_to(stack.home / "logs")
             assert kept.is_file(), f"the pod uploaded nothing to {remote}: {sorted(remote.rglob('*'))}"
             local.unlink()
@@ -116,6 +128,17 @@ def test_the_task_log_is_the_pod_log_while_it_runs_and_the_remote_copy_after_its
             assert FIRST in text and SECOND in text, text
             assert [s for s in sources if s == REMOTE_SOURCE + str(kept)], sources
             assert not local.exists(), "the log view must not need the local file"
+
+            # lost_upload: its own upload and log file are lost; its pod's log was kept before leoflow released
+            # the pod (a user failure ends the agent with exit 0: pod_retention_success = 0 then deletes it)
+            lost_log = f"dag_id={DAG}/**/task_id=lost_upload/**/attempt=1.log"
+            kept_lost = wait_for(lambda: next(iter(remote.glob(lost_log)), None), 60,
+                                 "lost_upload's pod log kept in the remote directory")
+            assert not list((stack.home / "logs").glob(lost_log)), "only the remote copy is left"
+            sources, text = _log(stack, run_id, "lost_upload")
+            assert THIRD in text, text
+            assert f"leoflow: this log was kept from pod {kube.namespace}/leoflow-test-task-log-lost-u" in text, text
+            assert [s for s in sources if s == REMOTE_SOURCE + str(kept_lost)], sources
         except BaseException:
             print("task pods:\n  " + "\n  ".join(kube.describe_pods()))
             raise

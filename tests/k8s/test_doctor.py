@@ -63,6 +63,8 @@ def _scheduler_rules(*, patch: bool = True) -> list[client.V1PolicyRule]:
     verbs = ["create", "get", "list", "watch", "delete"] + (["patch"] if patch else [])
     return [client.V1PolicyRule(api_groups=[""], resources=["pods"], verbs=verbs),
             client.V1PolicyRule(api_groups=[""], resources=["serviceaccounts"], verbs=["get"]),
+            # an ended pod's log is kept before its finalizer is released (access.SCHEDULER_RULES)
+            client.V1PolicyRule(api_groups=[""], resources=["pods/log"], verbs=["get"]),
             # the warm pools' anchor ConfigMaps (access.SCHEDULER_RULES)
             client.V1PolicyRule(api_groups=[""], resources=["configmaps"], verbs=["create", "get", "list",
                                                                                   "delete"])]

@@ -317,8 +317,7 @@ def _denied_matrix(install: Install) -> list[tuple[str, Rule, str]]:
         (Rule("create", "subjectaccessreviews", "", group="authorization.k8s.io"), ""),
         (Rule("impersonate", "serviceaccounts", ""), task),
     ]
-    scheduler_only = [(Rule("create", "tokenreviews", "", group="authentication.k8s.io"), ""),
-                      (Rule("get", "pods", "", subresource="log"), task)]
+    scheduler_only = [(Rule("create", "tokenreviews", "", group="authentication.k8s.io"), "")]
     api_server_only = [(Rule("create", "pods", ""), task), (Rule("list", "pods", ""), task),
                        (Rule("watch", "pods", ""), task), (Rule("delete", "pods", ""), task),
                        (Rule("patch", "pods", ""), task), (Rule("get", "serviceaccounts", ""), task)]

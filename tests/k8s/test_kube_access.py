@@ -22,7 +22,9 @@ def _grant(api: client.ApiClient, namespace: str, user: str, rules: tuple[access
     rbac = client.RbacAuthorizationV1Api(api)
     rbac.create_namespaced_role(namespace, client.V1Role(
         metadata=client.V1ObjectMeta(name="leoflow-scheduler"),
-        rules=[client.V1PolicyRule(api_groups=[r.group], resources=[r.resource], verbs=[r.verb]) for r in rules]))
+        rules=[client.V1PolicyRule(api_groups=[r.group], resources=[r.resource + (f"/{r.subresource}" if r.subresource
+                                                                                   else "")],
+                                   verbs=[r.verb]) for r in rules]))
     rbac.create_namespaced_role_binding(namespace, client.V1RoleBinding(
         metadata=client.V1ObjectMeta(name="leoflow-scheduler"),
         role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="leoflow-scheduler"),

@@ -413,3 +413,42 @@ def test_collect_settles_a_pod_of_ours_whose_ledger_row_retention_removed(runtim
     assert core.pods["aged-out"]["metadata"]["finalizers"] == [] and set(deletes) == {"aged-out"}
     assert core.pods["open"]["metadata"]["finalizers"] == [FIN]
     engine.dispose()
+
+
+def test_an_ended_pods_log_is_kept_before_its_finalizer_is_released(runtime, monkeypatch):
+    """Issue 33 item 11: the release job keeps the pod's log first (``logsalvage``), with the attempt's
+    ``log_path`` from its ledger row, then releases; a keep that raises still releases."""
+    rt, core, clock = runtime
+    ref, other = AttemptRef(str(uuid.uuid4()), 1, 1), AttemptRef(str(uuid.uuid4()), 1, 1)
+    core.add("p", ref=ref, phase="Failed")
+    core.add("q", ref=other, phase="Failed")
+    kept: list[tuple[str, str, list[str]]] = []
+
+    def fake_salvage(core_, namespace, name, uid, ref_, target, **kw):
+        kept.append((name, target.log_path, list(core.pods[name]["metadata"]["finalizers"])))
+        if name == "q":
+            raise OSError("disk full")
+        return SimpleNamespace(place=None, why="test")
+
+    monkeypatch.setattr("leoflow_airflow.runtime.kubernetes.runtime.salvage_pod_log", fake_salvage)
+    workloads = {r.ti_id: json.dumps({"log_path": f"{n}.log", "ti": {"task_id": n}}) for n, r in (("p", ref),
+                                                                                                     ("q", other))}
+    assert rt.collect(lambda ti_id, epoch: True, lambda ti_id, epoch: workloads[ti_id]) == 2
+    settle(rt)
+    assert sorted(k[:2] for k in kept) == [("p", "p.log"), ("q", "q.log")]
+    assert [held for _, _, held in kept] == [[FIN], [FIN]], "kept while the finalizer still held the pod"
+    assert core.pods["p"]["metadata"]["finalizers"] == [] and core.pods["q"]["metadata"]["finalizers"] == []
+
+
+def test_no_log_is_kept_when_pod_log_salvage_is_off(runtime, monkeypatch):
+    rt, core, clock = runtime
+    import dataclasses
+
+    rt.kube = dataclasses.replace(rt.kube, pod_log_salvage=False)
+    ref = AttemptRef(str(uuid.uuid4()), 1, 1)
+    core.add("p", ref=ref, phase="Failed")
+    monkeypatch.setattr("leoflow_airflow.runtime.kubernetes.runtime.salvage_pod_log",
+                        lambda *a, **k: pytest.fail("salvaged with pod_log_salvage off"))
+    assert rt.collect(lambda ti_id, epoch: True, lambda ti_id, epoch: '{"log_path": "x.log", "ti": {}}') == 1
+    settle(rt)
+    assert core.pods["p"]["metadata"]["finalizers"] == []

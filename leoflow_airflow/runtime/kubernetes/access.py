@@ -50,6 +50,8 @@ SCHEDULER_RULES: tuple[Rule, ...] = (
     Rule("patch", "pods", "release leoflow's finalizer once the attempt is settled (UID-tested JSON patch); "
          "lower a warm pod's activeDeadlineSeconds when it takes an attempt; move a dead scheduler's busy warm pod under "
          "this scheduler's anchor"),
+    Rule("get", "pods", "keep an ended task pod's log where Airflow's log view reads it, before its finalizer is "
+         "released ([leoflow] pod_log_salvage)", subresource="log"),
     Rule("get", "serviceaccounts", "start() checks the task ServiceAccount exists"),
     Rule("create", "configmaps", "warm pods: one anchor ConfigMap per (scheduler job, DAG version) owns its pool"),
     Rule("list", "configmaps", "warm pods: start() finds the anchors of scheduler jobs that are not alive"),

@@ -113,6 +113,7 @@ from leoflow_airflow.runtime.kubernetes import decide, status, warmdecide, warmp
 from leoflow_airflow.runtime.kubernetes.classify import Verdict, VerdictKind, classify_exception
 from leoflow_airflow.runtime.kubernetes.finalizer import Release, ReleaseOutcome, release_finalizer
 from leoflow_airflow.runtime.kubernetes.launches import PodLaunch, PodLaunches
+from leoflow_airflow.runtime.kubernetes.logsalvage import SalvageTarget, salvage_pod_log, salvage_target
 from leoflow_airflow.runtime.kubernetes.pod import APP_LABELS, INSTANCE_LABEL, PodAttempt, build_pod, pod_name
 
 if TYPE_CHECKING:
@@ -285,6 +286,7 @@ class KubernetesRuntime:
         self._releasing: set[tuple[str, str]] = set()  # finalizer releases on the pool
         self._released: set[tuple[str, str]] = set()  # released; the cache may still show the finalizer
         self._release_soon: dict[tuple[str, str], tuple[AttemptRef, float]] = {}  # forgotten -> (ref, until)
+        self._workload_of: Callable[[str, int], str | None] | None = None  # collect()'s: the salvage's log_path
         self._start_seen: dict[str, tuple[str, datetime]] = {}  # pod uid -> (its start key, first seen at it)
         self._stop_due: dict[str, float] = {}  # deleted pod's uid -> monotonic time it should have stopped by
         self._unconfirmed: dict[str, float] = {}  # pod uid -> seconds past its grace when the valve opened
@@ -604,10 +606,49 @@ class KubernetesRuntime:
         if not self._submit(self._delete, name, uid, grace, why):
             self._deleting.pop(key, None)
 
-    def _release_job(self, name: str, uid: str, index: int) -> _Released:
-        """Pool: take leoflow's finalizer off pod ``name`` uid ``uid`` (:func:`.finalizer.release_finalizer`)."""
+    def _release_job(self, name: str, uid: str, index: int, ref: AttemptRef | None = None,
+                     target: SalvageTarget | None = None) -> _Released:
+        """Pool: keep the pod's log where Airflow's log view reads it when ``target`` says where
+        (:func:`.logsalvage.salvage_pod_log`; a failure is logged, never holds the pod), then take leoflow's
+        finalizer off pod ``name`` uid ``uid`` (:func:`.finalizer.release_finalizer`)."""
+        if target is not None and ref is not None:
+            self._salvage(name, uid, ref, target)
         return _Released(release_finalizer(self._core, self.kube.namespace, name, uid, index=index,
                                            timeout=REQUEST_TIMEOUT_SECONDS))
+
+    def _salvage(self, name: str, uid: str, ref: AttemptRef, target: SalvageTarget) -> None:
+        """Pool: :func:`.logsalvage.salvage_pod_log` of one ended task pod, with Airflow's ``[logging]`` settings
+        and ``REMOTE_TASK_LOG`` as this scheduler has them; logs the outcome, never raises."""
+        try:
+            from airflow.configuration import conf
+
+            remote = None
+            if conf.getboolean("logging", "remote_logging", fallback=False):
+                from airflow.logging_config import get_remote_task_log
+
+                remote = get_remote_task_log()
+            done = salvage_pod_log(self._core, self.kube.namespace, name, uid, ref, target,
+                                   base_log_folder=conf.get("logging", "base_log_folder"), remote=remote,
+                                   now=datetime.now(timezone.utc), timeout=REQUEST_TIMEOUT_SECONDS)
+        except Exception as exc:  # noqa: BLE001 - a log that cannot be kept never holds the pod
+            log.warning("leoflow: the log of pod %s (attempt %s) was not kept: %s", name, ref, _short(exc))
+            return
+        if done.place is None:
+            log.debug("leoflow: the log of pod %s (attempt %s) left as it is: %s", name, ref, done.why)
+        else:
+            log.info("leoflow: the log of pod %s (attempt %s) %s at %s", name, ref, done.why, target.log_path)
+
+    def _salvage_target(self, view: PodView) -> SalvageTarget | None:
+        """Where ``view``'s log goes when its finalizer is released (``[leoflow] pod_log_salvage``, a task pod
+        whose attempt's ledger row names a ``log_path``); None: not kept. A DB read, on the scheduler loop."""
+        if not self.kube.pod_log_salvage or view.ref is None or self._workload_of is None:
+            return None
+        try:
+            return salvage_target(self._workload_of(view.ref.ti_id, view.ref.attempt_epoch))
+        except Exception as exc:  # noqa: BLE001 - the ledger is unreachable: the pod is released all the same
+            log.warning("leoflow: the workload of pod %s could not be read to keep its log: %s", view.name,
+                        _short(exc))
+            return None
 
     def _request_release(self, view: PodView) -> bool:
         """Submit the release of ``view``'s finalizer unless one is on its way or done already; True if submitted."""
@@ -615,7 +656,7 @@ class KubernetesRuntime:
         index = decide.finalizer_index(view.finalizers)
         if index is None or key in self._releasing or key in self._released:
             return False
-        if not self._submit(self._release_job, view.name, view.uid, index):
+        if not self._submit(self._release_job, view.name, view.uid, index, view.ref, self._salvage_target(view)):
             return False
         self._releasing.add(key)
         return True
@@ -1312,7 +1353,8 @@ class KubernetesRuntime:
             self._launches[launch_id(attempt.ref)] = _Launch(attempt.ref, name, uid)
 
     # --- housekeeping -----------------------------------------------------------------------------------
-    def collect(self, is_closed: Callable[[str, int], bool]) -> int:
+    def collect(self, is_closed: Callable[[str, int], bool],
+                workload_of: Callable[[str, int], str | None] | None = None) -> int:
         """Release and delete what settled attempts left (module docstring), on the pool; returns the number of
         pods acted on (a pod released and deleted in one pass counts once).
 
@@ -1328,7 +1370,11 @@ class KubernetesRuntime:
             terminal or deleting, or whose retention is over). CLOSED and ABSENT settle a pod: the informer lists
             only this installation's pods (``leoflow.io/instance``, k8s review §5), so a pod of an attempt the
             ledger no longer holds is one whose closed row retention removed; OPEN keeps it.
+        :param workload_of: ``workload_of(ti_id, attempt_epoch)``: the attempt's ledger ``workload_json`` or None;
+            asked once for each pod about to be released, so its log is kept first (``[leoflow]
+            pod_log_salvage``, :mod:`.logsalvage`). None: no log is kept.
         """
+        self._workload_of = workload_of
         self._absorb()
         if self.informer is None or not self.informer.synced:
             return 0

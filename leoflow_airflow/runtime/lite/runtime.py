@@ -512,8 +512,10 @@ class LiteRuntime:
         self._launches.pop(launch_id(ref), None)
 
     # --- housekeeping ------------------------------------------------------------------------------------
-    def collect(self, is_closed: Callable[[str, int], bool]) -> int:
-        """Remove closed attempts' record directories past ``[leoflow] record_retention`` (every 60 s)."""
+    def collect(self, is_closed: Callable[[str, int], bool],
+                workload_of: Callable[[str, int], str | None] | None = None) -> int:
+        """Remove closed attempts' record directories past ``[leoflow] record_retention`` (every 60 s).
+        ``workload_of`` is not needed: an attempt's log file is on this host already."""
         from leoflow_airflow.runtime.lite import gc
 
         now = time.monotonic()
