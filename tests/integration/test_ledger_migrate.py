@@ -3,11 +3,16 @@
 Runs the real ``airflow`` CLI of this venv in a throwaway AIRFLOW_HOME (the leoflow distribution must be
 installed, e.g. ``pip install -e . --no-deps``, so its provider info is discovered). SQLite always; the
 PostgreSQL variant needs ``LEOFLOW_TEST_PG_URL`` (see test_ledger_postgres.py).
+
+The SQLite tests of one revision's upgrade path start from a copy of one database a plain ``airflow db migrate``
+brought to head once per module (:func:`migrated_sqlite`) instead of each running that ~4 s migrate first; the
+``airflow db migrate`` each of them checks is still a real run of the CLI on its own copy.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -51,6 +56,7 @@ def airflow_env(home: Path, db_url: str) -> dict[str, str]:
 
 
 def run(args: list[str], env: dict[str, str]) -> str:
+    """Run ``args`` in ``env``, assert it exited 0, and return its stdout and stderr together."""
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
@@ -87,6 +93,8 @@ def schema_diff(db_url: str) -> list:
 
 
 def check_migrate_twice(tmp_path: Path, db_url: str, *, first_args: tuple[str, ...] = ()) -> None:
+    """``airflow db migrate *first_args`` on the empty database ``db_url`` leaves the ledger at head matching the
+    models, the store can claim an attempt in it, and a second plain ``airflow db migrate`` changes nothing."""
     env = airflow_env(tmp_path, db_url)
     run([AIRFLOW, "db", "migrate", *first_args], env)
     assert ledger_state(db_url) == (
@@ -131,6 +139,19 @@ def test_db_migrate_with_migration_files_on_postgres_then_rerun_is_a_noop(tmp_pa
         admin.dispose()
 
 
+@pytest.fixture(scope="module")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database file a plain ``airflow db migrate`` (the real CLI, default arguments) brought to head,
+    made once per module; a test copies it into its own directory rather than run that first migrate itself (the
+    test of that migrate, :func:`test_db_migrate_creates_ledger_on_sqlite_and_rerun_is_a_noop`, runs its own)."""
+    home = tmp_path_factory.mktemp("migrated-sqlite")
+    db_url = f"sqlite:///{home / 'airflow.db'}"
+    run([AIRFLOW, "db", "migrate"], airflow_env(home, db_url))
+    assert ledger_state(db_url)[1:] == ([HEAD], [])
+    assert sorted(p.name for p in home.glob("airflow.db*")) == ["airflow.db"]  # no journal left beside it
+    return home / "airflow.db"
+
+
 DOWNGRADE_SCRIPT = """
 import sys
 from airflow.utils.session import create_session
@@ -140,18 +161,19 @@ with create_session() as session:
 """
 
 
-def column_migration_round_trip(tmp_path: Path, *, before: str, table: str, columns: set[str], insert: str,
-                                upgraded: tuple[str, list[tuple]], downgraded: tuple[str, list[tuple]]) -> str:
+def column_migration_round_trip(tmp_path: Path, template: Path, *, before: str, table: str, columns: set[str],
+                                insert: str, upgraded: tuple[str, list[tuple]],
+                                downgraded: tuple[str, list[tuple]]) -> str:
     """One revision that adds ``columns`` to ``table``, up and down on SQLite with a row kept throughout.
 
-    A fresh ledger is migrated to head and downgraded to revision ``before`` (``columns`` absent, the ledger at
-    ``before``); ``insert`` adds a row as a ledger of that revision holds it; a plain ``airflow db migrate``
-    brings it to the models' schema at head, where the query ``upgraded[0]`` gives the rows ``upgraded[1]``;
-    downgrading to ``before`` again drops ``columns``, and ``downgraded[0]`` gives ``downgraded[1]``. Returns
-    the output of that ``airflow db migrate``."""
+    A copy of ``template`` (a fresh ledger a plain ``airflow db migrate`` brought to head: :func:`migrated_sqlite`)
+    is downgraded to revision ``before`` (``columns`` absent, the ledger at ``before``); ``insert`` adds a row as a
+    ledger of that revision holds it; a plain ``airflow db migrate`` brings it to the models' schema at head, where
+    the query ``upgraded[0]`` gives the rows ``upgraded[1]``; downgrading to ``before`` again drops ``columns``, and
+    ``downgraded[0]`` gives ``downgraded[1]``. Returns the output of that ``airflow db migrate``."""
+    shutil.copyfile(template, tmp_path / "airflow.db")
     db_url = f"sqlite:///{tmp_path / 'airflow.db'}"
     env = airflow_env(tmp_path, db_url)
-    run([AIRFLOW, "db", "migrate"], env)
     run([sys.executable, "-c", DOWNGRADE_SCRIPT, before], env)
     engine = sa.create_engine(db_url, poolclass=sa.NullPool)
 
@@ -183,13 +205,13 @@ def column_migration_round_trip(tmp_path: Path, *, before: str, table: str, colu
 
 
 @pytest.mark.airflow
-def test_budget_clear_number_migration_up_and_down_on_sqlite(tmp_path):
+def test_budget_clear_number_migration_up_and_down_on_sqlite(tmp_path, migrated_sqlite):
     """Revision 0002 (issue 8 hole 16a): a ledger at 0.1.0 holding a budget row is upgraded by a plain
     ``airflow db migrate`` to the models' schema with the row kept (``clear_number`` NULL, so the old rule
     judges it); downgrading drops the column and keeps the row."""
     out = column_migration_round_trip(
-        tmp_path, before=LeoflowDBManager.revision_heads_map["0.1.0"], table="leoflow_infra_budget",
-        columns={"clear_number"},
+        tmp_path, migrated_sqlite, before=LeoflowDBManager.revision_heads_map["0.1.0"],
+        table="leoflow_infra_budget", columns={"clear_number"},
         insert="INSERT INTO leoflow_infra_budget (dag_id, run_id, task_id, map_index, spent, seen_max_tries, "
                "updated_at) VALUES ('d', 'r', 't', -1, 2, 5, '2026-12-01 00:00:00')",
         upgraded=("SELECT spent, seen_max_tries, clear_number FROM leoflow_infra_budget", [(2, 5, None)]),
@@ -198,12 +220,12 @@ def test_budget_clear_number_migration_up_and_down_on_sqlite(tmp_path):
 
 
 @pytest.mark.airflow
-def test_attempt_host_migration_up_and_down_on_sqlite(tmp_path):
+def test_attempt_host_migration_up_and_down_on_sqlite(tmp_path, migrated_sqlite):
     """Revision 0003 (issue 8 hole 14): a ledger at 0.2.0's first head holding an open attempt is upgraded by a
     plain ``airflow db migrate`` to the models' schema with the row kept and ``host`` NULL (judged as this
     host's); downgrading drops the column and keeps the row."""
     column_migration_round_trip(
-        tmp_path, before="8c3d2e4f6a71", table="leoflow_attempt", columns={"host"},
+        tmp_path, migrated_sqlite, before="8c3d2e4f6a71", table="leoflow_attempt", columns={"host"},
         insert="INSERT INTO leoflow_attempt (ti_id, try_number, attempt_epoch, dag_id, task_id, run_id, map_index, "
                "state, runtime, workload_json, pid, created_at, updated_at) VALUES ('t1', 1, 1, 'd', 't', 'r', -1, "
                "'dispatched', 'lite', '{}', 42, '2026-12-01 00:00:00', '2026-12-01 00:00:00')",
@@ -212,12 +234,13 @@ def test_attempt_host_migration_up_and_down_on_sqlite(tmp_path):
 
 
 @pytest.mark.airflow
-def test_attempt_exchange_migration_up_and_down_on_sqlite(tmp_path):
+def test_attempt_exchange_migration_up_and_down_on_sqlite(tmp_path, migrated_sqlite):
     """Revision 0004 (issue 9 item 3): a ledger at revision 0003 holding a dispatched attempt is upgraded by a
     plain ``airflow db migrate`` to the models' schema with the row kept and not exchanged (``exchanged_at``
     and ``exchange_credential_id`` NULL); downgrading drops both columns and keeps the row."""
     column_migration_round_trip(
-        tmp_path, before="3b7e9d1c4f20", table="leoflow_attempt", columns={"exchanged_at", "exchange_credential_id"},
+        tmp_path, migrated_sqlite, before="3b7e9d1c4f20", table="leoflow_attempt",
+        columns={"exchanged_at", "exchange_credential_id"},
         insert="INSERT INTO leoflow_attempt (ti_id, try_number, attempt_epoch, dag_id, task_id, run_id, map_index, "
                "state, runtime, workload_json, pod_name, created_at, updated_at) VALUES ('t1', 1, 1, 'd', 't', 'r', "
                "-1, 'dispatched', 'kubernetes', '{}', 'p', '2026-12-01 00:00:00', '2026-12-01 00:00:00')",
@@ -227,13 +250,13 @@ def test_attempt_exchange_migration_up_and_down_on_sqlite(tmp_path):
 
 
 @pytest.mark.airflow
-def test_attempt_state_id_index_migration_up_and_down_on_sqlite(tmp_path):
+def test_attempt_state_id_index_migration_up_and_down_on_sqlite(tmp_path, migrated_sqlite):
     """Revision 0005 (issue 10 item 1): a ledger at revision 0004 (an index on ``state`` alone) holding a
     dispatched attempt is upgraded by a plain ``airflow db migrate`` to the models' schema: the ``(state, id)``
     index the keyset pages read replaces it, and the row is kept; downgrading puts the ``state`` index back."""
+    shutil.copyfile(migrated_sqlite, tmp_path / "airflow.db")
     db_url = f"sqlite:///{tmp_path / 'airflow.db'}"
     env = airflow_env(tmp_path, db_url)
-    run([AIRFLOW, "db", "migrate"], env)
     run([sys.executable, "-c", DOWNGRADE_SCRIPT, "6d1f0a8e2c93"], env)
     engine = sa.create_engine(db_url, poolclass=sa.NullPool)
 
@@ -266,13 +289,13 @@ def test_attempt_state_id_index_migration_up_and_down_on_sqlite(tmp_path):
 
 
 @pytest.mark.airflow
-def test_attempt_row_version_migration_up_and_down_on_sqlite(tmp_path):
+def test_attempt_row_version_migration_up_and_down_on_sqlite(tmp_path, migrated_sqlite):
     """Revision 0006 (issue 10, "Benchmark"): a ledger at revision 0005 holding a dispatched attempt is upgraded
     by a plain ``airflow db migrate`` to the models' schema with the row kept at ``row_version`` 0 (a page reads
     it whole once, then only when a guarded write moves the version); downgrading drops the column and keeps the
     row."""
     out = column_migration_round_trip(
-        tmp_path, before="9a4c7e2b5d18", table="leoflow_attempt", columns={"row_version"},
+        tmp_path, migrated_sqlite, before="9a4c7e2b5d18", table="leoflow_attempt", columns={"row_version"},
         insert="INSERT INTO leoflow_attempt (ti_id, try_number, attempt_epoch, dag_id, task_id, run_id, map_index, "
                "state, runtime, workload_json, pod_name, created_at, updated_at) VALUES ('t1', 1, 1, 'd', 't', 'r', "
                "-1, 'dispatched', 'kubernetes', '{}', 'p', '2026-12-01 00:00:00', '2026-12-01 00:00:00')",
@@ -282,13 +305,13 @@ def test_attempt_row_version_migration_up_and_down_on_sqlite(tmp_path):
 
 
 @pytest.mark.airflow
-def test_warm_worker_migration_up_and_down_on_sqlite(tmp_path):
+def test_warm_worker_migration_up_and_down_on_sqlite(tmp_path, migrated_sqlite):
     """Revision 0007 (issue 11, warm pods): a ledger at revision 0006 holding a dispatched attempt is upgraded by
     a plain ``airflow db migrate`` to the models' schema: the ``leoflow_warm_worker`` table exists (empty) and the
     attempt is kept with no in-band outcome record (``outcome_json`` NULL); downgrading drops the column and the
     table and keeps the row."""
     out = column_migration_round_trip(
-        tmp_path, before="4f2b8d6e1a37", table="leoflow_attempt", columns={"outcome_json"},
+        tmp_path, migrated_sqlite, before="4f2b8d6e1a37", table="leoflow_attempt", columns={"outcome_json"},
         insert="INSERT INTO leoflow_attempt (ti_id, try_number, attempt_epoch, dag_id, task_id, run_id, map_index, "
                "state, runtime, workload_json, pod_name, created_at, updated_at) VALUES ('t1', 1, 1, 'd', 't', 'r', "
                "-1, 'dispatched', 'kubernetes', '{}', 'p', '2026-12-01 00:00:00', '2026-12-01 00:00:00')",
