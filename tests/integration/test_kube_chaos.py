@@ -38,6 +38,11 @@ On top, each wave gets one **process-level fault**, each once per block of the t
   process dies, nothing reports; the Node is deleted), the real PodGC marks the pods Failed (``DeletionByPodGC``)
   and deletes them, and a replacement Node comes up.
 
+**The partition wave** (:func:`test_kube_chaos_partition`, issue 33): :data:`PARTITION_RUNS` runs on a node that
+is cut off from the control plane while its pod processes run on: the Node deleted, or the pods deleted with a
+grace the node never acts on, while the pods still reach Airflow; or the pods cut off from Airflow too (their
+relay to the api-server, :func:`_relay_pods`), where the agent's lease must kill the body before any re-run.
+
 Counted over every run, each must be 0: **lost successes** (a body that ended whose TI is not SUCCESS, or a body
 that started after one had ended), **double runs** (two bodies of one TI overlapping, from the body traces),
 **user retries spent** (``try_number - 1 != max_tries - retries``: every re-run came from the infra budget), and
@@ -107,6 +112,23 @@ EXPECTED = {
     "oom": (2, 2, [1, 2]),            # re-driven once on the infra budget
     "node_lost": (2, 2, [1, 2]),
 }
+PARTITIONS = ("partition_node_deleted", "partition_pod_deleted", "partition_cut")
+"""The partition wave's cases (:func:`test_kube_chaos_partition`)."""
+EXPECTED.update({
+    "partition_node_deleted": (1, 1, [1]),  # the body heartbeats on: nothing is re-run, its success lands
+    "partition_pod_deleted": (1, 1, [1]),
+    "partition_cut": (2, 2, [1, 2]),        # the agent's lease kills the body; then one infra re-run
+})
+GRACE_SECONDS = 2
+"""``tests/fault_dags/leoflow_kchaos.py``'s ``terminationGracePeriodSeconds``."""
+PARTITION_RUNS = int(os.environ.get("LEOFLOW_PARTITION_RUNS", "24"))
+PARTITION_WAVE = 8
+PARTITION_HOLD = 30.0
+"""Seconds a partitioned body still holds after the case's trigger took effect (PodGC failed its pod, the delete's
+grace and ``pod_termination_valve`` ran out), so a re-run the scheduler wrongly starts overlaps it."""
+LEASE_BOUND = 45.0 + 60.0 + 60.0
+"""Seconds the partition_cut wave waits for the agents' lease to kill the bodies: ``agent_lease_seconds`` (45) +
+``[core] killed_task_cleanup_time`` (60; the task process ignores SIGTERM) + margin for a loaded host."""
 API_LOSS = "Execution API call went unanswered"
 """In the ledger ``detail`` of an attempt re-driven after its agent refused a failure an api-server outage caused
 (``leoflow_airflow.reconcile.decide``, reason ``api_unreachable``)."""
@@ -141,18 +163,21 @@ def kube_stack(tmp_path_factory: pytest.TempPathFactory):
         stack = FaultStack(work / "airflow", extra_env=EXTRA, parallelism=16)
         server = urllib.parse.urlsplit(kube.env.server)
         relay = CuttableRelay((server.hostname, server.port))
+        pod_relay = CuttableRelay(("127.0.0.1", stack.api_port))
         try:
             kube.configure(stack)
             stack.extra_env["AIRFLOW__LEOFLOW__KUBE_CONFIG"] = str(_relayed_kubeconfig(kube, relay, work))
+            _relay_pods(stack, kube, pod_relay)
             stack.up([DAG, NODE_DAG])
             print(f"stack up in {time.monotonic() - t0:.0f}s")
-            yield stack, kube, relay
+            yield stack, kube, relay, pod_relay
         except BaseException:
             print("task pods:\n  " + "\n  ".join(kube.describe_pods()))
             raise
         finally:
             left = stack.stop()
             relay.close()
+            pod_relay.close()
             print(f"module wall time {time.monotonic() - t0:.0f}s")
         assert not left, f"processes left after stopping the stack: {left}"
 
@@ -169,6 +194,18 @@ def _relayed_kubeconfig(kube: KubeStack, relay: CuttableRelay, work: Path) -> Pa
     path.touch(mode=0o600)
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def _relay_pods(stack: FaultStack, kube: KubeStack, pod_relay: CuttableRelay) -> None:
+    """Make every task pod reach Airflow's api-server (the exchange and the Execution API) through ``pod_relay``,
+    so the partition wave can cut the pods off it alone (``partition_cut``)."""
+    relayed = f"http://127.0.0.1:{pod_relay.port}"
+    stack.extra_env["AIRFLOW__LEOFLOW__EXCHANGE_URL"] = f"{relayed}/leoflow"
+    cfg = kube.pod_home / "airflow.cfg"
+    text = cfg.read_text()
+    assert f"execution_api_server_url = {stack.base_url}" in text, text
+    cfg.write_text(text.replace(f"execution_api_server_url = {stack.base_url}",
+                                f"execution_api_server_url = {relayed}"))
 
 
 # ---------------------------------------------------------------------------------------------------- the plan
@@ -451,12 +488,144 @@ def test_kube_chaos_api_server_killed_mid_report(kube_stack) -> None:
     _chaos(kube_stack, ("api_sigkill",), WAVE, SEED + 1)
 
 
+@pytest.mark.timeout(60 * 60)
+def test_kube_chaos_partition(kube_stack) -> None:
+    """Issue 33's partition wave: :data:`PARTITION_RUNS` ``lf_kchaos_node`` runs in waves of :data:`PARTITION_WAVE`,
+    each wave one case of :data:`PARTITIONS` in a seeded order. Every run's body holds on the node harness of
+    :data:`LOST_NODE`; then that node is partitioned (:meth:`NodeHarness.partition`: no status, no reaction to
+    deletes, the pod processes run on) and a new harness serves the Node's name for new pods (so a re-run the
+    scheduler starts too early really runs, and its body shows as an overlap):
+
+    * ``partition_node_deleted``: the Node is deleted (PodGC marks the pods Failed, ``DeletionByPodGC``, and deletes
+      them; leoflow's finalizer holds them); the pods still reach Airflow and heartbeat;
+    * ``partition_pod_deleted``: each pod is deleted with its grace period, which the node never acts on;
+    * ``partition_cut``: the pods also lose Airflow's api-server (their relay is cut); the agent's lease must kill
+      each body before the scheduler re-runs it; the relay comes back once the bodies are dead.
+
+    :data:`PARTITION_HOLD` s after the case took effect the bodies are released. Judged as :func:`test_kube_chaos`:
+    0 overlaps ("double runs": two bodies' [start, last trace] intersect), 0 lost successes, 0 user retries spent."""
+    from tests.k8s.harness import NodeHarness
+
+    stack, kube, _, pod_relay = kube_stack
+    seed = SEED + 2
+    print(f"\nkube partition seed: {seed} (LEOFLOW_CHAOS_SEED={SEED} replays the module), runs: {PARTITION_RUNS}")
+    waves = _blocks(random.Random(seed), PARTITIONS, (PARTITION_RUNS + PARTITION_WAVE - 1) // PARTITION_WAVE)
+    t0 = time.monotonic()
+    plan: dict[str, tuple[str, str, str]] = {}
+    finals: dict[str, str] = {}
+    hit: dict[str, str] = {}
+    crashed: list[str] = []
+    for index, case in enumerate(waves):
+        if crashed:
+            break
+        t_wave = time.monotonic()
+        size = min(PARTITION_WAVE, PARTITION_RUNS - index * PARTITION_WAVE)
+        lost = NodeHarness(kube.api, LOST_NODE, kube.workdir / f"harness-partitioned-{index}").start()
+        healed = None
+        wave: dict[str, tuple[str, str]] = {}
+        note = ""
+        try:
+            for _ in range(size):
+                run_id = stack.trigger_with(NODE_DAG, None, prefix=f"p{len(plan):03d}",
+                                            prepare=lambda r: (stack.traces_dir / f"hold.{r}").write_text("hold\n"))
+                plan[run_id] = (NODE_DAG, case, "partition")
+                wave[run_id] = (NODE_DAG, case)
+            pending = set(wave)
+            try:
+                healed, note = _partition(stack, kube, pod_relay, case, wave, lost, hit,
+                                          lambda i=index: NodeHarness(kube.api, LOST_NODE,
+                                                                      kube.workdir / f"harness-healed-{i}"))
+                _poll_runs(stack, wave, pending, finals, t_wave + WAVE_BUDGET)
+            except (StackError, TimeoutError) as exc:
+                crashed.append(f"wave {index + 1} ({case}): {exc}")
+                note = "stopped: " + crashed[-1]
+            finally:
+                pod_relay.restore()
+                for run_id in wave:
+                    (stack.traces_dir / f"release.{run_id}").write_text("go\n")
+        finally:
+            lost.stop()
+            if healed is not None:
+                healed.stop()
+            _delete_node(kube)
+        print(f"wave {index + 1} ({case}{': ' + note if note else ''}): {len(wave)} runs, {len(pending)} unfinished, "
+              f"{time.monotonic() - t_wave:.0f}s (total {time.monotonic() - t0:.0f}s)", flush=True)
+    _conclude(stack, kube, plan, finals, hit, crashed, [], seed=seed, t0=t0, pod_rows=list(PARTITIONS),
+              process_rows=["partition"])
+
+
+def _partition(stack: FaultStack, kube: KubeStack, pod_relay: CuttableRelay, case: str,
+               wave: dict[str, tuple[str, str]], lost, hit: dict[str, str], healed_node):
+    """Once every run of ``wave`` holds on ``lost``, partition it and play ``case`` (:func:`test_kube_chaos_partition`),
+    serving the Node's name again with ``healed_node()`` (returned, with a note); the bodies are released by the
+    caller for ``partition_cut``, here :data:`PARTITION_HOLD` s after the case took effect for the others. Records each
+    partitioned pod in ``hit`` (the test's own fault, spared by "older touched newer")."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(kube.api)
+
+    def holding() -> dict[str, tuple[str, str, int]] | None:
+        found = {}
+        for run_id in wave:
+            pid = _held_pid(stack, run_id)
+            run = _pod_run_of([lost], pid) if pid else None
+            if run is None:
+                return None
+            found[run_id] = (run.name, run.uid, pid)
+        return found
+
+    held = wait_until(holding, 600, "every partition run's body to hold on the node to partition")
+    hit.update({run_id: uid for run_id, (_, uid, _) in held.items()})
+    if case == "partition_cut":
+        pod_relay.cut()
+    lost.partition()
+    t_cut = time.monotonic()
+    if case == "partition_node_deleted":
+        _delete_node(kube)
+
+        def failed_by_podgc() -> bool:
+            kube.record_current()
+            pods = {p.metadata.uid: p for p in core.list_namespaced_pod(kube.namespace).items}
+            return all(uid not in pods or pods[uid].metadata.deletion_timestamp is not None
+                       for _, uid, _ in held.values())
+
+        wait_until(failed_by_podgc, PODGC_BOUND, "PodGC to fail the partitioned node's pods")
+        note = f"PodGC acted {time.monotonic() - t_cut:.0f}s after the Node's deletion"
+        healed = healed_node().start()
+    elif case == "partition_pod_deleted":
+        healed = healed_node().start()
+        for name, uid, _ in held.values():
+            core.delete_namespaced_pod(name, kube.namespace, body=client.V1DeleteOptions(
+                preconditions=client.V1Preconditions(uid=uid)))
+        time.sleep(GRACE_SECONDS + 60.0)  # the grace, then leoflow's pod_termination_valve (60 s)
+        note = "deleted with their grace; the node never acted"
+    else:
+        healed = healed_node().start()
+        wait_until(lambda: not any(_alive(pid) for _, _, pid in held.values()), LEASE_BOUND,
+                   "the agents' lease to kill every cut-off body")
+        note = f"the lease killed every body {time.monotonic() - t_cut:.0f}s after the cut"
+        pod_relay.restore()
+        return healed, note
+    time.sleep(PARTITION_HOLD)
+    for run_id in wave:  # the bodies end now and report their success themselves
+        (stack.traces_dir / f"release.{run_id}").write_text("go\n")
+    return healed, note
+
+
+def _alive(pid: int) -> bool:
+    """Process ``pid`` runs (a zombie has ended: its body writes nothing more)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _chaos(kube_stack, process_faults: tuple[str, ...], runs: int, seed: int) -> None:
     """Make ``runs`` seeded runs in waves with ``process_faults`` (module docstring); print the tables, then
     assert."""
     from tests.k8s.harness import NodeHarness
 
-    stack, kube, relay = kube_stack
+    stack, kube, relay, _ = kube_stack
     print(f"\nkube chaos seed: {seed} (LEOFLOW_CHAOS_SEED={SEED} replays the module), runs: {runs}, "
           f"process faults: {', '.join(process_faults)}")
     waves = _plan(random.Random(seed), runs, process_faults)
@@ -512,6 +681,15 @@ def _chaos(kube_stack, process_faults: tuple[str, ...], runs: int, seed: int) ->
                      f"{time.monotonic() - t_wave:.0f}s (total {time.monotonic() - t0:.0f}s)")
         print(notes[-1], flush=True)
 
+    _conclude(stack, kube, plan, finals, hit, crashed, inject_errors, seed=seed, t0=t0,
+              pod_rows=[*POD_FAULTS, "node_lost"], process_rows=list(process_faults))
+
+
+def _conclude(stack: FaultStack, kube: KubeStack, plan: dict[str, tuple[str, str, str]], finals: dict[str, str],
+              hit: dict[str, str], crashed: list[str], inject_errors: list[str], *, seed: int, t0: float,
+              pod_rows: list[str], process_rows: list[str]) -> None:
+    """Wait for every attempt to be closed, judge every run (:func:`_judge`), print the two tables, then assert
+    0 lost successes, double runs, user retries spent and older touched newer, every run a success, no problem."""
     unsettled: list[tuple] = []
     try:
         if not crashed:
@@ -526,9 +704,9 @@ def _chaos(kube_stack, process_faults: tuple[str, ...], runs: int, seed: int) ->
                "api_unreachable re-runs", "lost successes", "double runs", "user retries spent", "older touched newer"]
     print(f"\nkube chaos: {len(plan)} runs, seed {seed}, {wall:.0f}s")
     print("\npod faults (every run; 'as expected': the path of the fault alone)\n"
-          + "\n".join(chaos_table(by_pod, columns, [*POD_FAULTS, "node_lost"], "pod fault")))
+          + "\n".join(chaos_table(by_pod, columns, pod_rows, "pod fault")))
     print("\nprocess faults (every run of its wave, pod faults included)\n"
-          + "\n".join(chaos_table(by_process, columns, list(process_faults), "process fault")))
+          + "\n".join(chaos_table(by_process, columns, process_rows, "process fault")))
     if path_notes:
         print("\n" + "\n".join(path_notes))
     if unsettled:

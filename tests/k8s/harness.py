@@ -36,7 +36,8 @@ Switches a test flips for one running pod: :meth:`NodeHarness.oom_kill` (the ker
 container reports ``OOMKilled``, exit 137) and :meth:`NodeHarness.exceed_deadline` (the kubelet's
 ``activeDeadlineSeconds`` check: the pod ends Failed, reason ``DeadlineExceeded``). For the whole node:
 :meth:`NodeHarness.lose_node` (the machine is gone: every process killed, no status written, the Node object
-deleted; PodGC then fails and removes its pods).
+deleted; PodGC then fails and removes its pods), :meth:`NodeHarness.become_unreachable` (the same, the Node kept) and
+:meth:`NodeHarness.partition` (the kubelet cut off, the processes running on).
 
 Logs: each container's stdout and stderr go to one file (``<container>.log`` in the per-pod directory), served
 as the kubelet serves them to the API server's ``pods/log`` proxy: HTTPS ``GET
@@ -900,6 +901,25 @@ class NodeHarness:
         PodGC removes it. Stopped for good, as :meth:`lose_node`."""
         self.lost = True
         self.stop(grace=0.0, timeout=timeout)
+
+    def partition(self, timeout: float = 30.0) -> None:
+        """Play a node cut off from the control plane while its machine runs on (a network partition between the
+        kubelet and the API server): the harness stops watching and serving (a pod deleted now is never stopped,
+        **no status is written**, ``pods/log`` is unreachable), but every pod process runs on, and reaches whatever
+        it reached before (Airflow's api-server, unless the test cuts that too). Its pods stay Running in the API
+        server; PodGC fails and removes them only once the Node is deleted. Pods created for the node from now on
+        are not started: serving the node again takes a new ``NodeHarness`` (which leaves these pods alone: they
+        are not Pending). :meth:`stop` still kills the processes. Idempotent."""
+        self.lost = True
+        self._stop.set()
+        if self._stream is not None:
+            self._stream.stop()
+        if self._watcher:
+            self._watcher.join(timeout)
+        if self._kubelet is not None:
+            self._kubelet.shutdown()
+            self._kubelet.server_close()
+            self._kubelet = None
 
     def start(self) -> "NodeHarness":
         """Start the kubelet endpoint, create (or adopt) the Node with its address and kubelet port, mark it

@@ -17,7 +17,7 @@ import pytest
 from leoflow_airflow import settings as leoflow_settings
 from leoflow_airflow.dispatch.disposition import Disposition
 from leoflow_airflow.ledger.states import AttemptRef
-from leoflow_airflow.lifecycle.runtime import LaunchFailed, LaunchSpec, Presence, Started, launch_id
+from leoflow_airflow.lifecycle.runtime import Exited, LaunchFailed, LaunchSpec, Presence, Started, launch_id
 from leoflow_airflow.runtime.kubernetes.runtime import KubernetesRuntime
 
 
@@ -259,7 +259,8 @@ def test_start_progress_keeps_a_pods_first_seen_time_while_other_pages_are_asked
     a, b = (SimpleNamespace(ref=AttemptRef(str(uuid.uuid4()), 1, 1)) for _ in range(2))
     uid = {a.ref: "uid-a", b.ref: "uid-b"}
     monkeypatch.setattr(rt, "_where", lambda attempt: ("pod", uid[attempt.ref], None))
-    monkeypatch.setattr(rt, "_presence", lambda name, u, ref, now=None: (Presence.LIVE, SimpleNamespace(uid=u)))
+    monkeypatch.setattr(rt, "_presence",
+                        lambda name, u, ref, now=None, heartbeat_age=None: (Presence.LIVE, SimpleNamespace(uid=u)))
     monkeypatch.setattr(decide, "start_key", lambda view: "pulling")
     firsts: list[tuple[str, object]] = []
 
@@ -310,7 +311,6 @@ def test_poll_looks_at_pods_that_changed_at_once_and_at_the_others_in_turn(monke
     the watch touched (an ended one is reported at the next poll) and, as a safety net, at the next
     ``reap_page_size`` of the others in turn, so an end no event announced is still reported within
     ``ceil(pods / reap_page_size)`` polls."""
-    from leoflow_airflow.lifecycle.runtime import Exited
     from leoflow_airflow.runtime.kubernetes import runtime as runtime_module
 
     core = StubCore()
@@ -328,7 +328,8 @@ def test_poll_looks_at_pods_that_changed_at_once_and_at_the_others_in_turn(monke
         looked: list[str] = []
         real = rt._presence
         monkeypatch.setattr(rt, "_presence",
-                            lambda name, uid, ref, now=None: (looked.append(name), real(name, uid, ref, now))[1])
+                            lambda name, uid, ref, now=None, heartbeat_age=None:
+                            (looked.append(name), real(name, uid, ref, now, heartbeat_age))[1])
 
         assert rt.poll() == [] and len(looked) == 1  # nothing changed: only the one in turn
 
@@ -348,6 +349,42 @@ def test_poll_looks_at_pods_that_changed_at_once_and_at_the_others_in_turn(monke
         assert found == [Exited(launch_id(refs[0]), 0)]
     finally:
         core.release.set()
+        rt.terminate()
+
+
+def test_poll_never_ends_an_attempt_on_the_pod_objects_word_alone(monkeypatch):
+    """Issue 33's partition wave (k8s review §14): PodGC marks a partitioned node's pod ``Failed`` (its agent
+    container reported no end) while the body runs on and heartbeats. poll() knows no heartbeat, so it must not
+    report that pod's attempt ended (the body was re-run on it at once); observe() decides with the heartbeat:
+    LIVE while it is fresh, GONE once it is silent. The kubelet's own word (the agent container terminated) still
+    ends the attempt at poll()."""
+    from leoflow_airflow.runtime.kubernetes import runtime as runtime_module
+    from leoflow_airflow.runtime.kubernetes.status import pod_view
+
+    monkeypatch.setattr("kubernetes.client.CoreV1Api", lambda api: StubCore())
+    conf = {"runtime": "kubernetes", "image": "img:1", "exchange_url": "http://x/leoflow"}
+    rt = KubernetesRuntime(leoflow_settings.load(lambda section, key, fallback: conf.get(key, fallback)),
+                           api_client_factory=lambda: SimpleNamespace(), informer_factory=ViewsInformer,
+                           mutation_hook=False)
+    try:
+        up(rt)
+        ref, done = AttemptRef(str(uuid.uuid4()), 1, 1), AttemptRef(str(uuid.uuid4()), 1, 1)
+        rt._launches[launch_id(ref)] = runtime_module._Launch(ref, "gc", uid="u-gc", polled=True)
+        rt._launches[launch_id(done)] = runtime_module._Launch(done, "done", uid="u-done", polled=True)
+        rt.informer.pods["gc"] = pod_view({
+            "metadata": {"name": "gc", "uid": "u-gc", "namespace": "ns", "deletionTimestamp": "2026-12-07T10:00:00Z"},
+            "spec": {"nodeName": "gone-node"},
+            "status": {"phase": "Failed", "conditions": [{"type": "DisruptionTarget", "status": "True",
+                                                           "reason": "DeletionByPodGC"}],
+                       "containerStatuses": [{"name": "base", "state": {"running": {}}}]}})
+        rt.informer.pods["done"] = _pod("done", "u-done", ended=True)
+        rt.informer.changed = {"gc", "done"}
+        assert [e for e in rt.poll() if isinstance(e, Exited)] == [Exited(launch_id(done), 0)]
+        attempts = [SimpleNamespace(ref=ref, pod_name="gc", pod_uid="u-gc")]
+        fresh, silent = 5.0, rt.settings.agent_lost_threshold + 1
+        assert rt.observe(attempts, heartbeats={ref: fresh}) == {ref: Presence.LIVE}
+        assert rt.observe(attempts, heartbeats={ref: silent}) == {ref: Presence.GONE}
+    finally:
         rt.terminate()
 
 

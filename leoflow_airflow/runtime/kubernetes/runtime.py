@@ -136,6 +136,10 @@ DELETE_RETRY_SECONDS = 5.0
 """Seconds after a delete that got no answer before it is sent again."""
 COLLECT_INTERVAL_SECONDS = 30.0
 """Seconds between two passes of the settled-pod GC (retention deletes, the finalizer sweep)."""
+POLL_NO_PROOF = 0.0
+"""The heartbeat age :meth:`KubernetesRuntime.poll` judges with: a fresh heartbeat, so that only the kubelet's word
+(or a pod that never bound) ends an attempt there, and the pod object's word waits for ``observe()``'s real ages
+(issue 33 partition wave: PodGC's ``Failed`` on a partitioned node's pod re-ran a body that still heartbeat)."""
 RELEASE_SOON_SECONDS = 30.0
 """Seconds after :meth:`KubernetesRuntime.forget` during which every :meth:`~KubernetesRuntime.collect` checks
 whether that attempt's pod may lose its finalizer (it may turn ``deleting`` only after the forget: a revoke's
@@ -830,7 +834,10 @@ class KubernetesRuntime:
         now = self._monotonic()
         for lid, launch in self._to_poll():
             launch.polled = True
-            presence, view = self._presence(launch.name, launch.uid, launch.ref, now)
+            # poll() knows no heartbeat: it takes only the kubelet's word of an end (the agent container
+            # terminated) and a deleted pod never bound; what the pod object alone says (PodGC's Failed, a pod gone,
+            # the valve) waits for observe(), which judges it against the task's heartbeat (k8s review §14)
+            presence, view = self._presence(launch.name, launch.uid, launch.ref, now, heartbeat_age=POLL_NO_PROOF)
             if presence is Presence.GONE:
                 launch.exited = True
                 code = view.agent.exit_code if view is not None and view.agent is not None else None
@@ -849,7 +856,7 @@ class KubernetesRuntime:
                 self._warm_busy = False
         for lid, w in list(self._warm_launches.items()):
             if not w.exited and w.assigned_at is not None and \
-                    self._warm_presence(w.name, w.uid, w.ref) is Presence.GONE:
+                    self._warm_presence(w.name, w.uid, w.ref, heartbeat_age=POLL_NO_PROOF) is Presence.GONE:
                 w.exited = True
                 events.append(Exited(lid, None))
         for lid, proc in list(self._callbacks.items()):
