@@ -398,16 +398,17 @@ def _lose_node(stack: FaultStack, kube: KubeStack, lost, wave: dict[str, tuple[s
     t_lost = time.monotonic()
     core = client.CoreV1Api(kube.api)
 
-    def gone() -> bool:
+    def deleted() -> bool:  # PodGC marked them Failed and deleted them; leoflow's finalizer may still hold them
         kube.record_current()
-        live = {p.metadata.uid for p in core.list_namespaced_pod(kube.namespace).items}
+        live = {p.metadata.uid for p in core.list_namespaced_pod(kube.namespace).items
+                if p.metadata.deletion_timestamp is None}
         return not live & {hit[r] for r in node_runs}
 
-    wait_until(gone, PODGC_BOUND, "PodGC to delete the lost node's pods")
+    wait_until(deleted, PODGC_BOUND, "PodGC to delete the lost node's pods")
     took = time.monotonic() - t_lost
     replacement = NodeHarness(kube.api, LOST_NODE, kube.workdir / f"harness-replacement-{uuid.uuid4().hex[:6]}")
     replacement.start()
-    return replacement, f"PodGC removed {len(node_runs)} pods {took:.0f}s after the Node's deletion"
+    return replacement, f"PodGC deleted {len(node_runs)} pods {took:.0f}s after the Node's deletion"
 
 
 def _inject(stack: FaultStack, kube: KubeStack, relay: CuttableRelay, fault: str,
