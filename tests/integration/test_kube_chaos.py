@@ -243,6 +243,19 @@ def _held_pid(stack: FaultStack, run_id: str) -> int | None:
     return None
 
 
+def _holding(stack: FaultStack, harness, run_ids: list[str]) -> dict[str, tuple[str, str, int]] | None:
+    """``{run_id: (pod name, pod uid, body pid)}`` once every run's holding body runs in a pod of ``harness``, else
+    None."""
+    found = {}
+    for run_id in run_ids:
+        pid = _held_pid(stack, run_id)
+        run = _pod_run_of([harness], pid) if pid else None
+        if run is None:
+            return None
+        found[run_id] = (run.name, run.uid, pid)
+    return found
+
+
 def _pod_run_of(harnesses: list, pid: int):
     """The harness's run (``_PodRun``) of the pod whose agent container is an ancestor of process ``pid``, or None."""
     try:
@@ -382,18 +395,9 @@ def _lose_node(stack: FaultStack, kube: KubeStack, lost, wave: dict[str, tuple[s
     from tests.k8s.harness import NodeHarness
 
     node_runs = [r for r, (d, _) in wave.items() if d == NODE_DAG]
-
-    def holding() -> dict[str, str] | None:
-        found = {}
-        for run_id in node_runs:
-            pid = _held_pid(stack, run_id)
-            run = _pod_run_of([lost], pid) if pid else None
-            if run is None:
-                return None
-            found[run_id] = run.uid
-        return found
-
-    hit.update(wait_until(holding, 600, "every node run's body to hold on the node to lose"))
+    held = wait_until(lambda: _holding(stack, lost, node_runs), 600,
+                      "every node run's body to hold on the node to lose")
+    hit.update({run_id: uid for run_id, (_, uid, _) in held.items()})
     lost.lose_node()
     t_lost = time.monotonic()
     core = client.CoreV1Api(kube.api)
@@ -564,18 +568,8 @@ def _partition(stack: FaultStack, kube: KubeStack, pod_relay: CuttableRelay, cas
     from kubernetes import client
 
     core = client.CoreV1Api(kube.api)
-
-    def holding() -> dict[str, tuple[str, str, int]] | None:
-        found = {}
-        for run_id in wave:
-            pid = _held_pid(stack, run_id)
-            run = _pod_run_of([lost], pid) if pid else None
-            if run is None:
-                return None
-            found[run_id] = (run.name, run.uid, pid)
-        return found
-
-    held = wait_until(holding, 600, "every partition run's body to hold on the node to partition")
+    held = wait_until(lambda: _holding(stack, lost, list(wave)), 600,
+                      "every partition run's body to hold on the node to partition")
     hit.update({run_id: uid for run_id, (_, uid, _) in held.items()})
     if case == "partition_cut":
         pod_relay.cut()

@@ -912,8 +912,12 @@ class NodeHarness:
         are not Pending). :meth:`stop` still kills the processes. Idempotent."""
         self.lost = True
         self._stop.set()
+        self._disconnect(timeout)
+
+    def _disconnect(self, timeout: float) -> None:
+        """End the watch (waiting up to ``timeout`` seconds for its thread) and the kubelet endpoint; idempotent."""
         if self._stream is not None:
-            self._stream.stop()
+            self._stream.stop()  # the client's stop() shuts the socket: the stream ends now, not at its timeout
         if self._watcher:
             self._watcher.join(timeout)
         if self._kubelet is not None:
@@ -1050,14 +1054,7 @@ class NodeHarness:
         for run in list(self.runs.values()):
             run._stop_procs(grace)
             run.done.set()
-        if self._stream is not None:
-            self._stream.stop()  # the client's stop() shuts the socket: the stream ends now, not at its timeout
-        if self._watcher:
-            self._watcher.join(timeout)
-        if self._kubelet is not None:
-            self._kubelet.shutdown()
-            self._kubelet.server_close()
-            self._kubelet = None
+        self._disconnect(timeout)
         for run in list(self.runs.values()):
             run.thread.join(timeout)
         shutil.rmtree(Path("/run/leoflow-harness") / f"{os.getpid()}-{id(self):x}", ignore_errors=True)
