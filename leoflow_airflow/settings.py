@@ -335,12 +335,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("pod_retention_failure", "float", "3600", "Seconds a task pod that did not succeed (Failed, evicted, "
            "past its deadline) is kept after it ended and its attempt settled, then deleted with a UID "
            "precondition. 0: delete as soon as the attempt settled.", _non_negative),
-    Option("pod_log_salvage", "boolean", "True", "Before leoflow releases an ended task pod, keep its container "
-           "log where Airflow's log view reads an ended attempt's log, unless the task's own log is there already "
-           "(a pod killed past its grace, OOM-killed or on a lost node never uploads its own): uploaded through "
-           "[logging] remote_logging's REMOTE_TASK_LOG when that is on, else written under the scheduler's "
-           "[logging] base_log_folder (read by an api-server that shares it). The kept text's first line names the "
-           "pod. Needs get pods/log for the scheduler."),
+    Option("pod_log_salvage", "boolean", "True", "With [logging] remote_logging on: before leoflow releases an "
+           "ended task pod, upload its container log through Airflow's REMOTE_TASK_LOG to the ended try's log path "
+           "when the remote store holds none there (a pod killed past its grace, OOM-killed or on a lost node never "
+           "uploads its own). The kept text's first line names the pod. Needs get pods/log for the scheduler."),
     Option("kube_api_workers", "integer", "4", "Threads of the scheduler's pool that makes every Kubernetes API "
            "request of the runtime (pod creates, confirming reads, deletes; never on the scheduler loop). Creates in "
            "flight are bounded by launch_queue_size, so more threads raise pod creates per second toward the API "

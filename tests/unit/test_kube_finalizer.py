@@ -419,6 +419,7 @@ def test_an_ended_pods_log_is_kept_before_its_finalizer_is_released(runtime, mon
     """Issue 33 item 11: the release job keeps the pod's log first (``logsalvage``), with the attempt's
     ``log_path`` from its ledger row, then releases; a keep that raises still releases."""
     rt, core, clock = runtime
+    rt._remote_logging = True  # [logging] remote_logging on, as start() read it
     ref, other = AttemptRef(str(uuid.uuid4()), 1, 1), AttemptRef(str(uuid.uuid4()), 1, 1)
     core.add("p", ref=ref, phase="Failed")
     core.add("q", ref=other, phase="Failed")
@@ -440,15 +441,17 @@ def test_an_ended_pods_log_is_kept_before_its_finalizer_is_released(runtime, mon
     assert core.pods["p"]["metadata"]["finalizers"] == [] and core.pods["q"]["metadata"]["finalizers"] == []
 
 
-def test_no_log_is_kept_when_pod_log_salvage_is_off(runtime, monkeypatch):
-    rt, core, clock = runtime
+@pytest.mark.parametrize("salvage, remote_logging", [(False, True), (True, False)])
+def test_no_log_is_kept_when_pod_log_salvage_or_remote_logging_is_off(runtime, monkeypatch, salvage, remote_logging):
     import dataclasses
 
-    rt.kube = dataclasses.replace(rt.kube, pod_log_salvage=False)
+    rt, core, clock = runtime
+    rt.kube = dataclasses.replace(rt.kube, pod_log_salvage=salvage)
+    rt._remote_logging = remote_logging
     ref = AttemptRef(str(uuid.uuid4()), 1, 1)
     core.add("p", ref=ref, phase="Failed")
     monkeypatch.setattr("leoflow_airflow.runtime.kubernetes.runtime.salvage_pod_log",
-                        lambda *a, **k: pytest.fail("salvaged with pod_log_salvage off"))
+                        lambda *a, **k: pytest.fail("a log kept with pod_log_salvage or remote logging off"))
     assert rt.collect(lambda ti_id, epoch: True, lambda ti_id, epoch: '{"log_path": "x.log", "ti": {}}') == 1
     settle(rt)
     assert core.pods["p"]["metadata"]["finalizers"] == []

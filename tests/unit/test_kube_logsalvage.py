@@ -20,15 +20,15 @@ REF = AttemptRef(ti_id="0199aaaa-0000-7000-8000-000000000001", try_number=2, att
 
 
 def test_a_remote_store_gets_the_log_only_when_it_has_none_and_could_be_read():
-    assert salvage_place(remote_logging=True, remote_has_log=False, local_has_log=False) is Place.REMOTE
-    assert salvage_place(remote_logging=True, remote_has_log=False, local_has_log=True) is Place.REMOTE
-    assert salvage_place(remote_logging=True, remote_has_log=True, local_has_log=False) is None
-    assert salvage_place(remote_logging=True, remote_has_log=None, local_has_log=False) is None  # never blind
+    assert salvage_place(remote_logging=True, remote_has_log=False) is Place.REMOTE
+    assert salvage_place(remote_logging=True, remote_has_log=True) is None
+    assert salvage_place(remote_logging=True, remote_has_log=None) is None  # never blind
 
 
-def test_without_remote_logging_the_log_goes_to_the_local_folder_unless_a_file_is_there():
-    assert salvage_place(remote_logging=False, remote_has_log=None, local_has_log=False) is Place.LOCAL
-    assert salvage_place(remote_logging=False, remote_has_log=None, local_has_log=True) is None
+def test_without_remote_logging_nothing_is_kept():
+    """The api-server reads its own folder: a copy on the scheduler's disk would only fill that disk."""
+    for has in (None, False, True):
+        assert salvage_place(remote_logging=False, remote_has_log=has) is None
 
 
 def test_the_target_is_the_workloads_log_path_and_ti():

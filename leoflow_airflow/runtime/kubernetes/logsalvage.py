@@ -13,10 +13,12 @@ finalizer off, the runtime reads the pod's agent-container log (``pods/log``: th
 log would be (the workload's ``log_path``), unless that place holds a log already (:func:`salvage_place`):
 
 * ``remote_logging`` on: uploaded through Airflow's ``REMOTE_TASK_LOG`` (``RemoteLogIO.upload``), from a file
-  written under the scheduler's ``base_log_folder`` and removed after the upload; a remote copy that exists
-  (``RemoteLogIO.read`` answers lines) is left alone: it is the task's own;
-* off: the file ``<base_log_folder>/<log_path>`` on the scheduler's disk, where an api-server that shares the
-  folder (the official chart's logs volume) reads it; a file there already is left alone.
+  written under the scheduler's ``base_log_folder`` and removed after the upload (a file there already, on a folder
+  the pods share, is uploaded as it is and kept); a remote copy that exists (``RemoteLogIO.read`` answers lines) is
+  left alone: it is the task's own;
+* off: nothing is kept. The api-server reads its own ``base_log_folder``: where it shares that folder with the pods
+  (the official chart's logs volume) the task's file is there already, and where it does not, a copy on the
+  scheduler's disk would be read by nobody and only fill that disk.
 
 The kept text starts with one line saying where it came from (:func:`salvaged_text`), so the page says which: the
 source line Airflow prints names the store, leoflow's line names the pod. A salvage that fails (no ``get
@@ -56,21 +58,17 @@ class Place(enum.Enum):
 
     REMOTE = "remote"
     """Uploaded through Airflow's ``REMOTE_TASK_LOG``."""
-    LOCAL = "local"
-    """Written to ``<base_log_folder>/<log_path>`` on the scheduler's disk."""
 
 
-def salvage_place(*, remote_logging: bool, remote_has_log: bool | None, local_has_log: bool) -> Place | None:
-    """Where an ended attempt's pod log goes, or None to leave it (module docstring).
+def salvage_place(*, remote_logging: bool, remote_has_log: bool | None) -> Place | None:
+    """Where an ended attempt's pod log goes, or None to leave it (module docstring): the remote store, when remote
+    logging is on and the store answered that it holds no log at that path.
 
     :param remote_logging: ``[logging] remote_logging`` is on and Airflow has a ``REMOTE_TASK_LOG``.
     :param remote_has_log: the remote store answered lines for the log path (True), none (False), or could not be
         read (None: never overwritten blind).
-    :param local_has_log: ``<base_log_folder>/<log_path>`` exists and is not empty on the scheduler's disk.
     """
-    if remote_logging:
-        return Place.REMOTE if remote_has_log is False else None
-    return None if local_has_log else Place.LOCAL
+    return Place.REMOTE if remote_logging and remote_has_log is False else None
 
 
 def salvaged_text(*, namespace: str, pod: str, container: str, ref: AttemptRef, text: str, now: datetime) -> str:
@@ -135,44 +133,43 @@ def salvage_pod_log(core: Any, namespace: str, name: str, uid: str, ref: Attempt
 
     :param core: a ``kubernetes.client.CoreV1Api``.
     :param remote: Airflow's ``RemoteLogIO`` (``read(path, ti)``, ``upload(path, ti)``) when ``[logging]
-        remote_logging`` is on, else None.
+        remote_logging`` is on, else None (then nothing is kept).
     :param timeout: seconds each Kubernetes call may take in all.
     :returns: where the log went, or why it was left; never raises (every failure is a :class:`Salvaged` with
         ``place`` None).
     """
+    if remote is None:
+        return Salvaged(None, "remote logging is off")
     ti = _TI(target.ti)
     local = Path(base_log_folder) / target.log_path
-    remote_has: bool | None = None
-    if remote is not None:
-        try:
-            _, lines = remote.read(target.log_path, ti)
-            remote_has = bool(lines)
-        except Exception as exc:  # noqa: BLE001 - an unreadable store is never overwritten blind
-            return Salvaged(None, f"the remote log store could not be read: {type(exc).__name__}: {str(exc)[:200]}")
+    try:
+        _, lines = remote.read(target.log_path, ti)
+    except Exception as exc:  # noqa: BLE001 - an unreadable store is never overwritten blind
+        return Salvaged(None, f"the remote log store could not be read: {type(exc).__name__}: {str(exc)[:200]}")
+    place = salvage_place(remote_logging=True, remote_has_log=bool(lines))
+    if place is None:
+        return Salvaged(None, "the task's own log is there already")
     try:
         local_has = local.is_file() and local.stat().st_size > 0
     except OSError:
         local_has = False
-    place = salvage_place(remote_logging=remote is not None, remote_has_log=remote_has, local_has_log=local_has)
-    if place is None:
-        return Salvaged(None, "the task's own log is there already")
     read = read_pod_log(core, namespace, name, uid=uid, ref=ref, container=AGENT_CONTAINER, timeout=timeout)
     if read.seen is not Seen.LOG:
         return Salvaged(None, read.error or "the pod is gone")
     text = salvaged_text(namespace=namespace, pod=name, container=AGENT_CONTAINER, ref=ref, text=read.text, now=now)
     written = False
     try:
-        if not local_has:
+        if not local_has:  # a file there is the task's own, on a folder the pods share: uploaded as it is
             local.parent.mkdir(parents=True, exist_ok=True)
             part = local.with_name(local.name + ".leoflow-part")
             part.write_text(text, encoding="utf-8")
             os.replace(part, local)
             written = True
-        if place is Place.REMOTE:
-            remote.upload(target.log_path, ti)
+        remote.upload(target.log_path, ti)
     except Exception as exc:  # noqa: BLE001 - a full disk, a refused upload: said, never raised
         return Salvaged(None, f"the log could not be kept ({place.value}): {type(exc).__name__}: {str(exc)[:200]}")
     finally:
-        if written and place is Place.REMOTE:
+        if written:
             local.unlink(missing_ok=True)  # only the file leoflow wrote for the upload
-    return Salvaged(place, f"kept {len(text)} characters ({place.value})")
+    return Salvaged(place, f"kept {len(text)} characters ({place.value})" if written else
+                    f"uploaded the task's own file ({place.value})")

@@ -291,6 +291,7 @@ class KubernetesRuntime:
         self._released: set[tuple[str, str]] = set()  # released; the cache may still show the finalizer
         self._release_soon: dict[tuple[str, str], tuple[AttemptRef, float]] = {}  # forgotten -> (ref, until)
         self._workload_of: Callable[[str, int], str | None] | None = None  # collect()'s: the salvage's log_path
+        self._remote_logging = False  # start(): [logging] remote_logging (an ended pod's log is kept only then)
         self._start_seen: dict[str, tuple[str, datetime]] = {}  # pod uid -> (its start key, first seen at it)
         self._stop_due: dict[str, float] = {}  # deleted pod's uid -> monotonic time it should have stopped by
         self._unconfirmed: dict[str, float] = {}  # pod uid -> seconds past its grace when the valve opened
@@ -335,6 +336,7 @@ class KubernetesRuntime:
 
         self._template = template.load_pod_template(self.kube.pod_template_file)
         self._forward_env = _remote_logging_env()
+        self._remote_logging = _remote_logging_on()
         if self._hook_arg is None:
             self._hook = template.airflow_pod_mutation_hook()
         elif callable(self._hook_arg):
@@ -643,9 +645,10 @@ class KubernetesRuntime:
             log.info("leoflow: the log of pod %s (attempt %s) %s at %s", name, ref, done.why, target.log_path)
 
     def _salvage_target(self, view: PodView) -> SalvageTarget | None:
-        """Where ``view``'s log goes when its finalizer is released (``[leoflow] pod_log_salvage``, a task pod
-        whose attempt's ledger row names a ``log_path``); None: not kept. A DB read, on the scheduler loop."""
-        if not self.kube.pod_log_salvage or view.ref is None or self._workload_of is None:
+        """Where ``view``'s log goes when its finalizer is released (``[leoflow] pod_log_salvage`` with ``[logging]
+        remote_logging`` on, a task pod whose attempt's ledger row names a ``log_path``); None: not kept. A DB read,
+        on the scheduler loop."""
+        if not (self.kube.pod_log_salvage and self._remote_logging) or view.ref is None or self._workload_of is None:
             return None
         try:
             return salvage_target(self._workload_of(view.ref.ti_id, view.ref.attempt_epoch))
@@ -1508,6 +1511,16 @@ def _remote_logging_env() -> dict[str, str]:
     from leoflow_airflow.runtime.kubernetes.logenv import FORWARDED_OPTIONS, logging_env
 
     return logging_env({o: conf.get("logging", o, fallback="") or "" for o in FORWARDED_OPTIONS})
+
+
+def _remote_logging_on() -> bool:
+    """``[logging] remote_logging`` as this process's Airflow reads it (False when it cannot be read)."""
+    try:
+        from airflow.configuration import conf
+
+        return conf.getboolean("logging", "remote_logging", fallback=False)
+    except Exception:  # noqa: BLE001 - a malformed value: no log is kept, nothing else changes
+        return False
 
 
 def _plugin_hook() -> Callable[[Any, PodAttempt], None] | None:
