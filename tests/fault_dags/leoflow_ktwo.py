@@ -1,7 +1,7 @@
 """Two-scheduler test DAGs (issue 10 item 5, ``tests/integration/test_kube_two_schedulers.py``).
 
-:data:`DAGS` (four DAGs) of :data:`TASKS` (50 independent tasks each, retries 1): one run of each is 200 task
-instances, so 200 cold pods under ``[leoflow] runtime = kubernetes``. Each body appends ``<run_id> <try> start
+:data:`DAGS` (four DAGs) of :data:`TASKS` (50 independent tasks each, retries 1; fewer at the test's CI size): one run
+of each is 200 task instances, so 200 cold pods under ``[leoflow] runtime = kubernetes``. Each body appends ``<run_id> <try> start
 <unix time> <pid>``, works :data:`BODY_SECONDS`, then appends the ``end`` line, to
 ``$AIRFLOW_HOME/traces/<dag>.<task>.body`` (:func:`fault_trace.body_line`; the pods see the scheduler's ``traces``
 through their Airflow home's link): how often each body ran, and whether it ran to its end, is read from there.
@@ -9,6 +9,7 @@ through their Airflow home's link): how often each body ran, and whether it ran 
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime, timedelta
 
@@ -17,7 +18,9 @@ from fault_trace import body_line
 
 START = datetime(2026, 1, 1)
 DAGS = [f"lf_ktwo_{i}" for i in range(4)]
-TASKS = [f"t{i:02d}" for i in range(50)]
+TASKS = [f"t{i:02d}" for i in range(int(os.environ.get("LEOFLOW_KTWO_TASKS", "50")))]
+"""50 tasks a DAG; the test's CI size sets ``LEOFLOW_KTWO_TASKS`` in the stack's environment (its dag-processor's)
+to fewer (a pod parses the file without it: the same task ids, and more)."""
 BODY_SECONDS = 2.0
 
 

@@ -2,8 +2,8 @@
 kubernetes`` (the k8senv control plane with its real PodGC and Eviction API; the node harness runs the pods,
 devtools/kube.py) and fault injection.
 
-At least 60 runs of ``lf_kchaos`` (one task ``work``, one retry; ``tests/fault_dags/leoflow_kchaos.py``), triggered
-in waves of :data:`WAVE` at once. A seeded RNG (the seed is printed; ``LEOFLOW_CHAOS_SEED`` replays it,
+With ``--chaos``, at least 60 runs (with ``--chaos-ci``: :data:`CI_RUNS`, one wave) of ``lf_kchaos`` (one task
+``work``, one retry; ``tests/fault_dags/leoflow_kchaos.py``), triggered in waves of :data:`WAVE` at once. A seeded RNG (the seed is printed; ``LEOFLOW_CHAOS_SEED`` replays it,
 ``LEOFLOW_CHAOS_RUNS`` sets the number of runs) gives every run one **pod-level fault**, each fault once per block of
 :data:`POD_FAULTS` in a shuffled order:
 
@@ -82,12 +82,9 @@ from fault_helpers import (FaultStack, chaos_table, executions, newer_pods_touch
                            pods_by_ti, wait_until)
 from tests.k8s.test_informer import CuttableRelay
 
-pytestmark = [
-    pytest.mark.k8s, pytest.mark.airflow, pytest.mark.slow,
-    # 15-22 minutes on the 2-core host: with the rest of the suite run one module after another it would take CI
-    # past its 90-minute limit, so it runs when asked (`pytest --chaos`, or alone as below)
-    pytest.mark.chaos,
-]
+pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.slow, pytest.mark.chaos]
+# every test here runs with --chaos; test_kube_chaos also with --chaos-ci, at :data:`CI_RUNS` (one wave, its seed
+# printed; issue 34)
 
 DAG, NODE_DAG, TASK = "lf_kchaos", "lf_kchaos_node", "work"
 LOST_NODE = "harness-node-lost"
@@ -135,6 +132,9 @@ API_LOSS = "Execution API call went unanswered"
 SETTLED = {"oom": "oom_redrive", "evict": "infra_redrive", "node_lost": "infra_redrive"}
 """Pod faults whose settlement is deterministic: the ledger resolution one epoch must have (and try 2)."""
 RUNS = int(os.environ.get("LEOFLOW_CHAOS_RUNS", "60"))
+"""Runs of :func:`test_kube_chaos` with ``--chaos`` (15-22 minutes on the 2-core host)."""
+CI_RUNS = 12
+"""Runs of :func:`test_kube_chaos` with ``--chaos-ci``: one wave, one seeded process fault, seeded pod faults."""
 WAVE = 12
 NODE_RUNS = 4
 WAVE_BUDGET = 12 * 60.0  # seconds for one wave's runs to end on a loaded 2-core host, its process fault included
@@ -478,10 +478,13 @@ def _delete_node(kube: KubeStack) -> None:
 SEED = int(os.environ.get("LEOFLOW_CHAOS_SEED", str(time.time_ns() % 2**32)))
 
 
+@pytest.mark.chaos_ci
 @pytest.mark.timeout(60 * 60)
-def test_kube_chaos(kube_stack) -> None:
-    """See the module docstring: :data:`RUNS` runs, every process fault but ``api_sigkill``."""
-    _chaos(kube_stack, tuple(f for f in PROCESS_FAULTS if f != "api_sigkill"), RUNS, SEED)
+def test_kube_chaos(kube_stack, request: pytest.FixtureRequest) -> None:
+    """See the module docstring: :data:`RUNS` runs with ``--chaos`` (:data:`CI_RUNS` with ``--chaos-ci``, unless
+    ``LEOFLOW_CHAOS_RUNS`` is set), every process fault but ``api_sigkill``."""
+    full = request.config.getoption("--chaos") or "LEOFLOW_CHAOS_RUNS" in os.environ
+    _chaos(kube_stack, tuple(f for f in PROCESS_FAULTS if f != "api_sigkill"), RUNS if full else CI_RUNS, SEED)
 
 
 @pytest.mark.timeout(30 * 60)
