@@ -56,7 +56,10 @@ def pytest_configure(config: pytest.Config) -> None:
     (:class:`ModuleClock`)."""
     config.addinivalue_line("markers", "chaos: an opt-in chaos suite, run with --chaos")
     config.addinivalue_line("markers", "chaos_ci: a chaos suite that --chaos-ci runs at CI size")
+    config.addinivalue_line("markers", "tables: the test's printed output (its seed, chaos tables and problems) is "
+                                       "shown in the session's summary even when it passes")
     config.pluginmanager.register(ModuleClock(), "leoflow-module-clock")
+    config.pluginmanager.register(TablesReport(), "leoflow-tables-report")
 
 
 def _weight(item: pytest.Item) -> int:
@@ -113,6 +116,29 @@ class ModuleClock:
             mark = "  FAILED" if "failed" in self.outcomes.get(module, ()) else ""
             terminalreporter.write_line(f"{seconds:9.1f}  {module}{mark}")
         terminalreporter.write_line(f"{sum(self.seconds.values()):9.1f}  total over {len(rows)} modules")
+
+
+class TablesReport:
+    """Keeps the captured output of every test marked ``tables`` and prints it in the session's summary, so the
+    chaos tables (lost successes, double runs, user retries spent, older touched newer) appear in CI's output for
+    a passing run too: pytest shows a test's prints only when it fails or under ``-s`` (issue 34)."""
+
+    def __init__(self) -> None:
+        self.outputs: list[tuple[str, str]] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Keep the call phase's captured stdout of a test marked ``tables``."""
+        if report.when == "call" and "tables" in report.keywords and report.capstdout:
+            self.outputs.append((report.nodeid, report.capstdout))
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """Print each kept output under its test's id."""
+        if not self.outputs:
+            return
+        terminalreporter.section("chaos tables (the output of the tests marked tables)")
+        for nodeid, text in self.outputs:
+            terminalreporter.write_line(f"--- {nodeid}")
+            terminalreporter.write_line(text.rstrip("\n"))
 
 
 @pytest.fixture(scope="session")

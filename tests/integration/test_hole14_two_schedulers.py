@@ -36,6 +36,7 @@ PG_URL = os.environ.get("LEOFLOW_TEST_PG_URL")
 pytestmark = [
     pytest.mark.airflow,
     pytest.mark.postgres,
+    pytest.mark.tables,
     pytest.mark.skipif(not PG_URL, reason="LEOFLOW_TEST_PG_URL is unset: run `scripts/pg start --dir DIR` and "
                        "export LEOFLOW_TEST_PG_URL=$(cat DIR/url)"),
 ]

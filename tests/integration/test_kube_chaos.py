@@ -82,7 +82,7 @@ from fault_helpers import (FaultStack, chaos_table, executions, newer_pods_touch
                            pods_by_ti, wait_until)
 from tests.k8s.test_informer import CuttableRelay
 
-pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.slow, pytest.mark.chaos]
+pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.slow, pytest.mark.chaos, pytest.mark.tables]
 # every test here runs with --chaos; test_kube_chaos also with --chaos-ci, at :data:`CI_RUNS` (one wave, its seed
 # printed; issue 34)
 

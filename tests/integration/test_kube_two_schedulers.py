@@ -69,7 +69,7 @@ PG_URL = os.environ.get("LEOFLOW_TEST_PG_URL")
 pytestmark = [
     pytest.mark.k8s, pytest.mark.airflow, pytest.mark.postgres, pytest.mark.slow,
     # 200 cold pods with --chaos (10-15 minutes on the 2-core host); 40 with --chaos-ci (issue 34)
-    pytest.mark.chaos, pytest.mark.chaos_ci,
+    pytest.mark.chaos, pytest.mark.chaos_ci, pytest.mark.tables,
     pytest.mark.skipif(not PG_URL, reason="LEOFLOW_TEST_PG_URL is unset: run `scripts/pg start --dir DIR` and "
                        "export LEOFLOW_TEST_PG_URL=$(cat DIR/url)"),
     pytest.mark.timeout(80 * 60),

@@ -37,7 +37,7 @@ from devtools import sqlite_tuning
 from devtools.stack import StackError
 from fault_helpers import FaultStack, ForkLimit, chaos_table, executions, overlaps, wait_until, zygote_pid
 
-pytestmark = [pytest.mark.airflow, pytest.mark.slow]
+pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.tables]
 
 DAG = "lf_chaos"
 KILL_POINTS = ("before_run", "after_run", "mid_task", "after_record", "after_patch")
