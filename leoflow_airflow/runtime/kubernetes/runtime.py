@@ -624,15 +624,13 @@ class KubernetesRuntime:
 
     def _salvage(self, name: str, uid: str, ref: AttemptRef, target: SalvageTarget) -> None:
         """Pool: :func:`.logsalvage.salvage_pod_log` of one ended task pod, with Airflow's ``[logging]`` settings
-        and ``REMOTE_TASK_LOG`` as this scheduler has them; logs the outcome, never raises."""
+        and ``REMOTE_TASK_LOG`` as this scheduler has them (only asked with remote logging on:
+        :meth:`_salvage_target`); logs the outcome, never raises."""
         try:
             from airflow.configuration import conf
+            from airflow.logging_config import get_remote_task_log
 
-            remote = None
-            if conf.getboolean("logging", "remote_logging", fallback=False):
-                from airflow.logging_config import get_remote_task_log
-
-                remote = get_remote_task_log()
+            remote = get_remote_task_log()
             done = salvage_pod_log(self._core, self.kube.namespace, name, uid, ref, target,
                                    base_log_folder=conf.get("logging", "base_log_folder"), remote=remote,
                                    now=datetime.now(timezone.utc), timeout=REQUEST_TIMEOUT_SECONDS)
