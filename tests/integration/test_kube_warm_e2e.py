@@ -445,7 +445,39 @@ def test_a_lost_control_plane_s_warm_pods_are_garbage_collected(kube_stack) -> N
         pods = core.list_namespaced_pod(kube.namespace, label_selector=f"{LABEL}warm=true").items
         return not [p for p in pods if (p.metadata.labels or {}).get(LABEL + "scheduler-job") in old_job]
 
-    wait_until(old_pods_gone, 180, "the dead scheduler job's warm pods to be garbage-collected", poll=1.0)
+    try:
+        wait_until(old_pods_gone, 180, "the dead scheduler job's warm pods to be garbage-collected", poll=1.0)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}\n" + "\n".join(_gc_diagnosis(stack, kube, old_job))) from None
     anchors = core.list_namespaced_config_map(kube.namespace, label_selector=f"{LABEL}warm-anchor=true").items
     assert not [a for a in anchors if (a.metadata.labels or {}).get(LABEL + "scheduler-job") in old_job]
     _wait_pools_full(stack, kube)
+
+
+def _gc_diagnosis(stack: FaultStack, kube: KubeStack, jobs: set) -> list[str]:
+    """Lines for a failed wait on the garbage collector: the warm pods of ``jobs`` left (phase, deletion, owners,
+    finalizers), the anchors, the scheduler's lines about warm pods and anchors since its last start, and the
+    kube-controller-manager's garbage-collector lines."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(kube.api)
+    lines = ["warm pods of the dead job left:"]
+    for p in core.list_namespaced_pod(kube.namespace, label_selector=f"{LABEL}warm=true").items:
+        if (p.metadata.labels or {}).get(LABEL + "scheduler-job") in jobs:
+            owners = [(o.name, o.uid) for o in p.metadata.owner_references or []]
+            lines.append(f"  {p.metadata.name} phase={p.status.phase} deletion={p.metadata.deletion_timestamp} "
+                         f"owners={owners} finalizers={p.metadata.finalizers}")
+    lines.append("anchors:")
+    for a in core.list_namespaced_config_map(kube.namespace, label_selector=f"{LABEL}warm-anchor=true").items:
+        lines.append(f"  {a.metadata.name} uid={a.metadata.uid} deletion={a.metadata.deletion_timestamp}")
+    text = (stack.process_logs / "scheduler.log").read_text(errors="replace")
+    since = text.rsplit("Starting the scheduler", 1)[-1]
+    lines.append("scheduler since its last start (warm pods, anchors, errors):")
+    lines += ["  " + line[:300] for line in since.splitlines()
+              if "warm pods" in line or "anchor" in line or "Traceback" in line or "error" in line.lower()][-40:]
+    kcm = next(iter(kube.workdir.rglob("kube-controller-manager.log")), None)
+    if kcm is not None:
+        lines.append(f"{kcm} (garbage collector lines and errors):")
+        lines += ["  " + line[:300] for line in kcm.read_text(errors="replace").splitlines()
+                  if "garbage" in line.lower() or line.startswith("E")][-20:]
+    return lines
