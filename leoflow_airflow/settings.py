@@ -141,6 +141,11 @@ def _audience(v: str) -> str | None:
     return None
 
 
+def _issuers(v: str) -> str | None:
+    bad = [n for n in _split_names(v) if any(c.isspace() for c in n) or len(n) > 512]
+    return f"{bad[0][:60]!r} is not an issuer (no whitespace, at most 512 characters)" if bad else None
+
+
 def _secret_names(v: str) -> str | None:
     bad = [n for n in _split_names(v) if not (len(n) <= 253 and _DNS_SUBDOMAIN.fullmatch(n))]
     return f"{bad[0]!r} is not a Secret name (a DNS-1123 subdomain)" if bad else None
@@ -357,6 +362,13 @@ OPTIONS: tuple[Option, ...] = (
            "token on each task pod, which the pod presents to the token exchange; the api-server's TokenReview "
            "asks for exactly this audience, so a token made for anything else (the Kubernetes API itself "
            "included) is refused.", _audience),
+    Option("exchange_issuers", "string", "", "Comma-separated issuers (the JWT `iss`) the token exchange and the "
+           "warm pods' registration accept on a projected ServiceAccount token, checked locally before any "
+           "TokenReview: the kube-apiserver's `--service-account-issuer` values (its first one issues; list the old "
+           "and the new one while rotating, as the api-server does). A token of any other issuer is refused "
+           "(`implausible_token`) without a Kubernetes call. Empty: `iss` is not checked locally (TokenReview "
+           "still authenticates every token). `airflow leoflow doctor` compares the list with the issuer the "
+           "cluster publishes.", _issuers),
     Option("exchange_timeout_seconds", "float", "5", "Seconds each Kubernetes call of one token exchange "
            "(TokenReview, then the pod GET) may take on the api-server; a call that does not answer in time makes "
            "the exchange answer 503 (try again), never hold the request open. At most 12.5: two such calls and "
@@ -448,6 +460,9 @@ class KubernetesSettings:
     """Audience of the pods' projected ServiceAccount token, and the only one the exchange's TokenReview asks for."""
     exchange_timeout_seconds: float
     """Seconds each Kubernetes call of one exchange may take (> 0)."""
+    exchange_issuers: tuple[str, ...] = ()
+    """``[leoflow] exchange_issuers``: the ``iss`` values a projected token may carry (empty: not checked locally;
+    k8s review §10, issue 33 item 4)."""
     pod_secret_allow: tuple[str, ...] = ()
     """Names of the Secrets a ``pod_override`` or a hook may reference in a task pod (k8s review §9)."""
     agent_env_deny: tuple[str, ...] = ()
@@ -648,7 +663,7 @@ def _load(get: Callable[[str, str, str], str]) -> LeoflowSettings:
     if not values["instance"]:
         values["instance"] = _derived_instance(str(get("database", "sql_alchemy_conn", "") or "").strip())
     for name in ("agent_env_passthrough", "zygote_preload", "agent_env_deny", "pod_override_allow",
-                 "pod_secret_allow"):
+                 "pod_secret_allow", "exchange_issuers"):
         values[name] = _split_names(values[name])
     kube = KubernetesSettings(**{k: values.pop(k) for k in KUBERNETES_KEYS},
                               **{k: values[k] for k in KUBERNETES_SHARED_KEYS})

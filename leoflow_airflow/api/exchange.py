@@ -6,7 +6,8 @@ The checks, in this order (:meth:`Exchange.exchange`); the first that fails refu
 
 1. the request is a JSON object with a JWT-shaped ``token`` (no Kubernetes call for garbage);
 1b. the token's claims, read WITHOUT checking its signature (:func:`check_unverified_claims`), look like a
-   projected token of our ServiceAccount for our audience: a cheap local filter, so unauthenticated garbage never
+   projected token of our ServiceAccount for our audience (and of one of ``[leoflow] exchange_issuers`` when set):
+   a cheap local filter, so unauthenticated garbage never
    costs a TokenReview (k8s review §10); then at most :data:`MAX_CONCURRENT_REVIEWS` requests of this process
    are past this point at once (:class:`ReviewGate`), the others are answered 503 at once (``busy``);
 2. TokenReview with ``spec.audiences = [[leoflow] exchange_audience]``;
@@ -45,7 +46,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -235,7 +236,7 @@ def parse_request(body: bytes) -> str:
 
 
 def check_unverified_claims(token: str, *, audience: str, namespace: str, service_account: str,
-                            issuer: str | None = None, now: float | None = None) -> None:
+                            issuers: Sequence[str] = (), now: float | None = None) -> None:
     """Refuse a JWT-shaped ``token`` whose claims, read WITHOUT checking the signature (pyjwt), cannot be a
     projected ServiceAccount token of ``namespace``/``service_account`` bound to a pod for ``audience``: a local
     filter before any TokenReview, so garbage costs no Kubernetes call (k8s review §10). It decides nothing in
@@ -243,12 +244,12 @@ def check_unverified_claims(token: str, *, audience: str, namespace: str, servic
 
     Checked: at most 8192 characters in three segments that decode to a JSON object; ``aud`` (a string or a
     list) contains ``audience``; ``exp`` is a number later than ``now`` (seconds since the epoch; default the
-    wall clock) minus :data:`CLAIMS_LEEWAY_SECONDS`; ``iss`` equals ``issuer`` when one is given (None: not
-    checked); the ``kubernetes.io`` claim names ``namespace``, a ``serviceaccount`` named ``service_account`` and
+    wall clock) minus :data:`CLAIMS_LEEWAY_SECONDS`; ``iss`` is one of ``issuers`` when any are given
+    (``[leoflow] exchange_issuers``; empty: not checked); the ``kubernetes.io`` claim names ``namespace``, a ``serviceaccount`` named ``service_account`` and
     a ``pod`` with a non-empty ``name`` and ``uid`` (Kubernetes' bound-token claims).
 
     :raises Refused: ``malformed_token`` (size, segments, undecodable), ``implausible_token`` (a claim check
-        failed; the detail names which, never a claim's value but the audience's and issuer's).
+        failed; the detail names which, never a claim's value but the audience's and the accepted issuers).
     """
     if len(token) > _MAX_TOKEN_LEN or token.count(".") != 2:
         raise Refused("malformed_token", f"token of {len(token)} characters is not a JWT")
@@ -265,8 +266,8 @@ def check_unverified_claims(token: str, *, audience: str, namespace: str, servic
         raise Refused("implausible_token", "no numeric exp")
     if exp <= (time.time() if now is None else now) - CLAIMS_LEEWAY_SECONDS:
         raise Refused("implausible_token", "exp has passed")
-    if issuer is not None and claims.get("iss") != issuer:
-        raise Refused("implausible_token", f"iss is not {issuer!r}")
+    if issuers and claims.get("iss") not in issuers:
+        raise Refused("implausible_token", f"iss is none of [leoflow] exchange_issuers {list(issuers)[:4]}")
     kube = claims.get("kubernetes.io")
     kube = kube if isinstance(kube, dict) else {}
     pod, sa = kube.get("pod"), kube.get("serviceaccount")
@@ -351,7 +352,7 @@ def authenticate_pod(cfg: KubernetesSettings, kube: KubeReader, token: str, *,
         gave no usable answer in time).
     """
     check_unverified_claims(token, audience=cfg.exchange_audience, namespace=cfg.namespace,
-                            service_account=cfg.service_account)
+                            service_account=cfg.service_account, issuers=cfg.exchange_issuers)
     with (REVIEW_GATE if gate is None else gate).hold("token review"):
         return _review_pod(cfg, kube, token)
 

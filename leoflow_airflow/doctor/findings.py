@@ -30,6 +30,7 @@ __all__ = [
     "VerifyReply",
     "config_finding",
     "dry_run_finding",
+    "exchange_issuer_finding",
     "exchange_url_finding",
     "exit_code",
     "finalizers_finding",
@@ -69,12 +70,13 @@ class Finding:
 
 CHECKS: tuple[str, ...] = (
     "config", "ladder", "mint_key", "audience", "exchange_url", "scheduler_rbac", "api_server_rbac",
-    "task_service_account", "pull_secrets", "pod_security", "dry_run_pod", "finalizers", "warm_pools",
+    "task_service_account", "pull_secrets", "pod_security", "dry_run_pod", "finalizers", "exchange_issuer",
+    "warm_pools",
 )
 """Every check, in the order the doctor runs and prints them."""
 KUBERNETES_CHECKS: tuple[str, ...] = (
     "scheduler_rbac", "api_server_rbac", "task_service_account", "pull_secrets", "pod_security", "dry_run_pod",
-    "finalizers",
+    "finalizers", "exchange_issuer",
 )
 """The checks that only the Kubernetes runtime needs (skipped by name on Lite)."""
 
@@ -350,6 +352,28 @@ def finalizers_finding(namespace: str, leftover: Sequence[str], error: str = "")
                        f"though their attempt is settled: {shown}", "a running leoflow scheduler releases them "
                        "(check it is up and may patch pods); when uninstalling, `airflow leoflow release-pods`")
     return Finding("finalizers", Status.OK, f"no settled attempt's pod in {namespace} holds leoflow's finalizer")
+
+
+def exchange_issuer_finding(configured: Sequence[str], published: str | None, error: str = "") -> Finding:
+    """``exchange_issuer``: ``[leoflow] exchange_issuers`` (``configured``; empty: ``iss`` is left to TokenReview)
+    against the issuer the cluster publishes in its OIDC discovery document (``published``, the kube-apiserver's
+    first ``--service-account-issuer``, the one new tokens carry; None with ``error`` when it could not be read).
+    A list without it would refuse every task pod's exchange as ``implausible_token`` (issue 33 item 4)."""
+    if not configured:
+        return Finding("exchange_issuer", Status.OK, "[leoflow] exchange_issuers is empty: a token's iss is left to "
+                       "TokenReview")
+    if published is None:
+        return Finding("exchange_issuer", Status.WARN, "cannot read the cluster's service-account issuer "
+                       f"(/.well-known/openid-configuration): {error}", "let the doctor's identity read it "
+                       "(ClusterRole system:service-account-issuer-discovery), or compare [leoflow] exchange_issuers "
+                       "with the kube-apiserver's --service-account-issuer by hand")
+    if published in configured:
+        return Finding("exchange_issuer", Status.OK, f"the cluster's issuer {published} is in [leoflow] "
+                       "exchange_issuers")
+    return Finding("exchange_issuer", Status.FAIL, f"the cluster issues projected tokens as {published}, which "
+                   f"[leoflow] exchange_issuers {list(configured)} does not list: every task pod's exchange and "
+                   "warm registration would be refused (implausible_token)", "add it to [leoflow] exchange_issuers "
+                   "(keep the old issuer listed while the cluster rotates)")
 
 
 def warm_pool_counts(pods: Iterable[Mapping[str, str]], caps: Callable[[str], tuple[str, int]],

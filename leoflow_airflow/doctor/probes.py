@@ -261,9 +261,29 @@ def _kubernetes(kube: Any, options: DoctorOptions) -> list[Finding]:
                 status, message = _api_error(exc)
                 out.append(F.dry_run_finding(ns, message, status=status))
         out.append(_finalizers(core, ns, kube.instance, timeout))
+        out.append(_exchange_issuer(api, kube.exchange_issuers, timeout))
         return out
     finally:
         api.close()
+
+
+def _exchange_issuer(api: Any, configured: tuple[str, ...], timeout: float) -> Finding:
+    """``exchange_issuer``: read the cluster's OIDC discovery document (``WellKnownApi``) only when
+    ``[leoflow] exchange_issuers`` is set, and compare (:func:`~.findings.exchange_issuer_finding`)."""
+    from kubernetes import client
+
+    if not configured:
+        return F.exchange_issuer_finding(configured, None)
+    try:
+        resp = client.WellKnownApi(api).get_service_account_issuer_open_id_configuration(
+            _request_timeout=timeout, _preload_content=False)  # the raw JSON: the client's "str" is a dict's repr
+        doc = json.loads(resp.data)
+        issuer = doc.get("issuer") if isinstance(doc, dict) else None
+        if not isinstance(issuer, str) or not issuer:
+            return F.exchange_issuer_finding(configured, None, "the document names no issuer")
+    except Exception as exc:  # noqa: BLE001 - reported: 403 (no discovery grant), 404, unreachable
+        return F.exchange_issuer_finding(configured, None, _api_error(exc)[1])
+    return F.exchange_issuer_finding(configured, issuer)
 
 
 def _service_account(core: Any, ns: str, name: str, timeout: float) -> tuple[Any, Finding]:

@@ -40,6 +40,8 @@ NO_PATCH_SA = "scheduler-no-patch"
 API_SA = "leoflow-api"
 """The api-server's identity: create tokenreviews, get pods and pods/log."""
 AUDIENCE = "leoflow-doctor-test"
+CLUSTER_ISSUER = "https://kubernetes.default.svc.cluster.local"
+"""The k8senv kube-apiserver's ``--service-account-issuer`` (scripts/k8senv)."""
 RBAC = "rbac.authorization.k8s.io"
 
 
@@ -206,7 +208,7 @@ def test_a_good_setup_passes_as_the_cli(stack, cluster):
     assert statuses == {
         "config": "ok", "ladder": "ok", "mint_key": "ok", "audience": "ok", "exchange_url": "ok",
         "scheduler_rbac": "ok", "api_server_rbac": "ok", "task_service_account": "ok", "pull_secrets": "ok",
-        "pod_security": "ok", "dry_run_pod": "ok", "finalizers": "ok", "warm_pools": "skip",
+        "pod_security": "ok", "dry_run_pod": "ok", "finalizers": "ok", "exchange_issuer": "ok", "warm_pools": "skip",
     }, data
     assert data["ok"] is True and data["exit_code"] == 0
     by_name = {f["name"]: f for f in data["findings"]}
@@ -280,10 +282,23 @@ def test_a_namespace_without_restricted_pod_security_is_named(doctor, cluster):
     assert found["dry_run_pod"].status is Status.OK  # leoflow's pods meet restricted, so baseline admits them
 
 
+def test_exchange_issuers_are_compared_with_the_issuer_the_cluster_publishes(doctor):
+    """Issue 33 item 4: ``[leoflow] exchange_issuers`` without the issuer the kube-apiserver publishes (its OIDC
+    discovery document, read as the scheduler's ServiceAccount) would refuse every exchange: a failure naming
+    both; listing it (beside an old one, as in a rotation) passes; unset, the cluster is not asked."""
+    assert doctor()["exchange_issuer"].status is Status.OK
+    wrong = doctor(LEOFLOW__EXCHANGE_ISSUERS="https://other-cluster.example")["exchange_issuer"]
+    assert wrong.status is Status.FAIL, wrong
+    assert CLUSTER_ISSUER in wrong.detail and "https://other-cluster.example" in wrong.detail
+    good = doctor(LEOFLOW__EXCHANGE_ISSUERS=f"https://old.example,{CLUSTER_ISSUER}")["exchange_issuer"]
+    assert (good.status, good.detail) == (Status.OK, f"the cluster's issuer {CLUSTER_ISSUER} is in [leoflow] "
+                                                     "exchange_issuers")
+
+
 def test_on_lite_the_kubernetes_checks_are_skipped_by_name_and_the_rest_run(doctor, stack):
     found = doctor(LEOFLOW__RUNTIME="lite")
     for name in ("scheduler_rbac", "api_server_rbac", "task_service_account", "pull_secrets", "pod_security",
-                 "dry_run_pod", "finalizers"):
+                 "dry_run_pod", "finalizers", "exchange_issuer"):
         assert found[name].status is Status.SKIP and found[name].detail == "runtime = lite: no Kubernetes"
     assert {n: found[n].status for n in ("config", "ladder", "mint_key", "audience", "exchange_url")} == dict.fromkeys(
         ("config", "ladder", "mint_key", "audience", "exchange_url"), Status.OK)

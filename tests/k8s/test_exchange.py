@@ -118,7 +118,9 @@ def xenv(api, core, namespace, k8s_env, tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW__EXECUTION_API__JWT_AUDIENCE", TASK_AUDIENCE)
     options = {"runtime": "kubernetes", "namespace": namespace, "service_account": TASK_SA,
                "exchange_audience": AUDIENCE, "in_cluster": "False", "kube_config": str(kubeconfig),
-               "exchange_timeout_seconds": "10"}
+               "exchange_timeout_seconds": "10",
+               # the k8senv api-server's issuer (scripts/k8senv): real pod tokens pass the local iss check
+               "exchange_issuers": "https://kubernetes.default.svc.cluster.local"}
     app = create_app(exchange_factory=lambda: from_airflow(ledger=store, get=lambda s, k, f: options.get(k, f)))
     try:
         with TestClient(app) as http:

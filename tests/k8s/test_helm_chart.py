@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -60,9 +61,21 @@ class Helm:
                               capture_output=True, text=True, timeout=120, env=self.env)
 
 
+HELM_BUILD_WAIT = 1800.0
+"""Seconds the ``helm`` fixture waits for ``run-tests``' helm build to end (a cold build took about 5 minutes)."""
+
+
 @pytest.fixture(scope="module")
 def helm(tmp_path_factory) -> Helm:
-    """helm as ``scripts/k8senv build`` built it; skips, or fails under K8SENV_REQUIRED=1, when it is not built."""
+    """helm as ``scripts/k8senv build`` built it; skips, or fails under K8SENV_REQUIRED=1, when it is not built.
+
+    ``LEOFLOW_HELM_BUILD_RC`` names the file ``scripts/run-tests all`` writes when its helm build (after the control
+    plane's, beside the tests) ends: the fixture waits for it first, up to :data:`HELM_BUILD_WAIT` seconds."""
+    rc_file = os.environ.get("LEOFLOW_HELM_BUILD_RC")
+    if rc_file:
+        deadline = time.monotonic() + HELM_BUILD_WAIT
+        while not Path(rc_file).exists() and time.monotonic() < deadline:
+            time.sleep(1.0)
     path = k8senv.helm()
     if path is None:
         msg = "helm is not built; run `scripts/k8senv build`"

@@ -317,6 +317,35 @@ def test_a_token_whose_unverified_claims_are_no_pod_token_of_ours_costs_no_token
     assert world.post(request_body(TOKEN)).status == 200
 
 
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+"""The ``iss`` of :func:`projected_token`."""
+
+
+def test_a_token_of_an_issuer_not_listed_costs_no_token_review_and_a_listed_one_is_exchanged(world, caplog):
+    """Issue 33 item 4: with ``[leoflow] exchange_issuers`` set, a token whose unverified ``iss`` is none of them
+    (another cluster's, a missing one) is refused ``implausible_token`` before any TokenReview; a token of either
+    listed issuer (an issuer rotation lists both) goes on to the review and is exchanged."""
+    world.exchange.config = kube_settings(exchange_issuers=f"https://old.example, {ISSUER}")
+    assert world.exchange.config.exchange_issuers == ("https://old.example", ISSUER)
+    for token in (projected_token(iss="https://other-cluster.example"), projected_token(drop=("iss",))):
+        world.attempt(token=token)
+        assert refused_reason(caplog, world.post(request_body(token))) == "implausible_token"
+    assert world.kube.calls == [] and world.ledger.calls == []
+    world.attempt()
+    assert world.post(request_body(TOKEN)).status == 200
+    old = projected_token(iss="https://old.example")
+    world.attempt(token=old)
+    assert world.post(request_body(old)).status == 200
+
+
+@pytest.mark.parametrize("value", ["https://a.example, https://b example", "x" * 513])
+def test_an_issuer_with_whitespace_or_too_long_is_a_config_error_naming_the_option(value):
+    from leoflow_airflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="exchange_issuers"):
+        kube_settings(exchange_issuers=value)
+
+
 def test_past_the_review_bound_the_exchange_answers_503_at_once(world, caplog):
     """k8s review §10: with every review slot held by requests waiting on a slow TokenReview, the next plausible
     request is answered 503 with Retry-After at once, without a TokenReview, so a flood cannot take the threads
