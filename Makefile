@@ -3,6 +3,9 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.leoflow-installed
+# setuptools' "Editable installation" notice (a boxed warning on every editable build) reads like an error in a
+# first-time set-up; only that warning is silenced
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation:UserWarning"
 
 .PHONY: demo demo-k8s test test-fast test-k8s bench bench-k8s venv clean
 
@@ -10,8 +13,8 @@ $(STAMP): pyproject.toml constraints.txt tests/plugin_pkg/pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found (leoflow needs Python 3.11)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
-	$(PY) -m pip install -q --no-deps -e tests/plugin_pkg
+	$(EDITABLE) $(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(EDITABLE) $(PY) -m pip install -q --no-deps -e tests/plugin_pkg
 	touch $(STAMP)
 
 venv: $(STAMP)
