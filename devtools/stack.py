@@ -80,11 +80,32 @@ def _template_path(key: tuple[str | None, ...]) -> Path:
     return _template_dir / f"airflow-{len(_sqlite_templates)}.db"
 
 
+PORT_DIR_ENV = "LEOFLOW_TEST_PORT_DIR"
+"""Names a directory shared by every process of one test run (``scripts/run-tests all`` sets it for both pytest
+sessions and what they start): :func:`free_port` reserves each port it hands out there."""
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picked it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picked it).
+
+    With ``LEOFLOW_TEST_PORT_DIR`` set, the port is also reserved there (a file named after it, created
+    exclusively; ``scripts/k8senv`` does the same): a port one process of the run was handed is never handed to
+    another, so two pytest sessions side by side cannot both get one port in the moment between the OS's pick
+    and their server's bind. Raises ``RuntimeError`` when 200 picks in a row were reserved already."""
+    reserve = os.environ.get(PORT_DIR_ENV)
+    for _ in range(200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if not reserve:
+            return port
+        os.makedirs(reserve, exist_ok=True)
+        try:
+            os.close(os.open(os.path.join(reserve, str(port)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        return port
+    raise RuntimeError(f"200 ports in a row were reserved in {reserve} already")
 
 
 def example_dag_file(name: str) -> Path:

@@ -9,7 +9,6 @@ Kubernetes here: the worker row is registered directly, as registration would ha
 from __future__ import annotations
 
 import hashlib
-import socket
 import threading
 import time
 import uuid
@@ -19,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 import uvicorn
 
+from devtools.stack import free_port
 from leoflow_airflow.api.app import create_app
 from leoflow_airflow.api.exchange import ExchangeService
 from leoflow_airflow.api.warm import WarmPods, WarmService
@@ -51,9 +51,7 @@ def server(tmp_path):
     CountingPods.polls = 0
     app = create_app(exchange_factory=lambda: ExchangeService(None), ui=False,
                      warm_factory=lambda _: WarmService(pods, await_seconds=30, poll_interval=0.25))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()

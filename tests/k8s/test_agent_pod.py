@@ -15,7 +15,6 @@ api-server and is tested in the integration tier.
 from __future__ import annotations
 
 import logging
-import socket
 import sys
 import threading
 import uuid
@@ -25,6 +24,7 @@ import pytest
 import sqlalchemy as sa
 from kubernetes import client
 
+from devtools.stack import free_port
 from leoflow_agent import outcome
 from leoflow_agent.podmain import EXIT_REFUSED
 from leoflow_airflow.api.app import create_app
@@ -40,13 +40,6 @@ pytestmark = pytest.mark.k8s
 
 SECRET = "agent-pod-test-secret-" + "k" * 64
 VENV_BIN = str(Path(sys.executable).parent)
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on (bound and closed again)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServedExchange:

@@ -10,7 +10,6 @@ attempt, its ``[leoflow]`` settings those of a Kubernetes runtime on this contro
 from __future__ import annotations
 
 import json
-import socket
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 from kubernetes import client
 
+from devtools.stack import free_port
 from leoflow_airflow import settings as leoflow_settings
 from leoflow_airflow.executor import LeoflowExecutor
 from leoflow_airflow.ledger.models import metadata
@@ -163,9 +163,7 @@ def test_another_pod_under_the_name_is_not_the_attempts(setup):
 
 def test_an_unreachable_api_server_is_a_source_line_not_an_exception(setup, tmp_path):
     kubeconfig = json.loads(Path(setup.options["kube_config"]).read_text())  # scripts/k8senv writes JSON
-    with socket.socket() as s:  # a port nothing listens on once closed
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nothing listens on once closed
     kubeconfig["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{port}"
     dead = tmp_path / "dead.kubeconfig"
     dead.write_text(json.dumps(kubeconfig))

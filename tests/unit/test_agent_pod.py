@@ -298,11 +298,9 @@ def test_the_command_against_a_closed_port_retries_until_its_deadline_then_recor
     on and a 6 s ceiling: it tries at least three times within its 3 s deadline (back-offs of at most 0.5 s and
     1 s come first), exits 4 and leaves
     ``exchange_unreachable`` as the whole termination message."""
-    import socket
+    from devtools.stack import free_port
 
-    with socket.socket() as s:  # a free port, closed again: connection refused
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a free port, closed again: connection refused
     token_file = tmp_path / "token"
     token_file.write_text("a.b.c")
     message = tmp_path / "termination-log"
