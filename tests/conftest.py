@@ -49,6 +49,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--chaos-ci", action="store_true", default=False,
                      help="run the chaos suites marked chaos_ci at CI size (12 Kubernetes chaos runs, 40 "
                           "two-scheduler task instances)")
+    parser.addoption("--module-pool", metavar="DIR", default=None,
+                     help="share the modules not marked k8s with another pytest session given the same DIR: "
+                          "each such module runs whole in the session that reaches it first (ModulePool)")
+    parser.addoption("--module-pool-tail", action="store_true", default=False,
+                     help="with --module-pool: run the k8s-marked modules first, then take the shared modules "
+                          "from the end of the list (the other session takes them from the start)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -60,6 +66,10 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "shown in the session's summary even when it passes")
     config.pluginmanager.register(ModuleClock(), "leoflow-module-clock")
     config.pluginmanager.register(TablesReport(), "leoflow-tables-report")
+    pool = config.getoption("--module-pool")
+    if pool:
+        config.pluginmanager.register(ModulePool(Path(pool), tail=config.getoption("--module-pool-tail")),
+                                      "leoflow-module-pool")
 
 
 def _weight(item: pytest.Item) -> int:
@@ -170,3 +180,65 @@ def airflow_stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             leftovers.extend(stack.stop())
         if leftovers:
             pytest.fail(f"processes left after stopping the Airflow stacks: {leftovers}")
+
+
+class ModulePool:
+    """Two pytest sessions side by side share the modules not marked ``k8s`` (issue 34: ``scripts/run-tests all``
+    runs the second session, the Kubernetes one, once the Kubernetes build is done, beside the first): each such
+    module runs whole in the session that reaches it first, claimed by creating ``<pool>/<module>`` exclusively
+    (``O_CREAT | O_EXCL``, atomic on one file system); the other session passes over that module's tests without
+    running or reporting them. The first session takes the shared modules in collection order; the ``tail``
+    session runs its k8s-marked modules first, then takes the shared modules from the end of the list, so the two
+    meet where their loads balance (a cold build delays the second session 12 minutes; a warm one not at all),
+    which no split fixed in advance can do for both."""
+
+    def __init__(self, pool: Path, *, tail: bool) -> None:
+        """Claims go to ``pool`` (created); ``tail``: this is the session that takes shared modules from the end."""
+        self.pool, self.tail = pool, tail
+        pool.mkdir(parents=True, exist_ok=True)
+        self.mine: set[str] = set()
+        self.theirs: set[str] = set()
+
+    @staticmethod
+    def _module(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    @staticmethod
+    def _shared(item: pytest.Item) -> bool:
+        return item.get_closest_marker("k8s") is None
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """In the ``tail`` session: the k8s-marked tests first (in their order), then the shared modules in reverse
+        module order (each module's tests in their own order)."""
+        if not self.tail:
+            return
+        own = [i for i in items if not self._shared(i)]
+        modules: dict[str, list[pytest.Item]] = {}
+        for item in items:
+            if self._shared(item):
+                modules.setdefault(self._module(item), []).append(item)
+        items[:] = own + [i for m in reversed(list(modules)) for i in modules[m]]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+        """Claim a shared module at its first test; True (handled: not run, not reported) for a test of a module
+        the other session claimed."""
+        if not self._shared(item):
+            return None
+        module = self._module(item)
+        if module in self.mine:
+            return None
+        if module not in self.theirs:
+            try:
+                os.close(os.open(self.pool / module.replace("/", "__"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                self.mine.add(module)
+                return None
+            except FileExistsError:
+                self.theirs.add(module)
+        return True
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """Say how the shared modules were split."""
+        terminalreporter.write_line(f"module pool {self.pool}: {len(self.mine)} shared modules ran in this session, "
+                                    f"{len(self.theirs)} in the other")
