@@ -1,5 +1,5 @@
 """Api-server outages that must spend no user retry, on one stack (SQLite, the SDK's retries lowered, Airflow's
-default heartbeat settings).
+heartbeat interval, 6 failed heartbeats tolerated instead of 3).
 
 Issue 8, hole 4: an api-server outage longer than about a minute fails the task (spends a user retry).
 
@@ -35,7 +35,6 @@ import time
 import pytest
 
 from fault_helpers import FaultStack, attempt_of, callbacks, executions, overlaps, pid_alive, wait_until
-from leoflow_agent import outcome
 
 pytestmark = pytest.mark.airflow
 
@@ -46,6 +45,10 @@ FAST_API_RETRIES = {
     "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "3",
     "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MIN": "0.5",
     "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MAX": "1",
+    # the supervisor gives up on heartbeats after 6 failures 5 s apart (25-30 s into the outage), not Airflow's
+    # 3 (10-15 s): the XCom push of the issue-10 test fails about 2 s into it, and on a loaded machine a margin of
+    # a few seconds let heartbeat_lost be recorded first (an infra loss as well, but not the path under test)
+    "AIRFLOW__WORKERS__MAX_FAILED_HEARTBEATS": "6",
 }
 
 
@@ -88,8 +91,8 @@ def test_redispatch_waits_out_an_api_server_outage(stack: FaultStack) -> None:
 
 
 def test_a_task_failed_by_an_unanswered_api_call_is_rerun_on_the_infra_budget(stack: FaultStack) -> None:
-    """Issue 10: the api-server is stopped and the task at once pushes an XCom. The Task SDK gives that call up
-    after its retries (3, refused within about 2 s; the supervisor gives up on heartbeats only after 3 failed
+    """Issue 10: the api-server is killed and the task at once pushes an XCom. The Task SDK gives that call up
+    after its retries (3, refused within about 2 s; the supervisor gives up on heartbeats only after 6 failed
     ones 5 s apart) and hands the task ``API_SERVER_ERROR``, which fails it. Its ``up_for_retry`` report is
     refused by the agent, which records ``api_unreachable``; once the api-server is back the TI is re-run as try 2
     on the infra budget (``max_tries`` 1 -> 2, one re-drive Log row, no failure callback): the outage spent no
@@ -97,18 +100,22 @@ def test_a_task_failed_by_an_unanswered_api_call_is_rerun_on_the_infra_budget(st
     process itself still runs its ``on_retry_callback`` once the refused report returns (DESIGN §2 "Heartbeat
     loss"): it did fail, and it is run again."""
     run = stack.trigger_with("lf_api")
-    (first,) = wait_until(lambda: executions(stack, "lf_api", "needs_api", run), 180, "try 1's body to start")
-    attempt = attempt_of(stack, "lf_api", run, "needs_api", first)
-    expect = outcome.AttemptIdentity(attempt["ti_id"], attempt["try_number"], attempt["attempt_epoch"])
-    stack.kill_component("api-server", signal.SIGTERM, group=True)
+    wait_until(lambda: executions(stack, "lf_api", "needs_api", run), 180, "try 1's body to start")
+    # SIGKILL: connections are refused at once (a graceful stop under load took 13 s, eating into the supervisor's
+    # heartbeat budget before the task could even push)
+    stack.kill_component("api-server", signal.SIGKILL, group=True)
     try:
         stack.release(run, "go")
-        record = wait_until(lambda: outcome.read_record_file(attempt["record_path"], expect=expect), 60,
-                            "the agent's record", poll=0.2)
+        # the ledger's settle of try 1, during the outage, names the reason the agent recorded (reconcile.decide)
+        settled = wait_until(lambda: [a for a in stack.attempts("lf_api", run, "needs_api")
+                                      if a["try_number"] == 1 and a["state"] == "closed"], 60,
+                             "try 1's attempt to be settled during the outage", poll=0.5)
     finally:
         stack.start_component("api-server")
     stack.wait_api()
-    assert record.reason == outcome.Reason.API_UNREACHABLE and record.state is None, record
+    assert (settled[0]["resolution"], settled[0]["detail"]) == (
+        "infra_redrive", "the task failed after an Execution API call went unanswered; the agent refused that "
+        "failure"), settled  # the agent recorded api_unreachable, not heartbeat_lost (reconcile.decide)
     assert stack.wait_for_run("lf_api", run, timeout=300) == "success"
 
     ti = stack.ti_row("lf_api", run, "needs_api")
