@@ -429,6 +429,14 @@ class _PodRun:
                 pass
         finally:
             self.done.set()
+            # a delete seen after the check above (or a run that ended in an error) still removes the pod: the
+            # kubelet removes every deleted pod whose containers stopped; NodeHarness._handle does the same for a
+            # delete seen after this point (one of the two sees both flags)
+            if self.deleting.is_set():
+                try:
+                    self.remove()
+                except Exception as e:  # noqa: BLE001 - reported at stop()
+                    self.h.errors.append(f"{self.ns}/{self.name}: remove: {e!r}")
 
     def _run_inner(self) -> None:
         """Set up volumes, start the containers, write Running, wait, write the terminal status."""
@@ -496,13 +504,20 @@ class _PodRun:
             if self.pod_end is not None:
                 pod["status"].update(reason=self.pod_end[0], message=self.pod_end[1])
         self._write_status(terminated)
-        if self.deleting.is_set() and not self.h.lost:
-            try:
-                self.h.core.delete_namespaced_pod(self.name, self.ns, body=client.V1DeleteOptions(
-                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=self.uid)))
-            except ApiException as e:
-                if e.status not in (404, 409):
-                    raise
+        if self.deleting.is_set():
+            self.remove()
+
+    def remove(self) -> None:
+        """Remove the deleted pod once its containers stopped, as the kubelet does (grace 0, UID precondition;
+        gone or replaced: nothing to do); nothing once the node is lost (a vanished kubelet removes nothing)."""
+        if self.h.lost:
+            return
+        try:
+            self.h.core.delete_namespaced_pod(self.name, self.ns, body=client.V1DeleteOptions(
+                grace_period_seconds=0, preconditions=client.V1Preconditions(uid=self.uid)))
+        except ApiException as e:
+            if e.status not in (404, 409):
+                raise
 
     def _message(self, c: client.V1Container, code: int) -> str:
         """Return the container's termination message as the kubelet makes it (:func:`kubelet_message`): the
@@ -961,6 +976,8 @@ class NodeHarness:
             self.held.pop(uid, None)
             if run is not None:
                 run.deleting.set()
+                if run.done.is_set():  # its containers stopped before the delete was seen: remove it now
+                    run.remove()
             elif (pod.status.phase or "Pending") == "Pending":
                 # never started by us: mark it Failed and release it as the kubelet would (TerminatePod makes a
                 # deleted Pending pod Failed before the final delete; a finalizer then keeps it, terminal)
