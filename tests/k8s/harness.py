@@ -171,6 +171,7 @@ class _PodRun:
         self.started: dict[str, str] = {}
         self.deleting = threading.Event()
         self.done = threading.Event()
+        self.removed = False  # remove() asked the API server to remove the deleted pod
         self.oom_killed: set[str] = set()  # containers the OOM switch killed (NodeHarness.oom_kill)
         self.pod_end: tuple[str, str] | None = None  # (reason, message) the kubelet ends the pod with
         self.thread = threading.Thread(target=self._run, name=f"harness-{self.ns}/{self.name}", daemon=True)
@@ -436,9 +437,8 @@ class _PodRun:
                 pass
         finally:
             self.done.set()
-            # a delete seen after the check above (or a run that ended in an error) still removes the pod: the
-            # kubelet removes every deleted pod whose containers stopped; NodeHarness._handle does the same for a
-            # delete seen after this point (one of the two sees both flags)
+            # the kubelet removes every deleted pod whose containers stopped, whichever way the run ended;
+            # NodeHarness._handle does the same for a delete seen after this point (one of the two sees both flags)
             if self.deleting.is_set():
                 try:
                     self.remove()
@@ -510,14 +510,13 @@ class _PodRun:
                        for t in ("Ready", "ContainersReady")]))
             if self.pod_end is not None:
                 pod["status"].update(reason=self.pod_end[0], message=self.pod_end[1])
-        self._write_status(terminated)
-        if self.deleting.is_set():
-            self.remove()
+        self._write_status(terminated)  # a deleted pod is then removed by _run (it removes on every path)
 
     def remove(self) -> None:
         """Remove the deleted pod once its containers stopped, as the kubelet does (grace 0, UID precondition;
-        gone or replaced: nothing to do); nothing once the node is lost (a vanished kubelet removes nothing)."""
-        if self.h.lost:
+        gone or replaced: nothing to do), once: a finalizer-held pod's later events ask again; nothing once the
+        node is lost (a vanished kubelet removes nothing)."""
+        if self.h.lost or self.removed:
             return
         try:
             self.h.core.delete_namespaced_pod(self.name, self.ns, body=client.V1DeleteOptions(
@@ -525,6 +524,7 @@ class _PodRun:
         except ApiException as e:
             if e.status not in (404, 409):
                 raise
+        self.removed = True
 
     def _message(self, c: client.V1Container, code: int) -> str:
         """Return the container's termination message as the kubelet makes it (:func:`kubelet_message`): the
