@@ -24,9 +24,12 @@ demo: $(STAMP)
 	$(PY) -m devtools.demo
 
 ## make demo-k8s (optional): the same DAGs with [leoflow] runtime = kubernetes, a pod per attempt on the
-## scripts/k8senv control plane run by the node harness (needs root; builds the k8s binaries on first use).
+## scripts/k8senv control plane's real node: a kubelet and containerd running leoflow's agent image (needs root;
+## installs containerd, runc, the CNI plugins and mmdebstrap from Debian, builds the k8s binaries and the image on
+## first use). `make demo-k8s DEMO_ARGS="--node harness"` runs the pods in the node harness instead.
 demo-k8s: $(STAMP)
-	$(PY) -m devtools.demo --runtime kubernetes
+	scripts/k8senv.d/install-node-packages
+	$(PY) -m devtools.demo --runtime kubernetes $(DEMO_ARGS)
 
 ## make test: the whole suite (starts PostgreSQL and the Kubernetes control plane itself); PYTEST_ARGS go to pytest
 ## (`make test PYTEST_ARGS=--chaos` adds the opt-in chaos suites).

@@ -7,7 +7,8 @@ stops everything it started. Exit status 0 only when every run (and every callba
 ``devtools.expected``; 1 otherwise; 2 when the stack could not be brought up.
 
 ``--runtime kubernetes`` (``make demo-k8s``) runs the same DAGs with ``[leoflow] runtime = kubernetes``: a pod
-per attempt on the test control plane of ``scripts/k8senv``, run by the node harness (:mod:`devtools.kube`).
+per attempt on the test control plane of ``scripts/k8senv``, run by its real node (a kubelet and containerd running
+leoflow's agent image) or, with ``--node harness``, by the node harness (:mod:`devtools.kube`).
 """
 
 from __future__ import annotations
@@ -47,7 +48,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--runtime", choices=RUNTIMES, default="lite",
         help="[leoflow] runtime: lite (default) or kubernetes (a pod per attempt on the scripts/k8senv control "
-        "plane, run by the node harness; needs root; builds the k8s binaries on first use)",
+        "plane, run by its real node or the node harness: --node; needs root; builds the k8s binaries, and for the "
+        "real node the kubelet and the agent image, on first use)",
+    )
+    parser.add_argument(
+        "--node", choices=("real", "harness"), default="real",
+        help="with --runtime kubernetes: run the pods on the real node (a kubelet and containerd running leoflow's "
+        "agent image; default) or in the node harness (a kubelet stand-in running them as local processes)",
     )
     parser.add_argument(
         "--k8senv-dir", type=Path,
@@ -98,13 +105,6 @@ def main(argv: list[str] | None = None) -> int:
     runtime = f", runtime {args.runtime}" if executor == LEOFLOW_EXECUTOR else ""
     print(f"demo: executor {executor}{runtime}, parallelism {args.parallelism}, SQLite, AIRFLOW_HOME {home}",
           flush=True)
-    stack = AirflowStack(
-        home,
-        executor=executor,
-        parallelism=args.parallelism,
-        example_dags=expected.EXAMPLE_FILES,
-        tune_sqlite=not args.no_sqlite_tuning,
-    )
     kube = None
     status = 2
     leftovers: list[str] = []
@@ -113,15 +113,26 @@ def main(argv: list[str] | None = None) -> int:
             if kube_mode:
                 from devtools.kube import KubeStack, KubeStackError
 
-                kube = KubeStack(home / "kube", reuse_dir=args.k8senv_dir)
+                kube = KubeStack(home / "kube", reuse_dir=args.k8senv_dir, node=args.node)
                 try:
                     kube.start()
                 except KubeStackError as exc:
                     raise StackError(f"the Kubernetes side did not come up: {exc}") from None
                 cleanup.callback(lambda: leftovers.extend(f"Kubernetes side: {p}" for p in kube.stop()))
+            stack = AirflowStack(
+                home,
+                executor=executor,
+                parallelism=args.parallelism,
+                example_dags=expected.EXAMPLE_FILES,
+                tune_sqlite=not args.no_sqlite_tuning,
+                api_host=kube.api_host if kube is not None else "127.0.0.1",
+            )
+            if kube is not None:
                 kube.configure(stack)
+                where = (f"real node {kube.node_name} (kubelet and containerd, image {kube.image})"
+                         if args.node == "real" else f"node harness on {kube.node_name}")
                 print(f"demo: control plane {kube.env.server}, namespace {kube.namespace} (Pod Security "
-                      f"restricted), node harness on {kube.harness.node_name}", flush=True)
+                      f"restricted), {where}", flush=True)
             cleanup.callback(lambda: leftovers.extend(f"process left after stop: {p}" for p in stack.stop()))
             status = _run(stack, timeout, began)
     except (StackError, TimeoutError) as exc:

@@ -30,6 +30,7 @@ class K8sEnv:
     Attributes: dir (Path), server (https URL), kubeconfig / user_kubeconfig (Path), etcd (http URL of the
     etcd client endpoint), nodes (names of the kwok fake Nodes), test_user / test_group (the non-admin
     identity), start_seconds (float, wall time of ``start``; 0 when reused), raw (the whole env.json dict).
+    :attr:`real_node` is env.json's record of the real node (``start --real-node``), or None.
     """
 
     dir: Path
@@ -50,6 +51,12 @@ class K8sEnv:
         return cls(dir=d, server=e["server"], kubeconfig=Path(e["kubeconfig"]),
                    user_kubeconfig=Path(e["user_kubeconfig"]), etcd=e["etcd"], nodes=tuple(e["nodes"]),
                    test_user=e["test_user"], test_group=e["test_group"], start_seconds=start_seconds, raw=e)
+
+    @property
+    def real_node(self) -> dict | None:
+        """The real node (``scripts/k8senv.d/node.py``): ``name``, ``ip`` (the bridge address pods reach this
+        machine at), ``subnet``, ``kubelet_port``, ``containerd_socket``, ``dir``, ``images``; None without one."""
+        return self.raw.get("real_node")
 
 
 def run_k8senv(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -75,28 +82,47 @@ HELM_KUBE_VERSION = "1.35.4"
 Kubernetes version, which a helm built without it would take for v1.20.0."""
 
 
-def build(max_minutes: float = BUILD_MAX_MINUTES, *, with_helm: bool = False) -> Path:
-    """Build the control plane's binaries, and helm when ``with_helm`` (only the chart's tests need it), or reuse
-    them (instant when built; waits for a build another process runs).
+def build(max_minutes: float = BUILD_MAX_MINUTES, *, with_helm: bool = False, with_node: bool = False) -> Path:
+    """Build the control plane's binaries, helm when ``with_helm`` (only the chart's tests need it), and the real
+    node's kubelet and images when ``with_node``, or reuse them (instant when built).
 
     Returns their directory. Raises :class:`K8sEnvError` with k8senv's stderr when the build fails.
     """
     r = run_k8senv("build", "--max-minutes", str(max_minutes), *([] if with_helm else ["--no-helm"]),
-                   timeout=max_minutes * 60 + 120)
+                   *(["--node"] if with_node else []), timeout=max_minutes * 60 + 120)
     if r.returncode != 0:
         raise K8sEnvError(f"scripts/k8senv build failed:\n{r.stderr.strip()}")
     return Path(r.stdout.strip().splitlines()[-1])
 
 
-def start(d: Path, *, timeout: float = 400.0, nodes: int | None = None) -> K8sEnv:
+IMAGE_MAX_SECONDS = 1200.0
+"""Wall-time cap of a cold agent image build (about 3 min; most of it downloads)."""
+
+
+def agent_image() -> tuple[Path, str]:
+    """Build (or reuse: instant when its sources did not change) leoflow's agent image for the real node
+    (``scripts/k8senv image``). Returns its OCI archive and the image name (``leoflow.local/leoflow-agent:<key>``).
+    Raises :class:`K8sEnvError` with k8senv's stderr when the build fails.
+    """
+    r = run_k8senv("image", timeout=IMAGE_MAX_SECONDS)
+    if r.returncode != 0:
+        raise K8sEnvError(f"scripts/k8senv image failed:\n{r.stderr.strip()}")
+    archive = Path(r.stdout.strip().splitlines()[-1])
+    return archive, "leoflow.local/leoflow-agent:" + archive.stem.removeprefix("leoflow-agent-")
+
+
+def start(d: Path, *, timeout: float = 400.0, nodes: int | None = None, real_node: bool = False,
+          images: tuple[Path, ...] = ()) -> K8sEnv:
     """Start a control plane with its state in directory ``d`` (``scripts/k8senv start --dir d``, about 4 s),
-    with ``nodes`` kwok Nodes (``--nodes``; None: k8senv's default, 3; each has room for 2,000 pods).
+    with ``nodes`` kwok Nodes (``--nodes``; None: k8senv's default, 3; each has room for 2,000 pods), and with
+    ``real_node`` the real node (a kubelet and containerd; ``images``, OCI archives, imported into it).
 
     Raises :class:`K8sEnvError` with k8senv's stderr when it does not come up; whatever it started is then
     stopped again.
     """
     t0 = time.monotonic()
     r = run_k8senv("start", "--dir", str(d), *(["--nodes", str(nodes)] if nodes is not None else []),
+                   *(["--real-node"] if real_node else []), *(a for i in images for a in ("--image", str(i))),
                    timeout=timeout)
     if r.returncode != 0:
         stop(d)

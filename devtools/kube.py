@@ -71,6 +71,19 @@ PSA_RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted",
                   "pod-security.kubernetes.io/enforce-version": "latest"}
 """Labels of the task namespace: Pod Security admission enforces ``restricted`` on every task pod."""
 LEOFLOW_EXECUTOR = "leoflow_airflow.executor.LeoflowExecutor"
+NODES = ("harness", "real")
+"""What runs the task pods: the node harness (a kubelet stand-in, processes on this machine) or the real node
+(``scripts/k8senv start --real-node``: a kubelet and containerd running leoflow's agent image)."""
+REAL_POD_HOME = "/tmp/airflow-home"
+"""On the real node: the task pods' ``AIRFLOW_HOME`` (an emptyDir; their ``airflow.cfg`` comes from a ConfigMap)."""
+REAL_POD_CPU_REQUEST = "100m"
+"""On the real node: the agent container's CPU request (:func:`real_pod_template`)."""
+POD_CONFIG_MAP = "leoflow-pod-airflow-cfg"
+DAGS_CONFIG_MAP = "leoflow-dags"
+SHARED_CLAIM = "leoflow-shared"
+"""On the real node: the PersistentVolumeClaim of the stack's home (a hostPath PersistentVolume), mounted with
+``subPath`` ``logs`` and ``traces``, as a shared log volume is in Airflow's own chart (restricted pods may not
+mount a hostPath themselves; a claim they may)."""
 
 
 def require_binaries() -> None:
@@ -103,10 +116,18 @@ class KubeStack:
         then neither built, started nor stopped here.
     :param venv: the virtualenv whose ``bin/python`` the pods run.
     :param build: build the k8s binaries when missing (minutes, once); False: raise :class:`KubeStackError`.
+    :param node: ``"harness"`` (default) or ``"real"``: task pods run on the real node, in leoflow's agent image
+        (built by ``scripts/k8senv image``), and reach the Airflow api-server at the node's bridge address
+        (:attr:`api_host`); DAG files and the pod-side ``airflow.cfg`` reach them as ConfigMaps. Needs root.
     """
 
     def __init__(self, workdir: Path, *, namespace: str = "leoflow-tasks", reuse_dir: Path | None = None,
-                 venv: Path = REPO_ROOT / ".venv", build: bool = True) -> None:
+                 venv: Path = REPO_ROOT / ".venv", build: bool = True, node: str = "harness") -> None:
+        if node not in NODES:
+            raise ValueError(f"node must be one of {NODES}, not {node!r}")
+        self.node = node
+        self.image = PLACEHOLDER_IMAGE
+        self.node_name = HARNESS_NODE
         self.workdir = Path(workdir).resolve()
         self.namespace = f"{namespace}-{uuid.uuid4().hex[:6]}"
         self.service_account = TASK_SERVICE_ACCOUNT
@@ -150,23 +171,36 @@ class KubeStack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if not (self.venv / "bin" / "python").exists():
             raise KubeStackError(f"no Python at {self.venv}/bin/python for the task pods; run `make venv`")
+        real = self.node == "real"
+        images: tuple[Path, ...] = ()
         if self.reuse_dir is not None:
             self.env = K8sEnv.load(self.reuse_dir, 0.0)
+            if real and self.env.real_node is None:
+                raise KubeStackError(f"the control plane of {self.reuse_dir} has no real node (start --real-node)")
         else:
-            if k8senv.bindir() is None:
-                if not self.build:
-                    raise KubeStackError("the k8s binaries are not built; run `scripts/k8senv build`")
-                print("kube: building the k8s binaries (once, about 6.5 min on 2 cores)", flush=True)
+            built = k8senv.bindir() is not None
+            if not built and not self.build:
+                raise KubeStackError("the k8s binaries are not built; run `scripts/k8senv build`")
+            if not built or real:  # the real node's binaries and images: built once, then checked in a moment
+                if not built:
+                    print("kube: building the k8s binaries (once, about 6.5 min on 2 cores)", flush=True)
                 try:
-                    k8senv.build()
+                    k8senv.build(with_node=real)
                 except k8senv.K8sEnvError as exc:
                     raise KubeStackError(str(exc)) from None
             self._started_dir = self.workdir / "k8senv"
             try:
-                self.env = k8senv.start(self._started_dir)
+                if real:
+                    archive, self.image = k8senv.agent_image()
+                    images = (archive,)
+                self.env = k8senv.start(self._started_dir, real_node=real, images=images)
             except k8senv.K8sEnvError as exc:
                 self._started_dir = None
                 raise KubeStackError(f"{exc}\n(logs in {self.workdir / 'k8senv'})") from None
+        if real:
+            self.node_name = self.env.real_node["name"]
+            if self.reuse_dir is not None:
+                archive, self.image = k8senv.agent_image()  # the reused node imported it: `start --image`
         self.api = config.new_client_from_config(config_file=str(self.env.kubeconfig))
         core = client.CoreV1Api(self.api)
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
@@ -175,6 +209,8 @@ class KubeStack:
             metadata=client.V1ObjectMeta(name=self.service_account)))
         self._recorder = threading.Thread(target=self._record, name="kube-pod-recorder", daemon=True)
         self._recorder.start()
+        if real:
+            return
         from tests.k8s.harness import HarnessError, NodeHarness
 
         try:
@@ -218,7 +254,8 @@ class KubeStack:
             problems.extend(release_finalizers(core, self.namespace))
             rbac = client.RbacAuthorizationV1Api(self.api)
             for kind, name in reversed(self._cluster_objects):
-                delete = rbac.delete_cluster_role if kind == "clusterrole" else rbac.delete_cluster_role_binding
+                delete = {"clusterrole": rbac.delete_cluster_role, "persistentvolume": core.delete_persistent_volume
+                          }.get(kind, rbac.delete_cluster_role_binding)
                 try:
                     delete(name)
                 except ApiException as exc:
@@ -236,6 +273,13 @@ class KubeStack:
 
     def __enter__(self) -> KubeStack:
         return self.start()
+
+    @property
+    def api_host(self) -> str:
+        """The address an :class:`~devtools.stack.AirflowStack` must listen on (its ``api_host``) for task pods
+        to reach it: 127.0.0.1 with the harness (pods are processes here), the real node's bridge address
+        (198.51.100.1) with the real node. Valid once started."""
+        return self.env.real_node["ip"] if self.node == "real" and self.env is not None else "127.0.0.1"
 
     def __exit__(self, *exc: object) -> None:
         problems = self.stop()
@@ -258,31 +302,42 @@ class KubeStack:
         """
         if self.env is None:
             raise KubeStackError("configure() needs a started KubeStack")
+        if stack.api_host != self.api_host:
+            raise KubeStackError(f"the stack's api-server listens on {stack.api_host}; task pods reach this machine "
+                                 f"at {self.api_host}: build the AirflowStack with api_host=kube.api_host")
         base = stack.env()
         if not base.get("AIRFLOW__API_AUTH__JWT_SECRET"):
             raise KubeStackError("the stack sets no [api_auth] jwt_secret: the api-server mints each pod's token "
                                  "at exchange and every process must validate it with one shared secret")
         self.pod_home = stack.home / "pod-home"
         self.pod_home.mkdir(parents=True, exist_ok=True)
+        real = self.node == "real"
         (self.pod_home / "airflow.cfg").write_text(pod_airflow_cfg(
             dags_folder=stack.dags_folder,
             bundles=base["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"],
             execution_api_server_url=base["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"],
-            base_log_folder=stack.home / "logs",
+            base_log_folder=Path(REAL_POD_HOME) / "logs" if real else stack.home / "logs",
         ))
         stack.traces_dir.mkdir(parents=True, exist_ok=True)
         traces = self.pod_home / "traces"
         if not traces.is_symlink():
             traces.symlink_to(stack.traces_dir, target_is_directory=True)
         self.pod_template_file = stack.home / "pod-template.yaml"
-        self.pod_template_file.write_text(json.dumps(pod_template(
-            venv=self.venv, airflow_home=self.pod_home), indent=2) + "\n")
+        if real:
+            stack.prepare_home()  # the example DAG files, which the ConfigMaps copy
+            bundles = {b["name"]: Path(b["kwargs"]["path"]) for b in json.loads(
+                base["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"])}
+            self._publish_pod_files(bundles, stack.home)
+            template = real_pod_template(node=self.node_name, image=self.image, bundles=bundles)
+        else:
+            template = pod_template(venv=self.venv, airflow_home=self.pod_home)
+        self.pod_template_file.write_text(json.dumps(template, indent=2) + "\n")
         settings = {
             "AIRFLOW__CORE__EXECUTOR": LEOFLOW_EXECUTOR,
             "AIRFLOW__LEOFLOW__RUNTIME": "kubernetes",
             "AIRFLOW__LEOFLOW__NAMESPACE": self.namespace,
             "AIRFLOW__LEOFLOW__SERVICE_ACCOUNT": self.service_account,
-            "AIRFLOW__LEOFLOW__IMAGE": PLACEHOLDER_IMAGE,
+            "AIRFLOW__LEOFLOW__IMAGE": self.image,
             "AIRFLOW__LEOFLOW__POD_TEMPLATE_FILE": str(self.pod_template_file),
             "AIRFLOW__LEOFLOW__IN_CLUSTER": "False",
             "AIRFLOW__LEOFLOW__KUBE_CONFIG": str(self.env.kubeconfig),
@@ -290,6 +345,41 @@ class KubeStack:
         }
         stack.extra_env.update(settings)
         return settings
+
+    def _publish_pod_files(self, bundles: dict[str, Path], home: Path) -> None:
+        """Real node: what :func:`real_pod_template` mounts. The pod-side ``airflow.cfg`` and each DAG bundle's
+        files (``*.py`` at its top) as ConfigMaps of the task namespace, and the claim :data:`SHARED_CLAIM` of a
+        hostPath PersistentVolume at ``home`` whose ``logs`` and ``traces`` (made writable for the pods' uid) the
+        pods mount. Raises :class:`KubeStackError` when a bundle's files pass a ConfigMap's 1 MiB."""
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.api)
+        maps = {POD_CONFIG_MAP: {"airflow.cfg": (self.pod_home / "airflow.cfg").read_text()}}
+        for i, (name, path) in enumerate(sorted(bundles.items())):
+            files = {p.name: p.read_text() for p in sorted(path.glob("*.py"))}
+            if sum(len(v) for v in files.values()) > 900_000:
+                raise KubeStackError(f"the DAG files of bundle {name} ({path}) are too large for a ConfigMap")
+            maps[f"{DAGS_CONFIG_MAP}-{i}"] = files
+        for name, data in maps.items():
+            core.create_namespaced_config_map(self.namespace, client.V1ConfigMap(
+                metadata=client.V1ObjectMeta(name=name), data=data))
+        for sub in ("logs", "traces"):
+            (home / sub).mkdir(parents=True, exist_ok=True)
+            os.chmod(home / sub, 0o777)
+        volume = f"{self.namespace}-shared"
+        core.create_persistent_volume(client.V1PersistentVolume(
+            metadata=client.V1ObjectMeta(name=volume),
+            spec=client.V1PersistentVolumeSpec(
+                capacity={"storage": "1Gi"}, access_modes=["ReadWriteMany"], storage_class_name="",
+                persistent_volume_reclaim_policy="Retain",
+                host_path=client.V1HostPathVolumeSource(path=str(home), type="Directory"),
+                claim_ref=client.V1ObjectReference(namespace=self.namespace, name=SHARED_CLAIM))))
+        self._cluster_objects.append(("persistentvolume", volume))
+        core.create_namespaced_persistent_volume_claim(self.namespace, client.V1PersistentVolumeClaim(
+            metadata=client.V1ObjectMeta(name=SHARED_CLAIM),
+            spec=client.V1PersistentVolumeClaimSpec(
+                access_modes=["ReadWriteMany"], storage_class_name="", volume_name=volume,
+                resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}))))
 
     def scheduler_kubeconfig(self, path: Path, *, name: str = SCHEDULER_SERVICE_ACCOUNT,
                              token_seconds: int = 7200) -> Path:
@@ -503,6 +593,57 @@ def pod_airflow_cfg(*, dags_folder: Path, bundles: str, execution_api_server_url
         "\n[logging]\n"
         f"base_log_folder = {base_log_folder}\n"
     )
+
+
+def real_pod_template(*, node: str, image: str, bundles: dict[str, Path]) -> dict[str, Any]:
+    """The pod template of the real node: a pod as a user of a real cluster would write it.
+
+    ``spec.nodeName`` ``node`` (k8senv runs no scheduler), the agent ``image`` with its own ENTRYPOINT (no
+    ``command``), ``runAsUser`` 50000, ``AIRFLOW_HOME`` :data:`REAL_POD_HOME` (an emptyDir) with
+    ``AIRFLOW_CONFIG`` from the ConfigMap :data:`POD_CONFIG_MAP`; each DAG bundle's files (``bundles``: name ->
+    path, sorted by name as :meth:`KubeStack._publish_pod_files` numbers their ConfigMaps) mounted read-only at
+    the path the bundle configuration names, as a git-sync or baked-in DAG folder would be; the claim
+    :data:`SHARED_CLAIM`'s ``logs`` at ``AIRFLOW_HOME/logs`` and ``traces`` at ``AIRFLOW_HOME/traces``.
+    """
+    dag_volumes = [{"name": f"dags-{i}", "configMap": {"name": f"{DAGS_CONFIG_MAP}-{i}"}}
+                   for i in range(len(bundles))]
+    dag_mounts = [{"name": f"dags-{i}", "mountPath": str(path), "readOnly": True}
+                  for i, (_, path) in enumerate(sorted(bundles.items()))]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {},
+        "spec": {
+            "nodeName": node,
+            "securityContext": {"runAsUser": POD_RUN_AS_USER, "runAsGroup": 0},
+            "volumes": [
+                {"name": "airflow-home", "emptyDir": {}},
+                {"name": "airflow-cfg", "configMap": {"name": POD_CONFIG_MAP}},
+                {"name": "shared", "persistentVolumeClaim": {"claimName": SHARED_CLAIM}},
+                *dag_volumes,
+            ],
+            "containers": [{
+                "name": "base",
+                "image": image,
+                # a CPU request, as a deployment's template has: a pod without one is BestEffort, whose cgroup
+                # the kubelet gives cpu.shares 2, so beside this machine's other work (the scheduler, the other
+                # tests) its agent starved (60 s to import Airflow); 100m keeps parallelism 8 and the warm pods
+                # within the node's 2 allocatable CPUs (the kubelet refuses a pod past them: OutOfcpu)
+                "resources": {"requests": {"cpu": REAL_POD_CPU_REQUEST}},
+                "env": [
+                    {"name": "AIRFLOW_HOME", "value": REAL_POD_HOME},
+                    {"name": "AIRFLOW_CONFIG", "value": "/etc/leoflow/airflow.cfg"},
+                ],
+                "volumeMounts": [
+                    {"name": "airflow-home", "mountPath": REAL_POD_HOME},
+                    {"name": "airflow-cfg", "mountPath": "/etc/leoflow", "readOnly": True},
+                    {"name": "shared", "mountPath": f"{REAL_POD_HOME}/logs", "subPath": "logs"},
+                    {"name": "shared", "mountPath": f"{REAL_POD_HOME}/traces", "subPath": "traces"},
+                    *dag_mounts,
+                ],
+            }],
+        },
+    }
 
 
 def pod_template(*, venv: Path, airflow_home: Path) -> dict[str, Any]:

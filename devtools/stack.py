@@ -155,6 +155,9 @@ class AirflowStack:
     is held by an Execution API transaction of the same process whose commit (its session dependency's exit)
     needs that loop (CI: a ``PATCH`` marking a running task success answered "Database error"). Apart, the
     lock's holder commits on a loop that is not blocked.
+    ``api_host``: the address the api-server listens on and everything reaches it at (the stack's URLs, the
+    tasks' Execution API URL): loopback, or the real test node's bridge address so that pods reach it
+    (:attr:`devtools.kube.KubeStack.api_host`).
 
     Use as a context manager or call ``stop()``: every process started is stopped, including task
     processes that left their parent's process group.
@@ -173,6 +176,7 @@ class AirflowStack:
         tune_sqlite: bool = True,
         tls: tuple[Path, Path] | None = None,
         public_api_apart: bool = False,
+        api_host: str = "127.0.0.1",
     ) -> None:
         self.home = Path(home).resolve()
         self.executor = executor
@@ -188,10 +192,11 @@ class AirflowStack:
         self.log_server_port = free_port()
         self.tls = None if tls is None else (Path(tls[0]).resolve(), Path(tls[1]).resolve())
         self._verify: str | bool = True if self.tls is None else str(self.tls[0])
-        self.base_url = f"{'http' if self.tls is None else 'https'}://127.0.0.1:{self.api_port}"
+        self.api_host = api_host
+        self.base_url = f"{'http' if self.tls is None else 'https'}://{api_host}:{self.api_port}"
         self.public_api_apart = public_api_apart
         self.public_port = free_port() if public_api_apart else self.api_port
-        self.public_url = f"{'http' if self.tls is None else 'https'}://127.0.0.1:{self.public_port}"
+        self.public_url = f"{'http' if self.tls is None else 'https'}://{api_host}:{self.public_port}"
         self.process_logs = self.home / "process-logs"
         self.traces_dir = self.home / "traces"
         self.examples_folder = self.home / "example_dags"
@@ -249,7 +254,7 @@ class AirflowStack:
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.sql_alchemy_conn,
             "AIRFLOW__API__BASE_URL": self.base_url,
-            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__HOST": self.api_host,
             "AIRFLOW__API__PORT": str(self.api_port),
             "AIRFLOW__API__WORKERS": "1",
             # a 500 from a DB error names its statement and cause in the answer, so a failing test shows it
@@ -266,7 +271,10 @@ class AirflowStack:
             cfg.update(sqlite_tuning.env())
         return {**base, **cfg, **self.extra_env}
 
-    def _prepare_home(self) -> None:
+    def prepare_home(self) -> None:
+        """Write the home's files once (idempotent): the traces and process-log folders, the API user's password
+        file, and the copies of the example DAG files (``example_dags``) in ``examples_folder``. Called by
+        ``migrate``; call it earlier to read those files before (as the real node's ConfigMaps do)."""
         if self._prepared:
             return
         self.home.mkdir(parents=True, exist_ok=True)
@@ -295,7 +303,7 @@ class AirflowStack:
         when the command fails or takes longer than ``timeout`` seconds.
         """
         t0 = time.monotonic()
-        self._prepare_home()
+        self.prepare_home()
         log_path = self.process_logs / "migrate.log"
         env = self.env()
         db_file = self.home / "airflow.db"
@@ -343,7 +351,7 @@ class AirflowStack:
         ``timeout`` seconds or when a process exits early; the processes already started are left for ``stop()``.
         """
         t0 = time.monotonic()
-        self._prepare_home()
+        self.prepare_home()
         for name in ("api-server", "scheduler", "dag-processor"):
             if name != "scheduler" or scheduler:
                 self._spawn(name)

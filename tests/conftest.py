@@ -49,6 +49,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--chaos-ci", action="store_true", default=False,
                      help="run the chaos suites marked chaos_ci at CI size (12 Kubernetes chaos runs, 40 "
                           "two-scheduler task instances)")
+    parser.addoption("--real-node", action="store_true", default=False,
+                     help="run the tests marked real_node: a kubelet and containerd on this machine running "
+                          "leoflow's agent image (needs root; builds the kubelet and the image on first use)")
     parser.addoption("--module-pool", metavar="DIR", default=None,
                      help="share the modules not marked k8s with another pytest session given the same DIR: "
                           "each such module runs whole in the session that reaches it first (ModulePool)")
@@ -62,6 +65,8 @@ def pytest_configure(config: pytest.Config) -> None:
     (:class:`ModuleClock`)."""
     config.addinivalue_line("markers", "chaos: an opt-in chaos suite, run with --chaos")
     config.addinivalue_line("markers", "chaos_ci: a chaos suite that --chaos-ci runs at CI size")
+    config.addinivalue_line("markers", "real_node: runs pods on the real node (scripts/k8senv start --real-node); "
+                                       "run with --real-node")
     config.addinivalue_line("markers", "tables: the test's printed output (its seed, chaos tables and problems) is "
                                        "shown in the session's summary even when it passes")
     config.pluginmanager.register(ModuleClock(), "leoflow-module-clock")
@@ -89,6 +94,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``--no-loadscope-reorder`` xdist puts the modules with the most tests first: the unit tests)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):  # one after another (the default), pytest's own order is kept
         items.sort(key=_weight)
+    if not config.getoption("--real-node"):
+        for item in items:
+            if item.get_closest_marker("real_node") is not None:
+                item.add_marker(pytest.mark.skip(reason="runs on the real node: run with --real-node"))
     if not config.getoption("--chaos"):
         ci = config.getoption("--chaos-ci")
         for item in items:
@@ -209,11 +218,13 @@ class ModulePool:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """In the ``tail`` session: the k8s-marked tests first (in their order), then the shared modules in reverse
-        module order (each module's tests in their own order)."""
+        """In the ``tail`` session: the k8s-marked tests first (in their order, those marked ``real_node`` last),
+        then the shared modules in reverse module order (each module's tests in their own order)."""
         if not self.tail:
             return
         own = [i for i in items if not self._shared(i)]
+        # the real node's own modules last among them: their images are built beside the session's first modules
+        own.sort(key=lambda i: i.get_closest_marker("real_node") is not None)
         modules: dict[str, list[pytest.Item]] = {}
         for item in items:
             if self._shared(item):

@@ -54,7 +54,7 @@ class FaultStack(AirflowStack):
 
     def up(self, dags: list[str]) -> FaultStack:
         """Migrate and start, waiting for ``dags``; returns self."""
-        self._prepare_home()
+        self.prepare_home()
         self.fault_plan.write_text("{}")
         self.migrate()
         self.start(wait_for_dags=dags)

@@ -1,8 +1,10 @@
-"""Issue 9 acceptance, end to end: a real Airflow with ``[leoflow] runtime = kubernetes`` on the k8senv control
-plane, every attempt a pod run by the node harness (devtools/kube.py, ``make demo-k8s``).
+"""End to end: a real Airflow with ``[leoflow] runtime = kubernetes`` on the k8senv control plane, every attempt a
+pod (devtools/kube.py, ``make demo-k8s``), run by the real node with ``--real-node`` (a kubelet and containerd
+running leoflow's agent image; the Airflow api-server listens on the node's bridge address), else by the node
+harness.
 
 One stack for the whole module (a scheduler, dag-processor and api-server on SQLite; a control plane; a task
-namespace labelled ``pod-security.kubernetes.io/enforce=restricted``; the harness): the demo's DAG set plus
+namespace labelled ``pod-security.kubernetes.io/enforce=restricted``; the node): the demo's DAG set plus
 ``leoflow_test_creds`` (tests/dags: a BashOperator and a Python task dumping their environment) are triggered
 at once, then every test reads what that one run left:
 
@@ -32,7 +34,7 @@ import pytest
 
 from devtools import expected
 from devtools.demo import DEMO_PARALLELISM, KUBE_RUN_TIMEOUT_SECONDS
-from devtools.kube import HARNESS_LABEL, HARNESS_NODE, PSA_RESTRICTED, KubeStack, require_binaries
+from devtools.kube import HARNESS_LABEL, PSA_RESTRICTED, REAL_POD_HOME, KubeStack, require_binaries
 from devtools.runs import RunResult, run_all
 from devtools.stack import OUR_DAGS, REPO_ROOT
 
@@ -69,6 +71,8 @@ class Outcome:
     task_env: dict[str, dict[str, str]]  # "bash" / "python" -> the task's environment
     pod_cfg: str  # the pod-side airflow.cfg
     pod_home: Path
+    node: str  # "harness" or "real": what ran the pods
+    node_name: str  # the Node the pods were bound to
     namespace_labels: dict[str, str]
     sample_token: str | None  # a ServiceAccount token the harness projected into a pod (detector's control)
     lost_report: dict[str, object]  # leoflow_test_lost_report: trace line counts and the body's ledger rows
@@ -104,8 +108,20 @@ def _sample_token(workdir: Path) -> str | None:
     return None
 
 
+def _minted_token(kube: KubeStack) -> str:
+    """A ServiceAccount JWT of the task ServiceAccount, minted through the TokenRequest API (the real node's
+    projected tokens stay inside its containers): the detector's control on the real node."""
+    from kubernetes import client
+
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=["leoflow"],
+                                                                                 expiration_seconds=600))
+    return client.CoreV1Api(kube.api).create_namespaced_service_account_token(
+        kube.service_account, kube.namespace, request).status.token
+
+
 @pytest.fixture(scope="module")
-def outcome(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> Outcome:
+def outcome(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+            airflow_stack_factory) -> Outcome:
     """Bring the module's one stack up, run the DAG set and the creds DAG once, stop everything, return what
     was seen. A failure is raised again for every test of the module (pytest caches it with the fixture)."""
     require_binaries()
@@ -113,16 +129,17 @@ def outcome(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> 
 
     work = tmp_path_factory.mktemp("kube-e2e")
     reuse = os.environ.get("K8SENV_DIR")
-    kube = KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False)
+    node = "real" if request.config.getoption("--real-node") else "harness"
+    kube = KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False, node=node)
     extra = {"AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
              "AIRFLOW__API__SECRET_KEY": "leoflow-e2e-api-secret-key-" + os.urandom(8).hex(),
              # TEST ONLY: lets leoflow_test_lost_report's executor_config kill its agent after the record
              "AIRFLOW__LEOFLOW__TEST_FAULT_INJECTION": "True"}
-    stack = airflow_stack_factory("kube", executor=LEOFLOW, parallelism=DEMO_PARALLELISM,
-                                  dags_folder=_dags_folder(work / "dags"), example_dags=EXAMPLE_FILES,
-                                  extra_env=extra)
     dag_ids = [*E2E_DAGS, CREDS_DAG, LOST_DAG]
     with kube:
+        stack = airflow_stack_factory("kube", executor=LEOFLOW, parallelism=DEMO_PARALLELISM,
+                                      dags_folder=_dags_folder(work / "dags"), example_dags=EXAMPLE_FILES,
+                                      extra_env=extra, api_host=kube.api_host)
         kube.configure(stack)
         env = stack.env()
         secrets = {
@@ -152,13 +169,13 @@ def outcome(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> 
             "bash": _bash_env((stack.traces_dir / "bash_env.txt").read_text()),
             "python": json.loads((stack.traces_dir / "python_env.json").read_text()),
         }
-        pod_home = kube.pod_home
-        pod_cfg = (pod_home / "airflow.cfg").read_text()
-        sample = _sample_token(kube.workdir)
+        pod_home = Path(REAL_POD_HOME) if node == "real" else kube.pod_home
+        pod_cfg = (kube.pod_home / "airflow.cfg").read_text()
+        sample = _minted_token(kube) if node == "real" else _sample_token(kube.workdir)
         lost_report = _lost_report(stack, runs[LOST_DAG].run_id)
     return Outcome(runs=runs, executed=executed, traces=traces, pods=pods, secrets=secrets, task_env=task_env, pod_cfg=pod_cfg,
-                   pod_home=pod_home, namespace_labels=namespace_labels, sample_token=sample,
-                   lost_report=lost_report, check=check)
+                   pod_home=pod_home, node=node, node_name=kube.node_name, namespace_labels=namespace_labels,
+                   sample_token=sample, lost_report=lost_report, check=check)
 
 
 def _lost_report(stack, run_id: str) -> dict[str, object]:
@@ -216,11 +233,11 @@ def test_every_dag_run_ends_as_under_local_executor(outcome: Outcome) -> None:
     assert outcome.runs[CREDS_DAG].tasks == {"bash_env": "success", "python_env": "success"}
 
 
-def test_every_task_ran_in_an_admitted_pod_on_the_harness_node(outcome: Outcome) -> None:
+def test_every_task_ran_in_an_admitted_pod_on_the_node(outcome: Outcome) -> None:
     """Pods really ran the tasks: the namespace enforces Pod Security ``restricted``; every task instance a
     worker ran (its last try) has a pod labelled with its DAG, task, map index and try; each pod is bound to the
-    harness node by the template, runs the agent (``python -m leoflow_agent pod``) and ended Succeeded or
-    Failed."""
+    node by the template (the harness's also carry its label; the real node's ran under containerd, which gave
+    each a container ID), runs the agent (``python -m leoflow_agent pod``) and ended Succeeded or Failed."""
     assert {k: outcome.namespace_labels.get(k) for k in PSA_RESTRICTED} == PSA_RESTRICTED
     last = [versions[-1] for versions in outcome.pods.values()]
     labelled = set()
@@ -232,8 +249,12 @@ def test_every_task_ran_in_an_admitted_pod_on_the_harness_node(outcome: Outcome)
     assert [ti for ti in outcome.executed if ti not in labelled] == []
     for pod in last:
         name, spec = pod["metadata"]["name"], pod["spec"]
-        assert spec.get("nodeName") == HARNESS_NODE, name
-        assert pod["metadata"]["labels"].get(HARNESS_LABEL) == HARNESS_NODE, name
+        assert spec.get("nodeName") == outcome.node_name, name
+        if outcome.node == "harness":
+            assert pod["metadata"]["labels"].get(HARNESS_LABEL) == outcome.node_name, name
+        else:
+            statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+            assert statuses[0].get("containerID", "").startswith("containerd://"), (name, statuses)
         assert spec["containers"][0]["args"] == ["python", "-m", "leoflow_agent", "pod"], name
         assert spec.get("automountServiceAccountToken") is False, name
         assert (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"), (name, pod.get("status"))
@@ -284,9 +305,9 @@ def test_no_credential_on_any_pod_object(outcome: Outcome) -> None:
     carries no JWT, no jwt_secret, no DB URL, no fernet key, no ``[api] secret_key`` and no workload JSON."""
     assert outcome.pods, "no pod was recorded"
     assert all(len(v) >= 1 for v in outcome.secrets.values())
-    # control: the harness did project a real ServiceAccount JWT into the pods' token volume, and the detector
-    # would see it on a pod object
-    assert outcome.sample_token is not None, "the harness projected no token"
+    # control: a real ServiceAccount JWT (the harness's: one it projected into a pod's token volume; on the real
+    # node: one minted through TokenRequest), which the detector would see on a pod object
+    assert outcome.sample_token is not None, "no ServiceAccount token to check the detector with"
     assert _leaks(outcome.sample_token, {}), "the detector misses a real projected token"
     leaks = {}
     for uid, versions in outcome.pods.items():
@@ -300,10 +321,10 @@ def test_no_credential_on_any_pod_object(outcome: Outcome) -> None:
 def test_no_credential_in_the_task_environment(outcome: Outcome) -> None:
     """What the tasks see (a BashOperator's ``env``, a Python task's ``os.environ``) and the pod-side
     ``airflow.cfg`` hold no JWT, jwt_secret, DB URL, fernet key or ``[api] secret_key``; the dumps come from
-    tasks in harness pods (``KUBERNETES_SERVICE_HOST`` set, the pod-side ``AIRFLOW_HOME``)."""
+    tasks in pods (``KUBERNETES_SERVICE_HOST`` set, the pod-side ``AIRFLOW_HOME``)."""
     for name, seen in outcome.task_env.items():
         assert seen.get("AIRFLOW_HOME") == str(outcome.pod_home), (name, sorted(seen))
-        assert "KUBERNETES_SERVICE_HOST" in seen, f"the {name} task did not run in a harness pod"
+        assert "KUBERNETES_SERVICE_HOST" in seen, f"the {name} task did not run in a pod"
         for key in seen:
             for secret_key in ("SQL_ALCHEMY_CONN", "JWT_SECRET", "FERNET_KEY", "API__SECRET_KEY"):
                 if secret_key in key.upper():

@@ -3,8 +3,10 @@ Airflow image of the Airflow version leoflow is pinned to, runs as a numeric non
 task pod runs in it (the image's ENTRYPOINT with the arguments the pod builder sets) is the agent,
 ``python -m leoflow_agent pod``, the same as the image alone runs.
 
-The image is never built or run here (no Docker engine, no registry). The chart's pod template is checked against
-the same Dockerfile in ``tests/k8s/test_helm_chart.py``, where helm renders it.
+The Dockerfile itself is never built here (no Docker engine, no registry); the image built from the repository
+without Docker (``scripts/k8senv image``) is checked against it, and run, on the real node in
+``tests/k8s/test_real_node.py``. The chart's pod template is checked against the same Dockerfile in
+``tests/k8s/test_helm_chart.py``, where helm renders it.
 """
 
 from __future__ import annotations

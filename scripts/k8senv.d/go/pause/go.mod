@@ -1,0 +1,3 @@
+module leoflow.test/k8senv/pause
+
+go 1.25.0
