@@ -1,9 +1,18 @@
-"""The cncf KubernetesExecutor (KE) vs leoflow's Kubernetes runtime, same control plane, node harness and DAGs.
+"""The cncf KubernetesExecutor (KE) vs leoflow's Kubernetes runtime, same control plane, node and DAGs.
 
-Run from the repo root with the project venv (issue 9, "Benchmark")::
+Run from the repo root with the project venv (issue 9, "Benchmark"; issue 35, the real node)::
 
-    .venv/bin/python -m bench.kube_compare                          # both, parallelism 32, one run per DAG
+    .venv/bin/python -m bench.kube_compare                          # all three, parallelism 32, node harness
+    .venv/bin/python -m bench.kube_compare --node real              # on the real node, parallelism 16
     .venv/bin/python -m bench.kube_compare --ke-venv /work/kebench/venv --executors ke
+
+``--node real`` (issue 35): the pods run under a kubelet and containerd (``scripts/k8senv start --real-node``), all
+three executors' in one image, leoflow's agent image (its Airflow is the KE venv's, 3.3.2): leoflow's pods run its
+ENTRYPOINT, KE's run KE's ``args`` under its ``dumb-init``; both mount the same kind of pod-side ``airflow.cfg`` and
+DAG bundle (ConfigMaps) and log volume (:meth:`devtools.kube.KubeStack.real_pod_template_for`), in the task
+namespace (Pod Security ``restricted``: KE's template carries the security context leoflow's pods get). Every pod
+requests 100m CPU (a BestEffort pod starves on a shared node); the node's 2 allocatable CPUs hold 20 such pods, so
+the default parallelism there is 16 (warm pools included: 16 + 2).
 
 Set-up. One throw-away PostgreSQL (``scripts/pg``) with an ``airflow db migrate``'d template database
 (:mod:`bench.compare`'s code); one k8senv control plane with the node harness (:class:`devtools.kube.KubeStack`:
@@ -58,7 +67,7 @@ from typing import Any
 from bench import cpu
 from bench.compare import (BENCH_DAGS, PINNED, RESULTS_DIR, Postgres, _git_state, _parse_ts, _ratio, _uptime,
                            bench_session, log, migrate_template, percentile, task_instances)
-from devtools.kube import HARNESS_LABEL, HARNESS_NODE, KubeStack, pod_airflow_cfg
+from devtools.kube import HARNESS_LABEL, HARNESS_NODE, REAL_POD_HOME, KubeStack, pod_airflow_cfg
 from devtools.stack import AirflowStack
 
 KE_VENV_DEFAULT = Path.home() / ".cache" / "leoflow-bench" / "ke-venv"
@@ -68,11 +77,18 @@ KE_REQUIREMENTS = ("apache-airflow==3.3.2", "apache-airflow-providers-cncf-kuber
 async PostgreSQL URL from the sync one)."""
 DAGS = {"bench_fanout": 50, "bench_chain": 20}
 PARALLELISM = 32
+REAL_NODE_PARALLELISM = 16
+"""``--node real``'s default: 16 pods of 100m CPU (plus the chain's 2 warm pods) fit the node's 2 CPUs."""
 EXECUTORS = ("leoflow-warm", "leoflow", "ke")
 """``leoflow-warm``: leoflow with warm pods (issue 11); ``leoflow``: a cold pod per attempt; ``ke``: the cncf
 KubernetesExecutor."""
-WARM_POOLS = {"bench_fanout": {"min_idle": PARALLELISM, "max_pool_size": PARALLELISM, "prewarm": True},
-              "bench_chain": {"min_idle": 2, "max_pool_size": 2, "prewarm": True}}
+def warm_pools(parallelism: int = PARALLELISM) -> dict[str, dict[str, Any]]:
+    """``[leoflow] warm_pools`` of the ``leoflow-warm`` stack at ``parallelism`` (see :data:`WARM_POOLS`)."""
+    return {"bench_fanout": {"min_idle": parallelism, "max_pool_size": parallelism, "prewarm": True},
+            "bench_chain": {"min_idle": 2, "max_pool_size": 2, "prewarm": True}}
+
+
+WARM_POOLS = warm_pools()
 """``[leoflow] warm_pools`` of the ``leoflow-warm`` stack: the fan-out gets one warm pod per slot (``[core]
 parallelism``: no more can run at once, so a larger pool would only start pods the run never uses), the chain (one
 task at a time) two. Both are prewarmed (their DAGs are unpaused before any run) and measured once full."""
@@ -117,8 +133,39 @@ class VenvStack(AirflowStack):
 
 def configure_ke(stack: AirflowStack, kube: KubeStack, namespace: str, python: Path) -> dict[str, str]:
     """Write the KE pod-side home and pod template under ``stack.home`` and add ``[kubernetes_executor]`` to
-    ``stack.extra_env`` (module docstring). Returns those settings."""
+    ``stack.extra_env`` (module docstring). Returns those settings. On the real node the pods run in the task
+    namespace (``namespace`` is not used)."""
     base = stack.env()
+    if kube.node == "real":
+        template = kube.real_pod_template_for(stack, pod_airflow_cfg(
+            dags_folder=stack.dags_folder, bundles=base["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"],
+            execution_api_server_url=base["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"],
+            base_log_folder=Path(REAL_POD_HOME) / "logs"))
+        spec = template["spec"]
+        spec["restartPolicy"] = "Never"
+        spec["securityContext"].update({"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}})
+        spec["containers"][0].update({
+            "command": ["/usr/bin/dumb-init", "--"],  # KE's args: python -m airflow.sdk.execution_time...
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}})
+        namespace = kube.namespace
+    else:
+        template = _harness_ke_template(stack, base, python)
+    path = stack.home / "ke-pod-template.yaml"
+    path.write_text(json.dumps(template, indent=2) + "\n")
+    settings = {
+        "AIRFLOW__CORE__EXECUTOR": "KubernetesExecutor",
+        "AIRFLOW__KUBERNETES_EXECUTOR__IN_CLUSTER": "False",
+        "AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE": str(kube.env.kubeconfig),
+        "AIRFLOW__KUBERNETES_EXECUTOR__NAMESPACE": namespace,
+        "AIRFLOW__KUBERNETES_EXECUTOR__POD_TEMPLATE_FILE": str(path),
+        "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE": str(stack.parallelism),
+    }
+    stack.extra_env.update(settings)
+    return settings
+
+
+def _harness_ke_template(stack: AirflowStack, base: dict[str, str], python: Path) -> dict[str, Any]:
+    """The KE pod template on the node harness: the KE venv's python runs KE's ``args`` as a local process."""
     pod_home = stack.home / "pod-home"
     pod_home.mkdir(parents=True, exist_ok=True)
     (pod_home / "airflow.cfg").write_text(pod_airflow_cfg(
@@ -138,18 +185,7 @@ def configure_ke(stack: AirflowStack, kube: KubeStack, namespace: str, python: P
             }],
         },
     }
-    path = stack.home / "ke-pod-template.yaml"
-    path.write_text(json.dumps(template, indent=2) + "\n")
-    settings = {
-        "AIRFLOW__CORE__EXECUTOR": "KubernetesExecutor",
-        "AIRFLOW__KUBERNETES_EXECUTOR__IN_CLUSTER": "False",
-        "AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE": str(kube.env.kubeconfig),
-        "AIRFLOW__KUBERNETES_EXECUTOR__NAMESPACE": namespace,
-        "AIRFLOW__KUBERNETES_EXECUTOR__POD_TEMPLATE_FILE": str(path),
-        "AIRFLOW__KUBERNETES_EXECUTOR__WORKER_PODS_CREATION_BATCH_SIZE": str(stack.parallelism),
-    }
-    stack.extra_env.update(settings)
-    return settings
+    return template
 
 
 # ---------------------------------------------------------------------------------------------- measuring
@@ -252,14 +288,15 @@ def idle_workers(pg: Postgres, database: str) -> dict[str, int]:
     return {dag_id: int(n) for dag_id, n in rows}
 
 
-def wait_pools_full(pg: Postgres, database: str, dags: list[str], timeout: float) -> float:
-    """Wait until each DAG of ``dags`` has its :data:`WARM_POOLS` ``min_idle`` idle workers; the seconds taken.
+def wait_pools_full(pg: Postgres, database: str, dags: list[str], timeout: float,
+                    pools: dict[str, dict[str, Any]] = WARM_POOLS) -> float:
+    """Wait until each DAG of ``dags`` has its ``pools`` ``min_idle`` idle workers; the seconds taken.
     Raises ``TimeoutError`` with the counts seen."""
     t0 = time.monotonic()
     seen: dict[str, int] = {}
     while time.monotonic() - t0 < timeout:
         seen = idle_workers(pg, database)
-        if all(seen.get(d, 0) >= WARM_POOLS[d]["min_idle"] for d in dags if d in WARM_POOLS):
+        if all(seen.get(d, 0) >= pools[d]["min_idle"] for d in dags if d in pools):
             return time.monotonic() - t0
         time.sleep(1.0)
     raise TimeoutError(f"warm pools not full after {timeout:.0f}s: {seen}")
@@ -287,7 +324,7 @@ def scheduler_pid(stack: AirflowStack) -> int:
 
 def run_executor(executor: str, pg: Postgres, template_db: str, work: Path, kube: KubeStack, watch: PodWatch,
                  ke_python: Path | None, ke_namespace: str, *, dags: list[str], timeout: float,
-                 log: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                 log: Any, parallelism: int = PARALLELISM) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """A fresh stack for ``executor`` (one of :data:`EXECUTORS`) on a fresh database; its DAGs one by one
     (``leoflow-warm``: once its warm pools are full)."""
     database = f"kbench_{executor.replace('-', '_')}"
@@ -295,18 +332,18 @@ def run_executor(executor: str, pg: Postgres, template_db: str, work: Path, kube
     pg.execute(f"CREATE DATABASE {database} TEMPLATE {template_db}")
     env = {**PINNED, "AIRFLOW__LOGGING__NAMESPACE_LEVELS": "airflow.jobs.scheduler_job_runner=DEBUG"}
     home = work / database
-    common = dict(parallelism=PARALLELISM, dags_folder=BENCH_DAGS, sql_alchemy_conn=pg.url_for(database),
-                  extra_env=env)
+    common = dict(parallelism=parallelism, dags_folder=BENCH_DAGS, sql_alchemy_conn=pg.url_for(database),
+                  extra_env=env, api_host=kube.api_host)
+    pools = warm_pools(parallelism)
     if executor in ("leoflow", "leoflow-warm"):
         if executor == "leoflow-warm":
-            env["AIRFLOW__LEOFLOW__WARM_POOLS"] = json.dumps(WARM_POOLS)
+            env["AIRFLOW__LEOFLOW__WARM_POOLS"] = json.dumps(pools)
         stack = AirflowStack(home, **common)
         kube.configure(stack)
         namespace = kube.namespace
     else:
         stack = VenvStack(home, python=ke_python, **common)
-        configure_ke(stack, kube, ke_namespace, ke_python)
-        namespace = ke_namespace
+        namespace = configure_ke(stack, kube, ke_namespace, ke_python)["AIRFLOW__KUBERNETES_EXECUTOR__NAMESPACE"]
     rows: list[dict[str, Any]] = []
     facts: dict[str, Any] = {"executor": executor, "home": str(home), "namespace": namespace}
     t0 = time.monotonic()
@@ -317,7 +354,7 @@ def run_executor(executor: str, pg: Postgres, template_db: str, work: Path, kube
             stack.unpause(dag_id)
         time.sleep(3.0)
         if executor == "leoflow-warm":
-            facts["warm_fill_s"] = wait_pools_full(pg, database, dags, WARM_FILL_TIMEOUT_SECONDS)
+            facts["warm_fill_s"] = wait_pools_full(pg, database, dags, WARM_FILL_TIMEOUT_SECONDS, pools)
             log(f"  warm pools full in {facts['warm_fill_s']:.0f}s")
         pid = scheduler_pid(stack)
         for dag_id in dags:
@@ -332,11 +369,34 @@ def run_executor(executor: str, pg: Postgres, template_db: str, work: Path, kube
     finally:
         left = stack.stop()
         facts["stopped_clean"] = not left
+        if kube.node == "real":  # a real node's CPU is the next executor's: its pods (warm ones too) must go first
+            facts["pods_cleared_s"] = clear_pods(kube, namespace)
         try:
             pg.execute(f"DROP DATABASE IF EXISTS {database}")
         except Exception as exc:  # noqa: BLE001 - a database left behind is only disk space
             log(f"  could not drop database {database}: {exc}")
     return rows, facts
+
+
+def clear_pods(kube: KubeStack, namespace: str, timeout: float = 180.0) -> float:
+    """Delete every pod of ``namespace`` (grace 0, leoflow's finalizers released) and wait until none is left;
+    the seconds it took. On the real node an executor's pods still running, warm pods above all, hold the CPU
+    the next executor's pods request (the kubelet would refuse those with ``OutOfcpu``). Raises ``TimeoutError``."""
+    from kubernetes import client
+
+    from devtools.kube import release_finalizers
+
+    core = client.CoreV1Api(kube.api)
+    t0 = time.monotonic()
+    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    while True:
+        release_finalizers(core, namespace)
+        left = [p.metadata.name for p in core.list_namespaced_pod(namespace).items]
+        if not left:
+            return round(time.monotonic() - t0, 1)
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"pods of {namespace} left after {timeout:.0f}s: {left}")
+        time.sleep(1.0)
 
 
 FIELDS = (("q2r_p50_s", "queued->running p50 s", "{:.2f}"), ("q2r_p95_s", "queued->running p95 s", "{:.2f}"),
@@ -346,7 +406,7 @@ FIELDS = (("q2r_p50_s", "queued->running p50 s", "{:.2f}"), ("q2r_p95_s", "queue
           ("tasks_ok", "tasks ok", "{}"))
 
 
-def render(rows: list[dict[str, Any]]) -> str:
+def render(rows: list[dict[str, Any]], parallelism: int = PARALLELISM) -> str:
     """Side by side per DAG: leoflow warm, leoflow cold, KE, then the ratios warm/KE and cold/KE (issue 11's bars:
     queued-to-running p50 warm/KE at most 0.10, the fan-out's wall warm/KE at most 0.33)."""
     lines = []
@@ -354,7 +414,7 @@ def render(rows: list[dict[str, Any]]) -> str:
         by = {r["executor"]: r for r in rows if r["dag_id"] == dag_id}
         if not by:
             continue
-        lines.append(f"{dag_id} ({DAGS[dag_id]} tasks, parallelism {PARALLELISM})")
+        lines.append(f"{dag_id} ({DAGS[dag_id]} tasks, parallelism {parallelism})")
         lines.append(f"  {'':24s} {'warm':>10s} {'cold':>10s} {'KE':>10s} {'warm/KE':>10s} {'cold/KE':>10s}")
         for key, label, fmt in FIELDS:
             values = [by.get(e, {}).get(key) for e in EXECUTORS]
@@ -375,13 +435,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k8s-dir", type=Path, help="reuse this running `scripts/k8senv start --dir`")
     parser.add_argument("--run-timeout", type=float, default=600.0)
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs) afterwards")
+    parser.add_argument("--node", choices=("harness", "real"), default="harness",
+                        help="what runs the pods: the node harness (default) or the real node (kubelet, containerd)")
+    parser.add_argument("--parallelism", type=int, default=None,
+                        help=f"[core] parallelism (default {PARALLELISM}; {REAL_NODE_PARALLELISM} on the real node)")
     args = parser.parse_args(argv)
+    parallelism = args.parallelism or (REAL_NODE_PARALLELISM if args.node == "real" else PARALLELISM)
 
     stamp, work = bench_session("leoflow-kbench-")
     log(f"leoflow kube bench {stamp}: work dir {work}; {_uptime()}")
     ke_python = ensure_ke_venv(args.ke_venv, log) if "ke" in args.executors else None
     pg = Postgres(work / "pg")
-    kube = KubeStack(work / "kube", reuse_dir=args.k8s_dir, venv=Path(sys.prefix))  # pods run this venv
+    kube = KubeStack(work / "kube", reuse_dir=args.k8s_dir, venv=Path(sys.prefix),  # harness pods run this venv
+                     node=args.node)
     watch: PodWatch | None = None
     rows: list[dict[str, Any]] = []
     stacks: list[dict[str, Any]] = []
@@ -397,9 +463,9 @@ def main(argv: list[str] | None = None) -> int:
         watch = PodWatch(kube.api)
         watch.start()
         for executor in args.executors:
-            log(f"{executor}: parallelism {PARALLELISM} ({_uptime()})")
+            log(f"{executor}: parallelism {parallelism}, {args.node} node ({_uptime()})")
             r, facts = run_executor(executor, pg, "kbench_template", work, kube, watch, ke_python, ke_namespace,
-                                    dags=list(args.dags), timeout=args.run_timeout, log=log)
+                                    dags=list(args.dags), timeout=args.run_timeout, log=log, parallelism=parallelism)
             rows.extend(r)
             stacks.append(facts)
     finally:
@@ -422,11 +488,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     log("")
-    log(f"KE vs leoflow on k8senv + node harness, one run each ({_uptime()})")
-    log(render(rows))
+    log(f"KE vs leoflow on k8senv + the {'real node' if args.node == 'real' else 'node harness'}, one run each "
+        f"({_uptime()})")
+    log(render(rows, parallelism))
     out = RESULTS_DIR / f"kube_compare-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"stamp": stamp, "git": _git_state(), "parallelism": PARALLELISM,
+    out.write_text(json.dumps({"stamp": stamp, "git": _git_state(), "parallelism": parallelism, "node": args.node,
                                "ke_venv": str(args.ke_venv), "stacks": stacks, "runs": rows}, indent=2,
                               default=str))
     log(f"results: {out}")

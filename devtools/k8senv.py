@@ -137,3 +137,22 @@ def stop(d: Path) -> str | None:
     """
     r = run_k8senv("stop", "--dir", str(d), timeout=120)
     return None if r.returncode == 0 else f"scripts/k8senv stop failed: {r.stderr.strip()}"
+
+
+NODE_ACTIONS = ("freeze", "thaw", "restart-kubelet", "cut", "uncut", "lose", "revive")
+"""The faults ``scripts/k8senv node`` applies to a running real node (``scripts/k8senv.d/node.py``'s ``ACTIONS``):
+``freeze``/``thaw`` SIGSTOP/SIGCONT its kubelet (a node cut off from the control plane whose pods run on),
+``restart-kubelet`` a new kubelet (the Node registered again if deleted), ``cut``/``uncut`` the pods' packets to a
+TCP port of this machine dropped/let through, ``lose`` every node process and container SIGKILLed, ``revive``
+containerd and the kubelet started again."""
+
+
+def node_action(d: Path, action: str, *, port: int | None = None, timeout: float = 120.0) -> str:
+    """Apply ``action`` (:data:`NODE_ACTIONS`) to the real node of the control plane in ``d``; ``port`` for
+    ``cut``/``uncut``; ``timeout`` seconds for ``restart-kubelet``/``revive`` to see the Node Ready. Returns k8senv's
+    line saying what it did. Raises :class:`K8sEnvError` with k8senv's stderr when it fails."""
+    r = run_k8senv("node", "--dir", str(d), action, *(["--port", str(port)] if port is not None else []),
+                   "--timeout", str(timeout), timeout=timeout + 60)
+    if r.returncode != 0:
+        raise K8sEnvError(f"scripts/k8senv node {action} failed:\n{r.stderr.strip()}")
+    return r.stderr.strip().splitlines()[-1] if r.stderr.strip() else action

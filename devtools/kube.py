@@ -148,6 +148,7 @@ class KubeStack:
         self._recorder_stream: Any = None  # the recorder's current kubernetes.watch.Watch, stopped by stop()
         self._recorder: threading.Thread | None = None
         self._cluster_objects: list[tuple[str, str]] = []  # (kind, name) created here, cluster-scoped
+        self._published = 0  # real node: how many stacks' pod files were published (real_pod_template_for)
         self.scheduler_user: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -324,11 +325,7 @@ class KubeStack:
             traces.symlink_to(stack.traces_dir, target_is_directory=True)
         self.pod_template_file = stack.home / "pod-template.yaml"
         if real:
-            stack.prepare_home()  # the example DAG files, which the ConfigMaps copy
-            bundles = {b["name"]: Path(b["kwargs"]["path"]) for b in json.loads(
-                base["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"])}
-            self._publish_pod_files(bundles, stack.home)
-            template = real_pod_template(node=self.node_name, image=self.image, bundles=bundles)
+            template = self.real_pod_template_for(stack, (self.pod_home / "airflow.cfg").read_text())
         else:
             template = pod_template(venv=self.venv, airflow_home=self.pod_home)
         self.pod_template_file.write_text(json.dumps(template, indent=2) + "\n")
@@ -346,40 +343,50 @@ class KubeStack:
         stack.extra_env.update(settings)
         return settings
 
-    def _publish_pod_files(self, bundles: dict[str, Path], home: Path) -> None:
-        """Real node: what :func:`real_pod_template` mounts. The pod-side ``airflow.cfg`` and each DAG bundle's
-        files (``*.py`` at its top) as ConfigMaps of the task namespace, and the claim :data:`SHARED_CLAIM` of a
-        hostPath PersistentVolume at ``home`` whose ``logs`` and ``traces`` (made writable for the pods' uid) the
-        pods mount. Raises :class:`KubeStackError` when a bundle's files pass a ConfigMap's 1 MiB."""
+    def real_pod_template_for(self, stack: AirflowStack, airflow_cfg: str) -> dict[str, Any]:
+        """Real node: publish what the pods of ``stack`` mount and return their pod template
+        (:func:`real_pod_template`). The pod-side ``airflow_cfg`` (text) and each DAG bundle's files (``*.py`` at its
+        top) become ConfigMaps of the task namespace, and the claim of a hostPath PersistentVolume at ``stack.home``
+        whose ``logs`` and ``traces`` (made writable for the pods' uid) the pods mount. Each call publishes under
+        names of its own (``-1``, ``-2`` ... after the first), so stacks configured one after another on this
+        control plane (a benchmark's executors) never share their pods' files. Raises :class:`KubeStackError` when a
+        bundle's files pass a ConfigMap's 1 MiB."""
         from kubernetes import client
 
+        stack.prepare_home()  # the example DAG files, which the ConfigMaps copy
+        bundles = {b["name"]: Path(b["kwargs"]["path"]) for b in json.loads(
+            stack.env()["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"])}
+        suffix = f"-{self._published}" if self._published else ""
+        self._published += 1
         core = client.CoreV1Api(self.api)
-        maps = {POD_CONFIG_MAP: {"airflow.cfg": (self.pod_home / "airflow.cfg").read_text()}}
+        maps = {POD_CONFIG_MAP + suffix: {"airflow.cfg": airflow_cfg}}
         for i, (name, path) in enumerate(sorted(bundles.items())):
             files = {p.name: p.read_text() for p in sorted(path.glob("*.py"))}
             if sum(len(v) for v in files.values()) > 900_000:
                 raise KubeStackError(f"the DAG files of bundle {name} ({path}) are too large for a ConfigMap")
-            maps[f"{DAGS_CONFIG_MAP}-{i}"] = files
+            maps[f"{DAGS_CONFIG_MAP}{suffix}-{i}"] = files
         for name, data in maps.items():
             core.create_namespaced_config_map(self.namespace, client.V1ConfigMap(
                 metadata=client.V1ObjectMeta(name=name), data=data))
+        home = stack.home
         for sub in ("logs", "traces"):
             (home / sub).mkdir(parents=True, exist_ok=True)
             os.chmod(home / sub, 0o777)
-        volume = f"{self.namespace}-shared"
+        volume, claim = f"{self.namespace}-shared{suffix}", SHARED_CLAIM + suffix
         core.create_persistent_volume(client.V1PersistentVolume(
             metadata=client.V1ObjectMeta(name=volume),
             spec=client.V1PersistentVolumeSpec(
                 capacity={"storage": "1Gi"}, access_modes=["ReadWriteMany"], storage_class_name="",
                 persistent_volume_reclaim_policy="Retain",
                 host_path=client.V1HostPathVolumeSource(path=str(home), type="Directory"),
-                claim_ref=client.V1ObjectReference(namespace=self.namespace, name=SHARED_CLAIM))))
+                claim_ref=client.V1ObjectReference(namespace=self.namespace, name=claim))))
         self._cluster_objects.append(("persistentvolume", volume))
         core.create_namespaced_persistent_volume_claim(self.namespace, client.V1PersistentVolumeClaim(
-            metadata=client.V1ObjectMeta(name=SHARED_CLAIM),
+            metadata=client.V1ObjectMeta(name=claim),
             spec=client.V1PersistentVolumeClaimSpec(
                 access_modes=["ReadWriteMany"], storage_class_name="", volume_name=volume,
                 resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}))))
+        return real_pod_template(node=self.node_name, image=self.image, bundles=bundles, suffix=suffix)
 
     def scheduler_kubeconfig(self, path: Path, *, name: str = SCHEDULER_SERVICE_ACCOUNT,
                              token_seconds: int = 7200) -> Path:
@@ -595,17 +602,18 @@ def pod_airflow_cfg(*, dags_folder: Path, bundles: str, execution_api_server_url
     )
 
 
-def real_pod_template(*, node: str, image: str, bundles: dict[str, Path]) -> dict[str, Any]:
+def real_pod_template(*, node: str, image: str, bundles: dict[str, Path], suffix: str = "") -> dict[str, Any]:
     """The pod template of the real node: a pod as a user of a real cluster would write it.
 
     ``spec.nodeName`` ``node`` (k8senv runs no scheduler), the agent ``image`` with its own ENTRYPOINT (no
     ``command``), ``runAsUser`` 50000, ``AIRFLOW_HOME`` :data:`REAL_POD_HOME` (an emptyDir) with
     ``AIRFLOW_CONFIG`` from the ConfigMap :data:`POD_CONFIG_MAP`; each DAG bundle's files (``bundles``: name ->
-    path, sorted by name as :meth:`KubeStack._publish_pod_files` numbers their ConfigMaps) mounted read-only at
+    path, sorted by name as :meth:`KubeStack.real_pod_template_for` numbers their ConfigMaps) mounted read-only at
     the path the bundle configuration names, as a git-sync or baked-in DAG folder would be; the claim
-    :data:`SHARED_CLAIM`'s ``logs`` at ``AIRFLOW_HOME/logs`` and ``traces`` at ``AIRFLOW_HOME/traces``.
+    :data:`SHARED_CLAIM`'s ``logs`` at ``AIRFLOW_HOME/logs`` and ``traces`` at ``AIRFLOW_HOME/traces``. ``suffix``
+    ends the ConfigMaps' and the claim's names (:meth:`KubeStack.real_pod_template_for`).
     """
-    dag_volumes = [{"name": f"dags-{i}", "configMap": {"name": f"{DAGS_CONFIG_MAP}-{i}"}}
+    dag_volumes = [{"name": f"dags-{i}", "configMap": {"name": f"{DAGS_CONFIG_MAP}{suffix}-{i}"}}
                    for i in range(len(bundles))]
     dag_mounts = [{"name": f"dags-{i}", "mountPath": str(path), "readOnly": True}
                   for i, (_, path) in enumerate(sorted(bundles.items()))]
@@ -618,8 +626,8 @@ def real_pod_template(*, node: str, image: str, bundles: dict[str, Path]) -> dic
             "securityContext": {"runAsUser": POD_RUN_AS_USER, "runAsGroup": 0},
             "volumes": [
                 {"name": "airflow-home", "emptyDir": {}},
-                {"name": "airflow-cfg", "configMap": {"name": POD_CONFIG_MAP}},
-                {"name": "shared", "persistentVolumeClaim": {"claimName": SHARED_CLAIM}},
+                {"name": "airflow-cfg", "configMap": {"name": POD_CONFIG_MAP + suffix}},
+                {"name": "shared", "persistentVolumeClaim": {"claimName": SHARED_CLAIM + suffix}},
                 *dag_volumes,
             ],
             "containers": [{

@@ -127,6 +127,10 @@ class Reason(enum.StrEnum):
     API_UNREACHABLE = "api_unreachable"
     """An Execution API call the task needed went unanswered (a transport error or a 5xx after the Task SDK's
     retries) and the task then ended ``failed`` or ``up_for_retry``: the outage, not the task, failed it."""
+    OOM_KILLED = "oom_killed"
+    """The kernel's OOM killer ended a process of the attempt's memory cgroup (its container's, on a node: the task
+    process at the container's memory limit) and the task then ended ``failed`` or ``up_for_retry``: settled as
+    an OOM kill, like a container the runtime reports ``OOMKilled`` (``leoflow_agent.oom``)."""
 
 
 CALLBACKS_PENDING_STATES = frozenset({"success", "up_for_retry"})
@@ -417,6 +421,16 @@ def killed(attempt: AttemptIdentity) -> OutcomeRecord:
     every kill was a SIGKILL that left no record at all.
     """
     return _refusal(attempt, Reason.KILLED)
+
+
+def oom_killed(attempt: AttemptIdentity) -> OutcomeRecord:
+    """The record an agent writes when the kernel's OOM killer ended a process of its attempt and the task then
+    reported ``failed`` or ``up_for_retry`` (:class:`leoflow_agent.oom.OomWatch`).
+
+    Outcome ``failed``, reason ``oom_killed``, no state and no payload: the agent refuses that report, and the
+    reconciler settles the attempt as an OOM kill (re-driven once on the infra budget; failed if the re-driven
+    try is OOM-killed too), not as the task's own failure."""
+    return _refusal(attempt, Reason.OOM_KILLED)
 
 
 def exchange_refused(attempt: AttemptIdentity | None = None) -> OutcomeRecord:

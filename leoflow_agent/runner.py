@@ -159,6 +159,7 @@ def supervise_attempt(
     from leoflow_agent.transport import RecordingTransport, SigtermWatch, heartbeat_counting_client
 
     from leoflow_agent.hostname import pin
+    from leoflow_agent.oom import OomWatch
 
     pin(hostname)
     exit_watch = ExitWatch(sdk_supervisor)
@@ -187,6 +188,7 @@ def supervise_attempt(
         task_log=task_log_writer(workload.log_path),
         killed=lambda: (sigterm is not None and sigterm()) or (killed or _never_killed)(),
         on_answer=watchdog.answered if watchdog is not None else None,
+        oom_killed=OomWatch(),  # counted from here: an OOM kill of this attempt (its task process at the limit)
     )
     client = heartbeat_counting_client(Client)(base_url=server, token=workload.token, transport=transport)
     client.leoflow_transport = transport

@@ -59,6 +59,9 @@ apache/airflow#73006 shows can be false: an ``on_kill`` that cancels the work ca
 normally. It is held as ``killed`` and re-run on the infra budget (DESIGN §2 "A success after SIGTERM"). A body
 that returned before the signal has reported already: its success is never refused. Skips and hand-offs
 (deferral, reschedule) still land."""
+REFUSED_AFTER_OOM = frozenset({"failed", "up_for_retry"})
+"""Terminal states refused once the OOM killer ended a process of the attempt (``leoflow_agent.oom``): the
+memory limit, not the task's code, failed it."""
 
 RecordSink = Callable[[outcome.OutcomeRecord], "outcome.WrittenRecord | None"]
 """Writes one outcome record durably and returns what it wrote (``None``: nothing to say); raises
@@ -138,6 +141,10 @@ class RecordingTransport(httpx.BaseTransport):
         by ``heartbeat_lost`` (the supervisor heartbeats on while its success PATCH fails; the reconciler then
         replays that success). A heartbeat counts as the supervisor counts it: one SDK call, after the SDK
         client's own retries (:meth:`heartbeat_result`), never one HTTP request.
+    :param oom_killed: ``oom_killed() -> bool``: True once the kernel's OOM killer ended a process of the
+        attempt's memory cgroup (:class:`leoflow_agent.oom.OomWatch`). A terminal report of a state in
+        :data:`REFUSED_AFTER_OOM` is then refused locally and an ``oom_killed`` record written (unless a terminal
+        record is kept). Read only when a terminal report leaves.
     :param on_answer: ``on_answer(status_code)`` for every response the server sent (not for transport errors,
         nor for the refusals this wrapper answers locally): the agent's lease (``leoflow_agent.lease``) renews
         on it. ``None``: nobody listens (Lite).
@@ -155,8 +162,10 @@ class RecordingTransport(httpx.BaseTransport):
         task_log: TaskLog = _no_task_log,
         killed: Callable[[], bool] = lambda: False,
         on_answer: Callable[[int], None] | None = None,
+        oom_killed: Callable[[], bool] = lambda: False,
     ) -> None:
         self._inner = inner
+        self._oom_killed = oom_killed
         self._on_answer = on_answer
         self._killed = killed
         self._max_failed_heartbeats = max(1, int(max_failed_heartbeats))
@@ -234,10 +243,10 @@ class RecordingTransport(httpx.BaseTransport):
         return state, not failures
 
     def _write_refusal(self, record: outcome.OutcomeRecord) -> None:
-        """Write a refusal ``record`` (``heartbeat_lost``, ``killed``, ``api_unreachable``: no state) to every
-        sink, telling the TI's log about a sink that fails. Callers write one only before any terminal record. The
-        same refusal is written once: the supervisor re-sends a refused report at its exit, which changes nothing
-        (a warm pod would POST the record again). Never raises."""
+        """Write a refusal ``record`` (``heartbeat_lost``, ``killed``, ``oom_killed``, ``api_unreachable``: no
+        state) to every sink, telling the TI's log about a sink that fails. Callers write one only before any
+        terminal record. The same refusal is written once: the supervisor re-sends a refused report at its exit,
+        which changes nothing (a warm pod would POST the record again). Never raises."""
         if self._refusal_written == record.reason:
             return
         self._refusal_written = record.reason
@@ -292,6 +301,26 @@ class RecordingTransport(httpx.BaseTransport):
         self._tell("warning", f"leoflow killed this attempt, or its pod was deleted or evicted (SIGTERM, so on_kill "
                               f"ran), before its {state} report left; the report is refused here, so the scheduler "
                               "runs the task again as an infra loss, without spending a retry.")
+        return True
+
+    def _refused_after_oom(self, request: httpx.Request) -> bool:
+        """True (``oom_killed`` record written unless a terminal one is kept, the TI's log told) when the OOM
+        killer ended a process of this attempt and ``request`` reports a state of :data:`REFUSED_AFTER_OOM`.
+        Never raises."""
+        state = _reported_state(request)
+        if state not in REFUSED_AFTER_OOM:
+            return False
+        try:
+            if not self._oom_killed():
+                return False
+        except OSError:
+            return False
+        if self.terminal_recorded is None:
+            self._write_refusal(outcome.oom_killed(self._attempt))
+        self._tell("warning", f"the kernel's OOM killer ended a process of this attempt (its container's memory "
+                              f"limit), and the task then ended {state}; that report is refused here, so the "
+                              "scheduler settles it as an OOM kill: run again once without spending a retry, "
+                              "failed if that try is OOM-killed too.")
         return True
 
     def _tell(self, level: str, message: str) -> None:
@@ -355,29 +384,24 @@ class RecordingTransport(httpx.BaseTransport):
             self._write_refusal(outcome.heartbeat_lost(self._attempt))
 
     def _refusal(self, request: httpx.Request) -> httpx.Response | None:
-        """The local 409 that refuses terminal report ``request`` (after heartbeat loss, after a kill, after an
-        unanswered call: records written as each rule says), or None to let it go."""
+        """The local 409 that refuses terminal report ``request`` (after heartbeat loss, after a kill, after an OOM
+        kill, after an unanswered call: records written as each rule says), or None to let it go. Its body has
+        Airflow's ``{"detail": {"reason", "message"}}`` shape, reason ``leoflow_<why>``."""
         if self.heartbeat_lost:
             log.warning("refusing a terminal report after heartbeat loss; the reconciler decides")
-            return httpx.Response(
-                409, json={"detail": {"reason": "leoflow_heartbeat_lost",
-                                      "message": "refused locally by the leoflow agent after heartbeat loss"}},
-                request=request,
-            )
-        if self._refused_after_kill(request):
-            return httpx.Response(
-                409, json={"detail": {"reason": "leoflow_killed",
-                                      "message": "refused locally by the leoflow agent: leoflow killed this attempt"}},
-                request=request,
-            )
-        if self._refused_after_api_loss(request):
-            return httpx.Response(
-                409, json={"detail": {"reason": "leoflow_api_unreachable",
-                                      "message": "refused locally by the leoflow agent: an Execution API call of "
-                                                 "this attempt went unanswered before the task failed"}},
-                request=request,
-            )
-        return None
+            why, message = "heartbeat_lost", " after heartbeat loss"
+        elif self._refused_after_kill(request):
+            why, message = "killed", ": leoflow killed this attempt"
+        elif self._refused_after_oom(request):
+            why, message = "oom_killed", ": the OOM killer ended a process of this attempt before the task failed"
+        elif self._refused_after_api_loss(request):
+            why, message = "api_unreachable", (": an Execution API call of this attempt went unanswered before the "
+                                               "task failed")
+        else:
+            return None
+        return httpx.Response(409, json={"detail": {"reason": f"leoflow_{why}",
+                                                    "message": f"refused locally by the leoflow agent{message}"}},
+                              request=request)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` with the attempt header, recording/reporting terminal states and honouring the fault

@@ -64,9 +64,12 @@ def decide(
     :param cause: what the runtime's status says ended the attempt (``Evidence.cause``; None for Lite). Read only
         where the record decides nothing: a TI still RUNNING with no record or a record without a state
         (:func:`settle_by_cause`), and a TI still QUEUED with no record at all (``DeadlineExceeded`` fails it;
-        any other cause is named in the re-dispatch's reason).
+        ``NO_ROOM``, a node that refused the pod for lack of room, is a ``REDISPATCH`` closed
+        ``LAUNCH_FAILED``: backpressure; any other cause is named in the re-dispatch's reason).
     :param oom_redriven: this try is the one re-drive of an OOM kill: the latest earlier try of the logical TI
-        in the ledger closed :attr:`Resolution.OOM_REDRIVE` (:func:`was_oom_redrive`). Read only for an OOM cause.
+        in the ledger closed :attr:`Resolution.OOM_REDRIVE` (:func:`was_oom_redrive`). Read only for an OOM cause
+        or an ``oom_killed`` record (the agent saw the OOM killer end its task process: one process killed at the
+        limit, not the container, so the runtime's cause may say nothing).
     """
     if ti is None:
         return Action(Act.CLOSE, Resolution.MOVED_ON, "the task instance row is gone")
@@ -83,6 +86,10 @@ def decide(
             return Action(Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE,
                           "the task failed after an Execution API call went unanswered; the agent refused "
                           "that failure")
+        if record is not None and record.reason == Reason.OOM_KILLED and record.payload is None:
+            return settle_by_cause(EndCause(EndKind.OOM_KILLED, "the OOM killer ended a process of the attempt "
+                                                                "and the agent refused the failure it caused"),
+                                   oom_redriven=oom_redriven)
         if record is not None and record.reason == Reason.KILLED and record.payload is None:
             return Action(Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE,
                           "leoflow killed the attempt; the agent refused the failure the kill caused")
@@ -96,6 +103,9 @@ def decide(
         # agent that could not start): the agent never reached /run
         if record is None and cause is not None and cause.kind is EndKind.DEADLINE_EXCEEDED:
             return Action(Act.TASK_FAIL, Resolution.EXECUTOR_FAILED, f"{cause.reason} before the task started")
+        if record is None and cause is not None and cause.kind is EndKind.NO_ROOM:
+            # backpressure, not a dead agent: the lifecycle re-offers it after a pause, no redispatch_limit spent
+            return Action(Act.REDISPATCH, Resolution.LAUNCH_FAILED, f"{cause.reason}; re-offered as backpressure")
         why = "the agent died before /run" if record is None else f"the agent never reached /run ({record.reason})"
         if record is None and cause is not None:
             why += f": {cause.reason}"

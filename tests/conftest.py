@@ -67,6 +67,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "chaos_ci: a chaos suite that --chaos-ci runs at CI size")
     config.addinivalue_line("markers", "real_node: runs pods on the real node (scripts/k8senv start --real-node); "
                                        "run with --real-node")
+    config.addinivalue_line("markers", "either_node: runs its pods on the real node with --real-node, else on the "
+                                       "node harness")
     config.addinivalue_line("markers", "tables: the test's printed output (its seed, chaos tables and problems) is "
                                        "shown in the session's summary even when it passes")
     config.pluginmanager.register(ModuleClock(), "leoflow-module-clock")
@@ -218,13 +220,14 @@ class ModulePool:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """In the ``tail`` session: the k8s-marked tests first (in their order, those marked ``real_node`` last),
-        then the shared modules in reverse module order (each module's tests in their own order)."""
+        """In the ``tail`` session: the k8s-marked tests first (in their order, those marked ``real_node`` or
+        ``either_node`` last), then the shared modules in reverse module order (each module's tests in their own
+        order)."""
         if not self.tail:
             return
         own = [i for i in items if not self._shared(i)]
         # the real node's own modules last among them: their images are built beside the session's first modules
-        own.sort(key=lambda i: i.get_closest_marker("real_node") is not None)
+        own.sort(key=lambda i: any(i.get_closest_marker(m) is not None for m in ("real_node", "either_node")))
         modules: dict[str, list[pytest.Item]] = {}
         for item in items:
             if self._shared(item):

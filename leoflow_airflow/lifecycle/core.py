@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from leoflow_agent.outcome import OutcomeRecord
+from leoflow_agent.outcome import OutcomeRecord, Reason
 from leoflow_agent.protocol import callback_launch_id
 from leoflow_airflow import airflow_db, hooks, hosts, metrics, reconcile
 from leoflow_airflow.dispatch.disposition import Disposition, DispatchResult
@@ -617,7 +617,8 @@ class Lifecycle:
             ti = self.airflow.ti_row(*logical)
         action = reconcile.decide(ti_id=ref.ti_id, try_number=ref.try_number, record=record, ti=ti,
                                   reported=attempt.reported_state is not None, cause=cause,
-                                  oom_redriven=cause is not None and cause.kind is EndKind.OOM_KILLED
+                                  oom_redriven=((cause is not None and cause.kind is EndKind.OOM_KILLED)
+                                                or (record is not None and record.reason == Reason.OOM_KILLED))
                                   and self._oom_redriven(attempt))
         key = self.key_of(attempt)
         log.debug("settling %s: %s (%s)", ref, action.act, action.why)
@@ -648,6 +649,8 @@ class Lifecycle:
         elif action.act == reconcile.Act.REDISPATCH:
             if ref in self._start_ends:
                 self._start_ended(attempt, key, *self._start_ends[ref])
+            elif action.resolution == Resolution.LAUNCH_FAILED:
+                self._no_room(attempt, key, action.why)
             else:
                 self._redispatch(attempt, key, action.why)
         elif action.act == reconcile.Act.TASK_FAIL:
@@ -802,6 +805,15 @@ class Lifecycle:
                 self._later.append((self.monotonic() + delay, reoffer))
             else:
                 self._out.append(reoffer)
+
+    def _no_room(self, attempt: Attempt, key: Any, why: str) -> None:
+        """The node refused the attempt before it started, for lack of room (``EndKind.NO_ROOM``; TI still
+        QUEUED): backpressure. Close it ``LAUNCH_FAILED`` (no ``redispatch_limit`` spent, never a failure) and
+        re-offer its workload :data:`NO_ROOM_BACKOFF_SECONDS` later, so a full node is not asked again at once."""
+        if self._close(attempt, Resolution.LAUNCH_FAILED, why):
+            log.warning("attempt %s: %s (in %.0f s)", attempt.ref, why, NO_ROOM_BACKOFF_SECONDS)
+            reoffer = Reoffer(key, self.airflow.workload_from_json(attempt.workload_json))
+            self._later.append((self.monotonic() + NO_ROOM_BACKOFF_SECONDS, reoffer))
 
     def _start_ended(self, attempt: Attempt, key: Any, after: reapers.After, why: str) -> None:
         """An attempt a reaper killed because it could not start is gone, its TI still QUEUED at its try.
@@ -1164,6 +1176,11 @@ def heartbeat_ages(attempts: Sequence[Attempt], tis: Mapping[str, tuple[str | No
         beat = tis.get(attempt.ref.ti_id, (None, None))[1]
         out[attempt.ref] = (now - beat).total_seconds() if isinstance(beat, datetime) else None
     return out
+
+
+NO_ROOM_BACKOFF_SECONDS = 5.0
+"""Seconds before the workload of an attempt its node refused for lack of room is offered again
+(:meth:`Lifecycle._no_room`): about one cold pod's start, in which the pods holding the room may end."""
 
 
 def redispatch_backoff(in_a_row: int) -> float:

@@ -110,6 +110,10 @@ class EndKind(enum.StrEnum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     """The runtime's time limit ended it (a pod's ``activeDeadlineSeconds``): a task failure, never an infra
     loss."""
+    NO_ROOM = "no_room"
+    """The node refused the attempt before it started, for lack of room (the kubelet's admission: ``OutOfcpu``,
+    ``OutOfmemory``, ``OutOfpods``): backpressure, re-offered after a pause, never a failure and no
+    ``redispatch_limit`` spent (issue 35, found on the real node)."""
 
 
 @dataclass(frozen=True, slots=True)

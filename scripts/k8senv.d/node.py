@@ -16,6 +16,9 @@ machine, is ``shared/research/real-node-facts.md``:
   Pods reach this machine at 198.51.100.1 (an Airflow api-server or exchange listening there) and nothing else:
   forwarding out of the bridge is dropped, pods get no DNS, and the kubelet's port is closed to them.
 
+`scripts/k8senv node ACTION` calls :func:`node_action`: the faults a test plays on a running node (its kubelet
+stopped or restarted, its pods cut off from a port of this machine, the node lost and revived; :data:`ACTIONS`).
+
 A kubelet changes the machine (iptables chains, cgroups, mounts, network namespaces) and leaves its containers
 running when stopped, so only one real node runs on a machine at a time (:data:`LOCK`), and :func:`stop_node`
 undoes all of it: containers killed through containerd, the shims, mounts under DIR/node and the pods' network
@@ -42,6 +45,12 @@ NODE_NAME = "leoflow-node"
 NODE_LABEL = "leoflow.test/real-node"
 BRIDGE = "lfnode0"
 NODE_IP = "198.51.100.1"
+BRIDGE_MAC = "02:00:c6:33:64:01"
+"""The bridge's MAC, set explicitly (locally administered; the last four bytes are NODE_IP). A Linux bridge whose
+MAC was not set takes the lowest MAC of its ports, so it changed as pods' veths came and went: once the pod whose
+veth had the lowest MAC ended, every pod that had resolved NODE_IP to it sent to a MAC no port owned until its
+neighbour entry expired, 20-50 s in which its connections to this machine timed out (the real node's
+ConnectTimeouts, issue 35; tests/k8s/test_real_node.py)."""
 POD_SUBNET = "198.51.100.0/25"
 POD_PREFIX = 25
 POD_RANGE_START, POD_RANGE_END = "198.51.100.16", "198.51.100.126"
@@ -185,6 +194,7 @@ def _setup_network(kubelet_port: int) -> None:
     check_subnet_free()
     if _run("ip", "link", "show", BRIDGE, check=False).returncode != 0:
         _run("ip", "link", "add", BRIDGE, "type", "bridge")
+    _run("ip", "link", "set", BRIDGE, "address", BRIDGE_MAC)  # never the lowest port's: see BRIDGE_MAC
     if NODE_IP not in _run("ip", "-o", "addr", "show", "dev", BRIDGE).stdout:
         _run("ip", "addr", "add", f"{NODE_IP}/{POD_PREFIX}", "dev", BRIDGE)
     _run("ip", "link", "set", BRIDGE, "up")
@@ -260,14 +270,7 @@ def start_node(starter: Any, api: Callable[..., dict], images: list[Path], node_
     record["containerd_root"] = str(containerd_root)
     (nd / "containerd" / "config.toml").write_text(containerd_config(nd, containerd_root))
     (nd / "cni" / "net.d" / "10-leoflow.conflist").write_text(json.dumps(cni_config(nd), indent=2))
-    containerd = starter.spawn("containerd", ["/usr/bin/containerd", "--config", str(nd / "containerd/config.toml")])
-    _update_lock(d, env["processes"])
-    deadline = time.monotonic() + 30
-    while _run("ctr", "--address", record["containerd_socket"], "version", check=False).returncode != 0:
-        if containerd.poll() is not None or time.monotonic() > deadline:
-            raise NodeError(f"containerd did not answer on its socket:\n{_tail(d / 'containerd.log')}")
-        time.sleep(0.2)
-    _remove_containers(record["containerd_socket"])  # a node killed before its stop left them
+    containerd = _spawn_containerd(starter, record)
     record["images"] = sync_images(record["containerd_socket"], images)
     starter.save()
 
@@ -279,30 +282,172 @@ def start_node(starter: Any, api: Callable[..., dict], images: list[Path], node_
     (nd / "kubelet" / "kubeconfig").write_text(starter.kubeconfig(f"system:node:{NODE_NAME}", node_token))
     os.chmod(nd / "kubelet" / "kubeconfig", 0o600)
     (nd / "kubelet" / "config.yaml").write_text(json.dumps(kubelet_config(nd, kubelet_port, healthz_port), indent=2))
-    kubelet = starter.spawn("kubelet", [
-        "kubelet", f"--kubeconfig={nd}/kubelet/kubeconfig", f"--config={nd}/kubelet/config.yaml",
-        f"--root-dir={nd}/kubelet/root", f"--cert-dir={nd}/kubelet/pki", f"--hostname-override={NODE_NAME}",
-        f"--node-ip={NODE_IP}", f"--node-labels={NODE_LABEL}=true", "--v=2"])
-    _update_lock(d, env["processes"])
+    kubelet = _spawn(starter, "kubelet", _kubelet_argv(nd))
+    _wait_ready(starter, api, {"kubelet": kubelet, "containerd": containerd}, timeout)
+    env["nodes"] = [*env.get("nodes", []), NODE_NAME]
+    starter.save()
+    return record
+
+
+def _spawn(starter: Any, name: str, argv: list[str]) -> Any:
+    """Start component `name` (replacing env.json's record of an earlier one of that name) and record it in LOCK."""
+    starter.env["processes"] = [p for p in starter.env["processes"] if p["name"] != name]
+    proc = starter.spawn(name, argv)
+    _update_lock(starter.d, starter.env["processes"])
+    return proc
+
+
+def _spawn_containerd(starter: Any, record: dict, timeout: float = 30) -> Any:
+    """Start the node's containerd, wait until it answers on its socket, and remove the containers a node that
+    was killed left in its root (the kubelet that starts next creates its pods' sandboxes anew). Raises
+    NodeError when it exits or does not answer within `timeout` seconds."""
+    nd = Path(record["dir"])
+    containerd = _spawn(starter, "containerd", ["/usr/bin/containerd", "--config", str(nd / "containerd/config.toml")])
+    deadline = time.monotonic() + timeout
+    while _run("ctr", "--address", record["containerd_socket"], "version", check=False).returncode != 0:
+        if containerd.poll() is not None or time.monotonic() > deadline:
+            raise NodeError(f"containerd did not answer on its socket:\n{_tail(starter.d / 'containerd.log')}")
+        time.sleep(0.2)
+    _remove_containers(record["containerd_socket"])
+    return containerd
+
+
+def _kubelet_argv(nd: Path) -> list[str]:
+    """The kubelet's command line (its kubeconfig and config file written by :func:`start_node`)."""
+    return ["kubelet", f"--kubeconfig={nd}/kubelet/kubeconfig", f"--config={nd}/kubelet/config.yaml",
+            f"--root-dir={nd}/kubelet/root", f"--cert-dir={nd}/kubelet/pki", f"--hostname-override={NODE_NAME}",
+            f"--node-ip={NODE_IP}", f"--node-labels={NODE_LABEL}=true", "--v=2"]
+
+
+def _wait_ready(starter: Any, api: Callable[..., dict], procs: dict[str, Any], timeout: float) -> None:
+    """Wait until the Node is Ready (registered again, if it was deleted). Raises NodeError when one of `procs`
+    (name -> Popen) exits or `timeout` seconds pass."""
     deadline = time.monotonic() + timeout
     while True:
-        for name, p in (("kubelet", kubelet), ("containerd", containerd)):
+        for name, p in procs.items():
             if p.poll() is not None:
-                raise NodeError(f"{name} exited with {p.returncode}:\n{_tail(d / f'{name}.log')}")
+                raise NodeError(f"{name} exited with {p.returncode}:\n{_tail(starter.d / f'{name}.log')}")
         try:
-            node = api(env, "GET", f"/api/v1/nodes/{NODE_NAME}")
+            node = api(starter.env, "GET", f"/api/v1/nodes/{NODE_NAME}")
             conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
             if conds.get("Ready") == "True":
-                break
+                return
         except urllib.error.HTTPError as e:
             if e.code != 404:
                 raise
         if time.monotonic() > deadline:
-            raise NodeError(f"Node {NODE_NAME} not Ready after {timeout:g}s:\n{_tail(d / 'kubelet.log')}")
+            raise NodeError(f"Node {NODE_NAME} not Ready after {timeout:g}s:\n{_tail(starter.d / 'kubelet.log')}")
         time.sleep(0.2)
-    env["nodes"] = [*env.get("nodes", []), NODE_NAME]
-    starter.save()
-    return record
+
+
+ACTIONS = ("freeze", "thaw", "restart-kubelet", "cut", "uncut", "lose", "revive")
+"""What `scripts/k8senv node ACTION` does to a running real node (the faults of the tests that need a real one):
+
+- ``freeze``: SIGSTOP the kubelet: the node is cut off from its control plane (no status, no Node lease, no
+  reaction to a delete) while its containers run on and their traffic still flows; ``thaw``: SIGCONT it;
+- ``restart-kubelet``: SIGKILL the kubelet (frozen or not) and start a new one, which registers the Node again
+  if it was deleted, then wait until the Node is Ready;
+- ``cut --port P``: drop every packet from the pod network to this machine's TCP port P (the pods lose an
+  Airflow api-server listening there, established connections included); ``uncut --port P`` undoes it;
+- ``lose``: the node is lost whole: SIGKILL the kubelet, containerd, its shims and every process of every
+  container (nothing reports; the pod objects stay as they were); ``revive``: start containerd and the kubelet
+  again (the containers the lost node left are removed first), then wait until the Node is Ready."""
+CUT_COMMENT = "leoflow-k8senv-cut"
+"""The comment on the iptables rules of ``cut`` (:func:`stop_node` removes any that is left)."""
+
+
+def node_action(starter: Any, api: Callable[..., dict], action: str, alive: Callable[[int, int], bool],
+                port: int | None = None, timeout: float = 120) -> str:
+    """Apply `action` (:data:`ACTIONS`) to the real node of the control plane whose env.json `starter` holds
+    (its ``env`` loaded, so :meth:`spawn` records new processes there). Returns a line saying what was done.
+    Raises NodeError without a real node, on an unknown action, a missing `port` for ``cut``/``uncut``, a
+    component that is not running, or one that does not come back within `timeout` seconds."""
+    env = starter.env
+    record = env.get("real_node")
+    if not record:
+        raise NodeError(f"{starter.d} has no real node (start --real-node)")
+    procs = {p["name"]: p for p in env.get("processes", [])}
+
+    def running(name: str) -> dict:
+        proc = procs.get(name)
+        if not proc or proc.get("start_ticks") is None or not alive(proc["pid"], proc["start_ticks"]):
+            raise NodeError(f"the real node's {name} is not running")
+        return proc
+
+    if action in ("freeze", "thaw"):
+        os.kill(running("kubelet")["pid"], signal.SIGSTOP if action == "freeze" else signal.SIGCONT)
+        return f"kubelet {'stopped (SIGSTOP)' if action == 'freeze' else 'continued (SIGCONT)'}"
+    if action in ("cut", "uncut"):
+        if port is None:
+            raise NodeError(f"node {action} needs --port")
+        rule = _cut_rule(record["bridge"], port)
+        if action == "cut" and _run("iptables", "-C", *rule, check=False).returncode != 0:
+            _run("iptables", "-I", *rule)
+        while action == "uncut" and _run("iptables", "-C", *rule, check=False).returncode == 0:
+            _run("iptables", "-D", *rule)
+        return f"pods {'cut off from' if action == 'cut' else 'reach'} {record['ip']}:{port}"
+    if action == "restart-kubelet":
+        old = running("kubelet")
+        os.kill(old["pid"], signal.SIGKILL)
+        os.kill(old["pid"], signal.SIGCONT)
+        _wait_gone(old, alive)
+        containerd = running("containerd")
+        kubelet = _spawn(starter, "kubelet", _kubelet_argv(Path(record["dir"])))
+        _wait_ready(starter, api, {"kubelet": kubelet}, timeout)
+        return f"kubelet restarted (pid {kubelet.pid}; containerd {containerd['pid']} kept); Node Ready"
+    if action == "lose":
+        killed = []
+        for name in ("kubelet", "containerd"):
+            proc = procs.get(name)
+            if proc and proc.get("start_ticks") is not None and alive(proc["pid"], proc["start_ticks"]):
+                os.kill(proc["pid"], signal.SIGKILL)
+                os.kill(proc["pid"], signal.SIGCONT)
+                _wait_gone(proc, alive)
+                killed.append(name)
+        shims = _pids_with_arg(record["containerd_socket"])
+        members = _kubepods_pids()
+        for pid in [*shims, *members]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return f"node lost: SIGKILL to {', '.join(killed) or 'nothing'}, {len(shims)} shims, {len(members)} " \
+               "container processes"
+    if action == "revive":
+        if any(procs.get(n) and alive(procs[n]["pid"], procs[n]["start_ticks"]) for n in ("kubelet", "containerd")):
+            raise NodeError("revive needs a lost node: its kubelet or containerd still runs")
+        containerd = _spawn_containerd(starter, record)
+        kubelet = _spawn(starter, "kubelet", _kubelet_argv(Path(record["dir"])))
+        _wait_ready(starter, api, {"kubelet": kubelet, "containerd": containerd}, timeout)
+        return f"node revived (containerd {containerd.pid}, kubelet {kubelet.pid}); Node Ready"
+    raise NodeError(f"unknown node action {action!r} (one of {', '.join(ACTIONS)})")
+
+
+def _cut_rule(bridge: str, port: int) -> list[str]:
+    """The iptables rule of ``cut``: packets from the pod network to this machine's TCP `port` dropped."""
+    return ["INPUT", "-i", bridge, "-p", "tcp", "--dport", str(port), "-m", "comment", "--comment", CUT_COMMENT,
+            "-j", "DROP"]
+
+
+def _wait_gone(proc: dict, alive: Callable[[int, int], bool], timeout: float = 10) -> None:
+    """Wait until the recorded process `proc` has exited (it was sent SIGKILL). Raises NodeError after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while alive(proc["pid"], proc["start_ticks"]):
+        if time.monotonic() > deadline:
+            raise NodeError(f"pid {proc['pid']} outlived SIGKILL for {timeout:g}s")
+        time.sleep(0.05)
+
+
+def _kubepods_pids() -> list[int]:
+    """PIDs of every process in the kubelet's ``kubepods`` cgroups (the pods' containers), from the pids hierarchy."""
+    pids: set[int] = set()
+    for root in (CGROUP_ROOT / "pids" / "kubepods", CGROUP_ROOT / "kubepods"):
+        for procs in root.rglob("cgroup.procs") if root.is_dir() else []:
+            try:
+                pids.update(int(x) for x in procs.read_text().split())
+            except (OSError, ValueError):
+                pass
+    return sorted(pids)
 
 
 def stop_node(d: Path, env: dict, alive: Callable[[int, int], bool], timeout: float = 20) -> list[str]:
@@ -320,6 +465,9 @@ def stop_node(d: Path, env: dict, alive: Callable[[int, int], bool], timeout: fl
     nd, sock = Path(record["dir"]), record["containerd_socket"]
     procs = {p["name"]: p for p in env.get("processes", [])}
     stopped: list[str] = []
+    kubelet = procs.get("kubelet")
+    if kubelet and kubelet.get("start_ticks") is not None and alive(kubelet["pid"], kubelet["start_ticks"]):
+        os.kill(kubelet["pid"], signal.SIGCONT)  # frozen by `node freeze`: a stopped process holds its SIGTERM
     if _signal_and_wait(procs.get("kubelet"), alive, timeout):
         stopped.append("kubelet")
     if procs.get("containerd") and alive(procs["containerd"]["pid"], procs["containerd"]["start_ticks"]):
@@ -418,6 +566,9 @@ def _cleanup_host(nd: Path, record: dict) -> list[str]:
     for rule in _iptables_rules(record["kubelet_port"]):
         while _run("iptables", "-C", *rule, check=False).returncode == 0:
             _run("iptables", "-D", *rule, check=False)
+    for line in _run("iptables", "-S", "INPUT", check=False).stdout.splitlines():
+        if CUT_COMMENT in line and line.startswith("-A "):  # left by `node cut`
+            _run("iptables", "-D", *line.split()[1:], check=False)
     failures += _remove_kubelet_chains()
     failures += _remove_cgroups()
     results = Path("/var/lib/cni/results")

@@ -2,13 +2,16 @@
 bundle folder, which Airflow puts on ``sys.path`` when it parses them, in the DAG processor and in a task).
 
 Everything goes under ``$AIRFLOW_HOME/traces``: callbacks append ``<dag> <task> <try> <kind> <run_id>`` to
-``callbacks.log``; :func:`body_line` appends ``<run_id> <try> <event> <unix time> <pid>`` to
-``<dag>.<task>.body`` (read by ``tests/integration/fault_helpers.py``).
+``callbacks.log``; :func:`body_line` appends ``<run_id> <try> <event> <unix time> <pid> <host>`` to
+``<dag>.<task>.body`` (read by ``tests/integration/fault_helpers.py``). ``<host>`` is the host name: a pod's name on
+the real node, where the PIDs of two containers' bodies can be the same number (each container has its own PID
+namespace), so an execution is a (host, pid) pair.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -41,7 +44,7 @@ CALLBACKS = {
 def body_line(ti, event: str) -> None:
     """Append one body trace line for ``ti`` (``event``: ``start``, ``tick`` or ``end``)."""
     with open(traces_dir() / f"{ti.dag_id}.{ti.task_id}.body", "a") as fh:
-        fh.write(f"{ti.run_id} {ti.try_number} {event} {time.time():.6f} {os.getpid()}\n")
+        fh.write(f"{ti.run_id} {ti.try_number} {event} {time.time():.6f} {os.getpid()} {socket.gethostname()}\n")
 
 
 def hold(ti, seconds: float = 240.0) -> None:

@@ -36,11 +36,13 @@ class FaultStack(AirflowStack):
     """An :class:`AirflowStack` on ``tests/fault_dags`` with leoflow, fault injection and a fault plan, that
     can stop and start one component (api-server, scheduler) while the others keep running. Its metadata DB is
     SQLite unless ``sql_alchemy_conn`` names another (:func:`pg_database`); the ``db``/``ti_row``/``attempts``/
-    ``log_events`` readers below read the SQLite file only."""
+    ``log_events`` readers below read the SQLite file only. ``api_host``: where the api-server listens
+    (:attr:`devtools.kube.KubeStack.api_host` for the real node's pods)."""
 
     def __init__(self, home: Path, *, extra_env: dict[str, str] | None = None, parallelism: int = 8,
                  public_api_apart: bool = False, sql_alchemy_conn: str | None = None,
-                 dags_folder: Path = FAULT_DAGS, example_dags: tuple[str, ...] = ()) -> None:
+                 dags_folder: Path = FAULT_DAGS, example_dags: tuple[str, ...] = (),
+                 api_host: str = "127.0.0.1") -> None:
         self.fault_plan = Path(home).resolve() / "fault-plan.json"
         env = {
             "AIRFLOW__LEOFLOW__TEST_FAULT_INJECTION": "True",
@@ -50,7 +52,7 @@ class FaultStack(AirflowStack):
         }
         super().__init__(home, executor=EXECUTOR, parallelism=parallelism, dags_folder=dags_folder, extra_env=env,
                          public_api_apart=public_api_apart, sql_alchemy_conn=sql_alchemy_conn,
-                         example_dags=example_dags)
+                         example_dags=example_dags, api_host=api_host)
 
     def up(self, dags: list[str]) -> FaultStack:
         """Migrate and start, waiting for ``dags``; returns self."""
@@ -360,35 +362,40 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, poll: fl
 # --- body traces ---------------------------------------------------------------------------------------
 @dataclass
 class Execution:
-    """One execution of a body: its try, pid, first and last trace time, whether it ended, extras."""
+    """One execution of a body: its try, pid, first and last trace time, whether it ended, its host (a pod's name on
+    the real node; "" from a writer that does not trace it) and the ``key=value`` extras of its start line."""
 
     try_number: int
     pid: int
     start: float
     last: float
     ended: bool = False
+    host: str = ""
     extra: list[str] = field(default_factory=list)
 
 
 def executions(stack: AirflowStack, dag_id: str, task_id: str, run_id: str) -> list[Execution]:
-    """The body executions of one TI, in start order (one per pid)."""
+    """The body executions of one TI, in start order (one per host and pid: on the real node two pods' bodies can
+    have the same PID, each in its container's PID namespace)."""
     path = stack.traces_dir / f"{dag_id}.{task_id}.body"
     if not path.exists():
         return []
-    found: dict[int, Execution] = {}
+    found: dict[tuple[str, int], Execution] = {}
     for line in path.read_text().splitlines():
         parts = line.split()
         if len(parts) < 5 or parts[0] != run_id:
             continue
         try_number, event, when, pid = int(parts[1]), parts[2], float(parts[3]), int(parts[4])
-        ex = found.get(pid)
+        rest = parts[5:]
+        host = rest.pop(0) if rest and "=" not in rest[0] else ""  # a writer's own extras are key=value
+        ex = found.get((host, pid))
         if ex is None:
-            ex = found[pid] = Execution(try_number, pid, when, when)
+            ex = found[host, pid] = Execution(try_number, pid, when, when, host=host)
         ex.start, ex.last = min(ex.start, when), max(ex.last, when)
         if event == "end":
             ex.ended = True
         if event == "start":
-            ex.extra.extend(parts[5:])
+            ex.extra.extend(rest)
     return sorted(found.values(), key=lambda e: e.start)
 
 

@@ -38,6 +38,15 @@ On top, each wave gets one **process-level fault**, each once per block of the t
   process dies, nothing reports; the Node is deleted), the real PodGC marks the pods Failed (``DeletionByPodGC``)
   and deletes them, and a replacement Node comes up.
 
+**On the real node** (``--real-node``, as ``scripts/run-tests`` runs the module; issue 35) the pods run in leoflow's
+agent image under a kubelet and containerd, and each fault is the real one (:mod:`node_faults`): ``mid_task``
+containerd SIGKILLs every process of the agent container; ``oom`` the holding body outgrows the container's memory
+limit and the kernel's OOM killer ends it (on this cgroup-v1 machine the task process alone: containerd reports
+``OOMKilled`` with the agent's exit 0); ``node_lost`` the kubelet, containerd, the shims and every container process
+are SIGKILLed, the Node is deleted, PodGC fails and deletes the pods, and the node is revived; one Node, so every run
+of a ``node_lost`` wave is a node-loss run of ``lf_kchaos``. The partition wave stops the node's kubelet (SIGSTOP)
+and cuts the pods off the api-server with iptables.
+
 **The partition wave** (:func:`test_kube_chaos_partition`, issue 33): :data:`PARTITION_RUNS` runs on a node that
 is cut off from the control plane while its pod processes run on: the Node deleted, or the pods deleted with a
 grace the node never acts on, while the pods still reach Airflow; or the pods cut off from Airflow too (their
@@ -80,13 +89,20 @@ from devtools.kube import KubeStack, require_binaries
 from devtools.stack import StackError
 from fault_helpers import (FaultStack, chaos_table, executions, newer_pods_touched, overlaps, pod_order, pod_phase,
                            pods_by_ti, wait_until)
+from node_faults import HarnessNode, RealNode, alive, held_file
 from tests.k8s.test_informer import CuttableRelay
 
-pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.slow, pytest.mark.chaos, pytest.mark.tables]
+pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.either_node, pytest.mark.slow, pytest.mark.chaos,
+              pytest.mark.tables]
 # every test here runs with --chaos; test_kube_chaos also with --chaos-ci, at :data:`CI_RUNS` (one wave, its seed
 # printed; issue 34)
 
 DAG, NODE_DAG, TASK = "lf_kchaos", "lf_kchaos_node", "work"
+OOM_DAG, PULL_DAG = "lf_koom", "lf_kpull"
+"""``tests/fault_dags/leoflow_kchaos.py``'s DAGs whose task fails after the OOM killer ended a child of it, and whose
+image cannot be pulled."""
+MISSING_IMAGE = "127.0.0.1:1/leoflow/missing:1"
+"""``tests/fault_dags/leoflow_kchaos.py``'s ``MISSING_IMAGE``."""
 LOST_NODE = "harness-node-lost"
 """``tests/fault_dags/leoflow_kchaos.py``'s ``LOST_NODE``."""
 AGENT_KILLS = ("before_run", "after_run", "after_record", "after_patch")
@@ -153,31 +169,39 @@ GONE = "410 Gone"
 
 
 @pytest.fixture(scope="module")
-def kube_stack(tmp_path_factory: pytest.TempPathFactory):
-    """``(stack, kube)``: the module's Airflow (started, both chaos DAGs serialized) on its Kubernetes."""
+def kube_stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
+    """``(stack, kube, relay, pod_relay, node)``: the module's Airflow (started, both chaos DAGs serialized) on its
+    Kubernetes, the relay of its scheduler's and api-server's kube-apiserver connections, the relay of the pods'
+    Airflow connections (the harness only: the real node's are cut with iptables), and the node's faults
+    (:mod:`node_faults`): the real node with ``--real-node``, else the node harness."""
     require_binaries()
     t0 = time.monotonic()
     work = tmp_path_factory.mktemp("kube-chaos")
     reuse = os.environ.get("K8SENV_DIR")
-    with KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False) as kube:
-        stack = FaultStack(work / "airflow", extra_env=EXTRA, parallelism=16)
+    real = request.config.getoption("--real-node")
+    with KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False,
+                   node="real" if real else "harness") as kube:
+        stack = FaultStack(work / "airflow", extra_env=EXTRA, parallelism=16, api_host=kube.api_host)
         server = urllib.parse.urlsplit(kube.env.server)
         relay = CuttableRelay((server.hostname, server.port))
-        pod_relay = CuttableRelay(("127.0.0.1", stack.api_port))
+        pod_relay = None if real else CuttableRelay(("127.0.0.1", stack.api_port))
+        node = RealNode(kube) if real else HarnessNode(kube, kube.harness)
         try:
             kube.configure(stack)
             stack.extra_env["AIRFLOW__LEOFLOW__KUBE_CONFIG"] = str(_relayed_kubeconfig(kube, relay, work))
-            _relay_pods(stack, kube, pod_relay)
-            stack.up([DAG, NODE_DAG])
-            print(f"stack up in {time.monotonic() - t0:.0f}s")
-            yield stack, kube, relay, pod_relay
+            if pod_relay is not None:
+                _relay_pods(stack, kube, pod_relay)
+            stack.up([DAG, NODE_DAG, OOM_DAG, PULL_DAG])
+            print(f"stack up in {time.monotonic() - t0:.0f}s ({kube.node} node)")
+            yield stack, kube, relay, pod_relay, node
         except BaseException:
             print("task pods:\n  " + "\n  ".join(kube.describe_pods()))
             raise
         finally:
             left = stack.stop()
             relay.close()
-            pod_relay.close()
+            if pod_relay is not None:
+                pod_relay.close()
             print(f"module wall time {time.monotonic() - t0:.0f}s")
         assert not left, f"processes left after stopping the stack: {left}"
 
@@ -221,73 +245,55 @@ def _blocks(rng: random.Random, items: tuple[str, ...], n: int) -> list[str]:
     return out[:n]
 
 
-def _plan(rng: random.Random, runs: int, process_faults: tuple[str, ...]) -> list[tuple[str, list[tuple[str, str]]]]:
+def _plan(rng: random.Random, runs: int, process_faults: tuple[str, ...], *, real: bool = False
+          ) -> list[tuple[str, list[tuple[str, str]]]]:
     """``[(process fault, [(dag_id, pod fault), ...]), ...]`` per wave: :data:`NODE_RUNS` runs of a
-    ``node_lost`` wave are ``lf_kchaos_node`` runs whose fault is the node's loss, every other run gets a pod fault."""
+    ``node_lost`` wave are ``lf_kchaos_node`` runs whose fault is the node's loss, every other run gets a pod fault.
+    On the ``real`` node (one Node: its loss ends every pod of the wave) every run of a ``node_lost`` wave is an
+    ``lf_kchaos`` run whose fault is the node's loss."""
     waves = (runs + WAVE - 1) // WAVE
     process = _blocks(rng, process_faults, waves)
     sizes = [min(WAVE, runs - i * WAVE) for i in range(waves)]
-    node_runs = [min(NODE_RUNS, size) if fault == "node_lost" else 0 for fault, size in zip(process, sizes)]
+    node_runs = [(size if real else min(NODE_RUNS, size)) if fault == "node_lost" else 0
+                 for fault, size in zip(process, sizes)]
     pod = iter(_blocks(rng, POD_FAULTS, runs - sum(node_runs)))
-    return [(fault, [(NODE_DAG, "node_lost")] * lost + [(DAG, next(pod)) for _ in range(size - lost)])
+    node_dag = DAG if real else NODE_DAG
+    return [(fault, [(node_dag, "node_lost")] * lost + [(DAG, next(pod)) for _ in range(size - lost)])
             for fault, size, lost in zip(process, sizes, node_runs)]
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
 
 
-def _held_pid(stack: FaultStack, run_id: str) -> int | None:
-    """The pid of the run's holding body (``traces/held.<run_id>.<pid>``), or None before it claimed the hold."""
-    for path in stack.traces_dir.glob(f"held.{run_id}.*"):
-        return int(path.name.rsplit(".", 1)[1])
-    return None
-
-
-def _holding(stack: FaultStack, harness, run_ids: list[str]) -> dict[str, tuple[str, str, int]] | None:
-    """``{run_id: (pod name, pod uid, body pid)}`` once every run's holding body runs in a pod of ``harness``, else
-    None."""
+def _holding(stack: FaultStack, node, run_ids: list[str]) -> dict[str, tuple[str, str, int]] | None:
+    """``{run_id: (pod name, pod uid, body pid)}`` once every run's holding body runs in a pod of ``node``
+    (:mod:`node_faults`), else None."""
     found = {}
     for run_id in run_ids:
-        pid = _held_pid(stack, run_id)
-        run = _pod_run_of([harness], pid) if pid else None
-        if run is None:
+        held = node.held(stack.traces_dir, run_id)
+        if held is None:
             return None
-        found[run_id] = (run.name, run.uid, pid)
+        found[run_id] = held
     return found
 
 
-def _pod_run_of(harnesses: list, pid: int):
-    """The harness's run (``_PodRun``) of the pod whose agent container is an ancestor of process ``pid``, or None."""
-    try:
-        ancestors = {p.pid for p in psutil.Process(pid).parents()}
-    except psutil.Error:
-        return None
-    for harness in harnesses:
-        for run in list(harness.runs.values()):
-            proc = run.procs.get("base")
-            if proc is not None and proc.pid in ancestors:
-                return run
-    return None
-
-
-def _inject_pod_fault(kube: KubeStack, run, fault: str) -> None:
-    """Apply one held pod fault (module docstring) to the harness run ``run`` of a pod whose body holds."""
+def _inject_pod_fault(stack: FaultStack, kube: KubeStack, node, run_id: str, name: str, uid: str,
+                      fault: str) -> None:
+    """Apply one held pod fault (module docstring) to pod ``name`` (``uid``) whose body holds."""
     from kubernetes import client
-
-    from tests.k8s.harness import kill_tree
 
     core = client.CoreV1Api(kube.api)
     if fault == "oom":
-        kube.harness.oom_kill(run.ns, run.name)
+        node.oom(stack.traces_dir, run_id, name)
     elif fault == "mid_task":
-        kill_tree(run.procs["base"].pid)
+        node.kill_container(name, uid)
     elif fault in ("delete_graceful", "delete_force"):
-        core.delete_namespaced_pod(run.name, run.ns, body=client.V1DeleteOptions(
+        core.delete_namespaced_pod(name, kube.namespace, body=client.V1DeleteOptions(
             grace_period_seconds=0 if fault == "delete_force" else None,
-            preconditions=client.V1Preconditions(uid=run.uid)))
+            preconditions=client.V1Preconditions(uid=uid)))
     elif fault == "evict":
-        core.create_namespaced_pod_eviction(run.name, run.ns, client.V1Eviction(
-            metadata=client.V1ObjectMeta(name=run.name, namespace=run.ns)))
+        core.create_namespaced_pod_eviction(name, kube.namespace, client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=name, namespace=kube.namespace)))
     else:
         raise ValueError(f"unknown held pod fault {fault!r}")
 
@@ -297,9 +303,9 @@ class PodFaults(threading.Thread):
     process fault. ``targets`` ``{run_id: fault}``; :attr:`hit` ``{run_id: pod uid}`` once injected;
     :attr:`errors` a line per fault that could not be injected (the test fails on any)."""
 
-    def __init__(self, stack: FaultStack, kube: KubeStack, targets: dict[str, str], deadline: float) -> None:
+    def __init__(self, stack: FaultStack, kube: KubeStack, node, targets: dict[str, str], deadline: float) -> None:
         super().__init__(name="kube-chaos-pod-faults", daemon=True)
-        self.stack, self.kube, self.targets, self.deadline = stack, kube, dict(targets), deadline
+        self.stack, self.kube, self.node, self.targets, self.deadline = stack, kube, node, dict(targets), deadline
         self.hit: dict[str, str] = {}
         self.errors: list[str] = []
         self._stop_event = threading.Event()
@@ -308,20 +314,21 @@ class PodFaults(threading.Thread):
         pending = dict(self.targets)
         while pending and time.monotonic() < self.deadline and not self._stop_event.is_set():
             for run_id, fault in list(pending.items()):
-                pid = _held_pid(self.stack, run_id)
-                if pid is None:
+                path = held_file(self.stack.traces_dir, run_id)
+                if path is None:
                     continue
-                run = _pod_run_of([self.kube.harness], pid)
-                if run is None:
-                    if not psutil.pid_exists(pid):
-                        self.errors.append(f"{run_id} {fault}: its held body {pid} ended before the fault")
+                held = self.node.held(self.stack.traces_dir, run_id)
+                if held is None:
+                    if not self.node.real and not psutil.pid_exists(int(path.name.rsplit(".", 1)[1])):
+                        self.errors.append(f"{run_id} {fault}: its held body ended before the fault")
                         del pending[run_id]
                     continue
+                name, uid, _ = held
                 try:
-                    _inject_pod_fault(self.kube, run, fault)
-                    self.hit[run_id] = run.uid
+                    _inject_pod_fault(self.stack, self.kube, self.node, run_id, name, uid, fault)
+                    self.hit[run_id] = uid
                 except Exception as exc:  # noqa: BLE001 - reported; the test fails on it
-                    self.errors.append(f"{run_id} {fault} on pod {run.name}: {exc!r}")
+                    self.errors.append(f"{run_id} {fault} on pod {name}: {exc!r}")
                 del pending[run_id]
             self._stop_event.wait(0.3)
         self.errors.extend(f"{run_id} {fault}: never injected (no held body)" for run_id, fault in pending.items())
@@ -386,21 +393,26 @@ def _force_410(stack: FaultStack, kube: KubeStack, relay: CuttableRelay) -> str:
     return f"cut off {cut_for:.0f}s, etcd compacted at {head}, the informer relisted on 410"
 
 
-def _lose_node(stack: FaultStack, kube: KubeStack, lost, wave: dict[str, tuple[str, str]],
+def _lose_node(stack: FaultStack, kube: KubeStack, node, lost, wave: dict[str, tuple[str, str]],
                hit: dict[str, str]):
-    """Wait until every node run's body holds, lose the node, wait for PodGC to delete its pods, start the
-    replacement Node's harness (returned). Records each node run's lost pod in ``hit``."""
+    """Wait until every node run's body holds, lose the node, wait for PodGC to delete its pods, then serve the
+    Node again: a replacement harness (returned) or, on the real node, the same node revived (its kubelet and
+    containerd started again; None returned). Records each node run's lost pod in ``hit``."""
     from kubernetes import client
 
     from tests.k8s.harness import NodeHarness
 
-    node_runs = [r for r, (d, _) in wave.items() if d == NODE_DAG]
-    held = wait_until(lambda: _holding(stack, lost, node_runs), 600,
+    node_runs = [r for r, (_, f) in wave.items() if f == "node_lost"]
+    held = wait_until(lambda: _holding(stack, node if node.real else HarnessNode(kube, lost), node_runs), 600,
                       "every node run's body to hold on the node to lose")
     hit.update({run_id: uid for run_id, (_, uid, _) in held.items()})
-    lost.lose_node()
-    t_lost = time.monotonic()
     core = client.CoreV1Api(kube.api)
+    if node.real:
+        lost_note = node.action("lose")
+        core.delete_node(kube.node_name)
+    else:
+        lost.lose_node()
+    t_lost = time.monotonic()
 
     def deleted() -> bool:  # PodGC marked them Failed and deleted them; leoflow's finalizer may still hold them
         kube.record_current()
@@ -408,14 +420,20 @@ def _lose_node(stack: FaultStack, kube: KubeStack, lost, wave: dict[str, tuple[s
                 if p.metadata.deletion_timestamp is None}
         return not live & {hit[r] for r in node_runs}
 
-    wait_until(deleted, PODGC_BOUND, "PodGC to delete the lost node's pods")
+    try:
+        wait_until(deleted, PODGC_BOUND, "PodGC to delete the lost node's pods")
+    finally:
+        if node.real:
+            node.action("revive")
     took = time.monotonic() - t_lost
+    if node.real:
+        return None, f"{lost_note}; PodGC deleted {len(node_runs)} pods {took:.0f}s after the Node's deletion; revived"
     replacement = NodeHarness(kube.api, LOST_NODE, kube.workdir / f"harness-replacement-{uuid.uuid4().hex[:6]}")
     replacement.start()
     return replacement, f"PodGC deleted {len(node_runs)} pods {took:.0f}s after the Node's deletion"
 
 
-def _inject(stack: FaultStack, kube: KubeStack, relay: CuttableRelay, fault: str,
+def _inject(stack: FaultStack, kube: KubeStack, node, relay: CuttableRelay, fault: str,
             wave: dict[str, tuple[str, str]], lost, hit: dict[str, str]):
     """Apply one wave's process fault once its condition holds; returns ``(replacement harness or None, note)``."""
     if fault == "none":
@@ -440,7 +458,7 @@ def _inject(stack: FaultStack, kube: KubeStack, relay: CuttableRelay, fault: str
                    poll=0.2)
         return None, _force_410(stack, kube, relay)
     if fault == "node_lost":
-        return _lose_node(stack, kube, lost, wave, hit)
+        return _lose_node(stack, kube, node, lost, wave, hit)
     raise ValueError(f"unknown process fault {fault!r}")
 
 
@@ -487,6 +505,117 @@ def test_kube_chaos(kube_stack, request: pytest.FixtureRequest) -> None:
     _chaos(kube_stack, tuple(f for f in PROCESS_FAULTS if f != "api_sigkill"), RUNS if full else CI_RUNS, SEED)
 
 
+@pytest.mark.real_node
+@pytest.mark.chaos_ci
+@pytest.mark.timeout(20 * 60)
+def test_an_oom_killed_child_and_an_image_that_cannot_be_pulled_are_settled_as_the_node_reports_them(
+        kube_stack) -> None:
+    """Issue 35, two real faults of one task pod each, run side by side (one wait, for CI's time):
+
+    * **an OOM-killed child**: at the container's memory limit this kernel (cgroup v1) kills the largest process,
+      here a child the task runs, not the container; the task then fails as a task does when its tool dies, and the
+      supervisor reports ``failed``. That report must not spend the user's retry on what the memory limit did: the
+      agent refuses it (``oom_killed``, ``leoflow_agent/oom.py``) and the reconciler settles it as an OOM kill,
+      like a container the runtime reports ``OOMKilled``: re-driven once on the infra budget, then, OOM-killed
+      again, failed through Airflow's own path. ``lf_koom`` has no retries, so before the refusal the first try's
+      report failed the task at once (try 1, ledger ``reported``);
+    * **an image that cannot be pulled** (its registry a closed loopback port): the pod waits ``ErrImagePull`` /
+      ``ImagePullBackOff`` as the kubelet reports it; past the pull grace (60 s) leoflow deletes the pod and fails
+      the task through Airflow's own path, naming the image and the kubelet's reason, without re-running it (the
+      same image fails again). Its body never ran."""
+    from kubernetes import client
+
+    stack, kube, _, _, _ = kube_stack
+    oom_run = stack.trigger_with(OOM_DAG, None, prefix="oom")
+    pull_run = stack.trigger_with(PULL_DAG, None, prefix="pull")
+    states = {dag_id: stack.wait_for_run(dag_id, run_id, timeout=15 * 60, poll=2)
+              for dag_id, run_id in ((OOM_DAG, oom_run), (PULL_DAG, pull_run))}
+    for dag_id, run_id in ((OOM_DAG, oom_run), (PULL_DAG, pull_run)):
+        wait_until(lambda d=dag_id, r=run_id: all(a["state"] == "closed" for a in stack.attempts(d, r, TASK)), 120,
+                   f"the {dag_id} run's attempts to be closed")
+
+    ti = stack.ti_row(OOM_DAG, oom_run, TASK)
+    ledger = [(a["try_number"], a["resolution"]) for a in stack.attempts(OOM_DAG, oom_run, TASK)]
+    log1 = stack.home / "logs" / f"dag_id={OOM_DAG}" / f"run_id={oom_run}" / f"task_id={TASK}" / "attempt=1.log"
+    text = log1.read_text(errors="replace") if log1.exists() else ""
+    assert (states[OOM_DAG], ti["state"], ti["try_number"], ti["max_tries"]) == ("failed", "failed", 2, 1), \
+        (ti, ledger)
+    assert ledger == [(1, "oom_redrive"), (2, "executor_failed")], ledger
+    assert "OOM killer ended a process of this attempt" in text, text[-2000:]
+
+    ti = stack.ti_row(PULL_DAG, pull_run, TASK)
+    ledger = stack.attempts(PULL_DAG, pull_run, TASK)
+    assert (states[PULL_DAG], ti["state"], ti["try_number"]) == ("failed", "failed", 1), (ti, ledger)
+    assert len(ledger) == 1 and MISSING_IMAGE in (ledger[0]["detail"] or ""), ledger
+    assert any(word in ledger[0]["detail"] for word in ("ErrImagePull", "ImagePullBackOff")), ledger
+    assert not executions(stack, PULL_DAG, TASK, pull_run), "the body of a task whose image cannot be pulled ran"
+    core = client.CoreV1Api(kube.api)
+    wait_until(lambda: not [p for p in core.list_namespaced_pod(kube.namespace).items
+                            if p.metadata.name.startswith("lf-kpull-")], 120, "the pull run's pod to be deleted")
+
+
+@pytest.mark.real_node
+@pytest.mark.chaos_ci
+@pytest.mark.timeout(10 * 60)
+def test_a_pod_its_node_has_no_room_for_waits_as_backpressure_and_runs_once_there_is_room(kube_stack) -> None:
+    """Issue 35, found by the benchmark on the real node (a warm pool's pods held the CPU the cold pods requested):
+    a pod bound to a node whose allocatable CPU other pods hold is refused by the kubelet at admission (``Failed``,
+    reason ``OutOfcpu``) before it starts. That is backpressure, not a dead agent: before, leoflow re-dispatched it
+    as "the agent died before /run" and, past ``[leoflow] redispatch_limit`` (2), failed the task. Now each refusal
+    closes its epoch ``launch_failed`` and the workload is offered again 5 s later; once a pod holding the room
+    ends, the task runs at its first try and succeeds."""
+    from kubernetes import client
+
+    stack, kube, _, _, _ = kube_stack
+    core = client.CoreV1Api(kube.api)
+    node = core.read_node(kube.node_name)
+    held = sum(_milli_cpu((c.resources.requests or {}).get("cpu", "0"))
+               for p in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={kube.node_name}").items
+               if p.status.phase not in ("Succeeded", "Failed") for c in p.spec.containers)
+    room = _milli_cpu(node.status.allocatable["cpu"]) - held
+    filler = "cpu-filler"
+    core.create_namespaced_pod(kube.namespace, client.V1Pod(
+        metadata=client.V1ObjectMeta(name=filler),
+        spec=client.V1PodSpec(
+            node_name=kube.node_name, restart_policy="Never", termination_grace_period_seconds=0,
+            security_context=client.V1PodSecurityContext(
+                run_as_non_root=True, run_as_user=65534, seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault")),
+            containers=[client.V1Container(
+                name="sleep", image="leoflow.local/busybox:1", command=["/bin/sh", "-c", "sleep 3600"],
+                resources=client.V1ResourceRequirements(requests={"cpu": f"{room - 50}m"}),
+                security_context=client.V1SecurityContext(allow_privilege_escalation=False,
+                                                          capabilities=client.V1Capabilities(drop=["ALL"])))])))
+    try:
+        wait_until(lambda: core.read_namespaced_pod(filler, kube.namespace).status.phase == "Running", 120,
+                   "the pod that holds the node's CPU to run")
+        run_id = stack.trigger_with(DAG, None, prefix="room")
+
+        def refused() -> int:
+            ti = stack.ti_row(DAG, run_id, TASK)
+            return sum(1 for a in stack.attempts(DAG, run_id, TASK) if a["resolution"] == "launch_failed") \
+                if ti else 0
+
+        wait_until(lambda: refused() >= 2, 180, "the run's pod to be refused for lack of room twice")
+    finally:
+        core.delete_namespaced_pod(filler, kube.namespace, grace_period_seconds=0)
+    state = stack.wait_for_run(DAG, run_id, timeout=300, poll=2)
+    ti = stack.ti_row(DAG, run_id, TASK)
+    wait_until(lambda: all(a["state"] == "closed" for a in stack.attempts(DAG, run_id, TASK)), 120,
+               "the run's attempts to be closed")
+    ledger = stack.attempts(DAG, run_id, TASK)
+    resolutions = [a["resolution"] for a in ledger]
+    assert (state, ti["state"], ti["try_number"], ti["max_tries"]) == ("success", "success", 1, RETRIES), \
+        (ti, resolutions)
+    assert set(resolutions[:-1]) == {"launch_failed"} and resolutions[-1] == "reported", resolutions
+    assert all("OutOfcpu" in (a["detail"] or "") for a in ledger[:-1]), [a["detail"] for a in ledger]
+    assert len(executions(stack, DAG, TASK, run_id)) == 1
+
+
+def _milli_cpu(quantity: str) -> int:
+    """A CPU quantity (``"2"``, ``"1500m"``, ``"0.5"``) in millicores."""
+    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+
+
 @pytest.mark.timeout(30 * 60)
 def test_kube_chaos_api_server_killed_mid_report(kube_stack) -> None:
     """One wave of :data:`WAVE` runs (pod faults as in :func:`test_kube_chaos`) whose process fault is
@@ -498,25 +627,33 @@ def test_kube_chaos_api_server_killed_mid_report(kube_stack) -> None:
 
 @pytest.mark.timeout(60 * 60)
 def test_kube_chaos_partition(kube_stack) -> None:
-    """Issue 33's partition wave: :data:`PARTITION_RUNS` ``lf_kchaos_node`` runs in waves of :data:`PARTITION_WAVE`,
-    each wave one case of :data:`PARTITIONS` in a seeded order. Every run's body holds on the node harness of
-    :data:`LOST_NODE`; then that node is partitioned (:meth:`NodeHarness.partition`: no status, no reaction to
-    deletes, the pod processes run on) and a new harness serves the Node's name for new pods (so a re-run the
-    scheduler starts too early really runs, and its body shows as an overlap):
+    """Issue 33's partition wave: :data:`PARTITION_RUNS` runs in waves of :data:`PARTITION_WAVE`, each wave one case
+    of :data:`PARTITIONS` in a seeded order. Every run's body holds on the node; then that node is partitioned: cut
+    off from the control plane (no status, no reaction to deletes) while its pod processes run on:
 
     * ``partition_node_deleted``: the Node is deleted (PodGC marks the pods Failed, ``DeletionByPodGC``, and deletes
       them; leoflow's finalizer holds them); the pods still reach Airflow and heartbeat;
     * ``partition_pod_deleted``: each pod is deleted with its grace period, which the node never acts on;
-    * ``partition_cut``: the pods also lose Airflow's api-server (their relay is cut); the agent's lease must kill
-      each body before the scheduler re-runs it; the relay comes back once the bodies are dead.
+    * ``partition_cut``: the pods also lose Airflow's api-server; the agent's lease must kill each body before the
+      scheduler re-runs it; the pods reach it again once the bodies are dead.
+
+    On the node harness, ``lf_kchaos_node`` runs on :data:`LOST_NODE`, partitioned with
+    :meth:`NodeHarness.partition`, the pods cut off by their relay, and a new harness serves the Node's name for new
+    pods at once (so a re-run the scheduler starts too early really runs, and its body shows as an overlap). On the
+    real node (``--real-node``), ``lf_kchaos`` runs there; its kubelet is stopped (SIGSTOP), the pods' packets to the
+    api-server dropped by iptables, and the node heals once the wave's bodies ended (the kubelet continued, or
+    restarted when its Node was deleted): a re-run started too early runs then, after the first body ended, and
+    counts as a lost success (a body that started after one had ended).
 
     :data:`PARTITION_HOLD` s after the case took effect the bodies are released. Judged as :func:`test_kube_chaos`:
     0 overlaps ("double runs": two bodies' [start, last trace] intersect), 0 lost successes, 0 user retries spent."""
     from tests.k8s.harness import NodeHarness
 
-    stack, kube, _, pod_relay = kube_stack
+    stack, kube, _, pod_relay, node = kube_stack
     seed = SEED + 2
-    print(f"\nkube partition seed: {seed} (LEOFLOW_CHAOS_SEED={SEED} replays the module), runs: {PARTITION_RUNS}")
+    dag_id = DAG if node.real else NODE_DAG
+    print(f"\nkube partition seed: {seed} (LEOFLOW_CHAOS_SEED={SEED} replays the module), runs: {PARTITION_RUNS}, "
+          f"{kube.node} node")
     waves = _blocks(random.Random(seed), PARTITIONS, (PARTITION_RUNS + PARTITION_WAVE - 1) // PARTITION_WAVE)
     t0 = time.monotonic()
     plan: dict[str, tuple[str, str, str]] = {}
@@ -528,19 +665,20 @@ def test_kube_chaos_partition(kube_stack) -> None:
             break
         t_wave = time.monotonic()
         size = min(PARTITION_WAVE, PARTITION_RUNS - index * PARTITION_WAVE)
-        lost = NodeHarness(kube.api, LOST_NODE, kube.workdir / f"harness-partitioned-{index}").start()
+        lost = None if node.real else NodeHarness(kube.api, LOST_NODE,
+                                                  kube.workdir / f"harness-partitioned-{index}").start()
         healed = None
         wave: dict[str, tuple[str, str]] = {}
         note = ""
         try:
             for _ in range(size):
-                run_id = stack.trigger_with(NODE_DAG, None, prefix=f"p{len(plan):03d}",
+                run_id = stack.trigger_with(dag_id, None, prefix=f"p{len(plan):03d}",
                                             prepare=lambda r: (stack.traces_dir / f"hold.{r}").write_text("hold\n"))
-                plan[run_id] = (NODE_DAG, case, "partition")
-                wave[run_id] = (NODE_DAG, case)
+                plan[run_id] = (dag_id, case, "partition")
+                wave[run_id] = (dag_id, case)
             pending = set(wave)
             try:
-                healed, note = _partition(stack, kube, pod_relay, case, wave, lost, hit,
+                healed, note = _partition(stack, kube, node, pod_relay, case, wave, lost, hit,
                                           lambda i=index: NodeHarness(kube.api, LOST_NODE,
                                                                       kube.workdir / f"harness-healed-{i}"))
                 _poll_runs(stack, wave, pending, finals, t_wave + WAVE_BUDGET)
@@ -548,38 +686,61 @@ def test_kube_chaos_partition(kube_stack) -> None:
                 crashed.append(f"wave {index + 1} ({case}): {exc}")
                 note = "stopped: " + crashed[-1]
             finally:
-                pod_relay.restore()
+                _heal(stack, kube, node, pod_relay, case)
                 for run_id in wave:
                     (stack.traces_dir / f"release.{run_id}").write_text("go\n")
         finally:
-            lost.stop()
+            if lost is not None:
+                lost.stop()
+                _delete_node(kube)
             if healed is not None:
                 healed.stop()
-            _delete_node(kube)
         print(f"wave {index + 1} ({case}{': ' + note if note else ''}): {len(wave)} runs, {len(pending)} unfinished, "
               f"{time.monotonic() - t_wave:.0f}s (total {time.monotonic() - t0:.0f}s)", flush=True)
     _conclude(stack, kube, plan, finals, hit, crashed, [], seed=seed, t0=t0, pod_rows=list(PARTITIONS),
               process_rows=["partition"])
 
 
-def _partition(stack: FaultStack, kube: KubeStack, pod_relay: CuttableRelay, case: str,
+def _heal(stack: FaultStack, kube: KubeStack, node, pod_relay: CuttableRelay | None, case: str) -> None:
+    """End the partition: the pods reach Airflow again; on the real node its kubelet runs again (a new one when the
+    case deleted its Node, which only a starting kubelet registers again). Idempotent."""
+    if pod_relay is not None:
+        pod_relay.restore()
+    if node.real:
+        node.action("uncut", port=stack.api_port)
+        node.action("restart-kubelet" if case == "partition_node_deleted" else "thaw")
+
+
+def _partition(stack: FaultStack, kube: KubeStack, node, pod_relay: CuttableRelay | None, case: str,
                wave: dict[str, tuple[str, str]], lost, hit: dict[str, str], healed_node):
-    """Once every run of ``wave`` holds on ``lost``, partition it and play ``case`` (:func:`test_kube_chaos_partition`),
-    serving the Node's name again with ``healed_node()`` (returned, with a note); the bodies are released by the
-    caller for ``partition_cut``, here :data:`PARTITION_HOLD` s after the case took effect for the others. Records each
+    """Once every run of ``wave`` holds on the node, partition it and play ``case`` (:func:`test_kube_chaos_partition`);
+    on the harness the Node's name is served again with ``healed_node()`` (returned, with a note; None on the real
+    node, healed by the caller's :func:`_heal` once the wave ended). The bodies are released by the caller for
+    ``partition_cut``, here :data:`PARTITION_HOLD` s after the case took effect for the others. Records each
     partitioned pod in ``hit`` (the test's own fault, spared by "older touched newer")."""
     from kubernetes import client
 
     core = client.CoreV1Api(kube.api)
-    held = wait_until(lambda: _holding(stack, lost, list(wave)), 600,
+    on = node if node.real else HarnessNode(kube, lost)
+    held = wait_until(lambda: _holding(stack, on, list(wave)), 600,
                       "every partition run's body to hold on the node to partition")
     hit.update({run_id: uid for run_id, (_, uid, _) in held.items()})
     if case == "partition_cut":
-        pod_relay.cut()
-    lost.partition()
+        if node.real:
+            node.action("cut", port=stack.api_port)
+        else:
+            pod_relay.cut()
+    if node.real:
+        node.action("freeze")
+    else:
+        lost.partition()
     t_cut = time.monotonic()
+
+    def heal():
+        return None if node.real else healed_node().start()
+
     if case == "partition_node_deleted":
-        _delete_node(kube)
+        core.delete_node(kube.node_name if node.real else LOST_NODE)
 
         def failed_by_podgc() -> bool:
             kube.record_current()
@@ -589,20 +750,20 @@ def _partition(stack: FaultStack, kube: KubeStack, pod_relay: CuttableRelay, cas
 
         wait_until(failed_by_podgc, PODGC_BOUND, "PodGC to fail the partitioned node's pods")
         note = f"PodGC acted {time.monotonic() - t_cut:.0f}s after the Node's deletion"
-        healed = healed_node().start()
+        healed = heal()
     elif case == "partition_pod_deleted":
-        healed = healed_node().start()
+        healed = heal()
         for name, uid, _ in held.values():
             core.delete_namespaced_pod(name, kube.namespace, body=client.V1DeleteOptions(
                 preconditions=client.V1Preconditions(uid=uid)))
         time.sleep(GRACE_SECONDS + 60.0)  # the grace, then leoflow's pod_termination_valve (60 s)
         note = "deleted with their grace; the node never acted"
     else:
-        healed = healed_node().start()
-        wait_until(lambda: not any(_alive(pid) for _, _, pid in held.values()), LEASE_BOUND,
+        healed = heal()
+        wait_until(lambda: not any(alive(pid) for _, _, pid in held.values()), LEASE_BOUND,
                    "the agents' lease to kill every cut-off body")
         note = f"the lease killed every body {time.monotonic() - t_cut:.0f}s after the cut"
-        pod_relay.restore()
+        _heal(stack, kube, node, pod_relay, case)
         return healed, note
     time.sleep(PARTITION_HOLD)
     for run_id in wave:  # the bodies end now and report their success themselves
@@ -610,23 +771,15 @@ def _partition(stack: FaultStack, kube: KubeStack, pod_relay: CuttableRelay, cas
     return healed, note
 
 
-def _alive(pid: int) -> bool:
-    """Process ``pid`` runs (a zombie has ended: its body writes nothing more)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def _chaos(kube_stack, process_faults: tuple[str, ...], runs: int, seed: int) -> None:
     """Make ``runs`` seeded runs in waves with ``process_faults`` (module docstring); print the tables, then
     assert."""
     from tests.k8s.harness import NodeHarness
 
-    stack, kube, relay, _ = kube_stack
+    stack, kube, relay, _, node = kube_stack
     print(f"\nkube chaos seed: {seed} (LEOFLOW_CHAOS_SEED={SEED} replays the module), runs: {runs}, "
-          f"process faults: {', '.join(process_faults)}")
-    waves = _plan(random.Random(seed), runs, process_faults)
+          f"process faults: {', '.join(process_faults)}, {kube.node} node")
+    waves = _plan(random.Random(seed), runs, process_faults, real=node.real)
     t0 = time.monotonic()
     plan: dict[str, tuple[str, str, str]] = {}  # run_id -> (dag_id, pod fault, process fault)
     finals: dict[str, str] = {}
@@ -639,7 +792,7 @@ def _chaos(kube_stack, process_faults: tuple[str, ...], runs: int, seed: int) ->
             break
         t_wave = time.monotonic()
         lost = replacement = None
-        if fault == "node_lost":
+        if fault == "node_lost" and not node.real:
             lost = NodeHarness(kube.api, LOST_NODE, kube.workdir / f"harness-lost-{index}").start()
         wave: dict[str, tuple[str, str]] = {}
         try:
@@ -651,12 +804,12 @@ def _chaos(kube_stack, process_faults: tuple[str, ...], runs: int, seed: int) ->
                     prepare=(lambda r: (stack.traces_dir / f"hold.{r}").write_text("hold\n")) if hold else None)
                 plan[run_id] = (dag_id, pod_fault, fault)
                 wave[run_id] = (dag_id, pod_fault)
-            injector = PodFaults(stack, kube, {r: f for r, (_, f) in wave.items() if f in HELD_FAULTS},
+            injector = PodFaults(stack, kube, node, {r: f for r, (_, f) in wave.items() if f in HELD_FAULTS},
                                  t_wave + WAVE_BUDGET)
             injector.start()
             pending = set(wave)
             try:
-                replacement, note = _inject(stack, kube, relay, fault, wave, lost, hit)
+                replacement, note = _inject(stack, kube, node, relay, fault, wave, lost, hit)
                 _poll_runs(stack, wave, pending, finals, t_wave + WAVE_BUDGET)
             except (StackError, TimeoutError) as exc:  # the table is still printed, then the test fails
                 crashed.append(f"wave {index + 1} ({fault}): {exc}")

@@ -38,7 +38,8 @@ from devtools.kube import HARNESS_LABEL, PSA_RESTRICTED, REAL_POD_HOME, KubeStac
 from devtools.runs import RunResult, run_all
 from devtools.stack import OUR_DAGS, REPO_ROOT
 
-pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(KUBE_RUN_TIMEOUT_SECONDS + 600)]
+pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.either_node,
+              pytest.mark.timeout(KUBE_RUN_TIMEOUT_SECONDS + 600)]
 
 E2E_EXAMPLE_FILES = expected.KUBE_EXAMPLE_FILES
 """Airflow examples run here beside every leoflow_* DAG of the demo (``expected.KUBE_EXAMPLE_FILES``); set

@@ -294,6 +294,59 @@ def test_pods_reach_this_machine_at_the_bridge_address_and_nothing_beyond(node, 
     assert heard == [f"{BEYOND_GATEWAY} from-this-machine"], heard
 
 
+def test_a_pod_still_reaches_the_bridge_after_the_port_of_the_lowest_mac_left(node) -> None:
+    """Issue 35, found in the chaos suite on the real node: a Linux bridge whose MAC was never set takes the lowest
+    MAC of its ports. When the pod whose veth had the lowest MAC ended, the bridge's MAC changed under every pod that
+    had resolved the bridge's address to the old one, which no port owned any more: their connections to this
+    machine (Airflow's api-server) timed out until their neighbour entries expired (20-50 s; a ``ConnectTimeout``
+    in the Task SDK, then the agent's lease killing a healthy task). The node sets the bridge's MAC, so it never
+    changes: a pod that connected while a port with the lowest possible MAC was on the bridge connects again at once
+    after that port left."""
+    env, core, _ = node
+    ip, bridge = env.real_node["ip"], env.real_node["bridge"]
+    received: list[bytes] = []
+    server = socket.create_server((ip, 0))
+    server.settimeout(60)
+    port = server.getsockname()[1]
+
+    def accept() -> None:
+        for _ in range(2):
+            conn, _ = server.accept()
+            with conn:
+                received.append(conn.recv(100))
+
+    listener = threading.Thread(target=accept, daemon=True)
+    listener.start()
+    subprocess.run(["ip", "link", "add", "lfmactest0", "address", "00:00:00:00:00:01", "type", "veth", "peer",
+                    "name", "lfmactest1"], check=True)
+    try:
+        subprocess.run(["ip", "link", "set", "lfmactest0", "master", bridge, "up"], check=True)
+        before = Path(f"/sys/class/net/{bridge}/address").read_text().strip()
+        _pod(core, env, "mac", f"echo first | nc -w 5 {ip} {port}; while [ ! -e /flag/go ]; do sleep 0.2; done; "
+                               f"echo second | nc -w 5 {ip} {port}; echo rc=$?",
+             volumes=[{"name": "flag", "emptyDir": {}}],
+             container={"volumeMounts": [{"name": "flag", "mountPath": "/flag"}]})
+        deadline = time.monotonic() + 60
+        while len(received) < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert received == [b"first\n"], received
+    finally:
+        subprocess.run(["ip", "link", "del", "lfmactest0"], check=False, capture_output=True)
+    try:
+        after = Path(f"/sys/class/net/{bridge}/address").read_text().strip()
+        uid = _raw(core, "mac")["metadata"]["uid"]
+        flag = Path(env.real_node["dir"]) / "kubelet" / "root" / "pods" / uid / "volumes" / "kubernetes.io~empty-dir"
+        (flag / "flag" / "go").write_text("go\n")  # the pod's second connection, now
+        pod = _wait(core, "mac", _ended, timeout=60)
+        listener.join(10)
+    finally:
+        server.close()
+    log = core.read_namespaced_pod_log("mac", NAMESPACE)
+    assert received == [b"first\n", b"second\n"] and "rc=0" in log, (received, log, before, after)
+    assert after == before, f"the bridge's MAC changed from {before} to {after}"
+    assert pod["status"]["phase"] == "Succeeded"
+
+
 def _image_config(archive: Path) -> dict:
     """The image config (``config`` of the OCI image config JSON) in an OCI archive of ``scripts/k8senv image``."""
     with tarfile.open(archive) as tar:

@@ -153,6 +153,18 @@ def test_deadline_exceeded_before_the_container_started():
     assert "pod reason DeadlineExceeded: Pod was active" in describe_end(v)
 
 
+def test_a_pod_the_kubelet_refused_for_lack_of_room_is_no_room():
+    """Issue 35, the real node: a pod bound to a node whose allocatable CPU other pods hold ends Failed with the
+    kubelet's admission reason before any container starts; that is backpressure, named for the log."""
+    message = "Pod was rejected: Node didn't have enough resource: cpu, requested: 100, used: 1900, capacity: 2000"
+    v = pod_view(pod(phase="Failed", agent_state={"waiting": {"reason": "ContainerCreating"}}, status={
+        "reason": "OutOfcpu", "message": message, "containerStatuses": []}))
+    evidence = pod_evidence(v, REF)
+    assert evidence.record is None and evidence.cause is not None and evidence.cause.kind is EndKind.NO_ROOM
+    assert evidence.cause.reason == f"pod leoflow-p-1 was refused by its node for lack of room (pod reason " \
+                                    f"OutOfcpu: {message})"
+
+
 def test_disruption_target_only_when_its_status_is_true():
     cond = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
     v = pod_view(pod(deleting=True, status={"conditions": [cond]}))

@@ -248,6 +248,25 @@ def test_agent_dead_before_run_is_reoffered_then_dispatched_as_the_next_epoch(wo
     assert world.epochs(ref.ti_id) == [(1, "closed"), (2, "claimed")]
 
 
+def test_a_pod_its_node_had_no_room_for_is_reoffered_later_without_spending_the_redispatch_limit(tmp_path):
+    """Issue 35, the real node: the kubelet refused the pod for lack of room (``OutOfcpu``) before it started. That
+    is backpressure: closed ``launch_failed``, no Fail even at ``redispatch_limit`` 0, and the workload offered
+    again only once ``NO_ROOM_BACKOFF_SECONDS`` passed (the node is not asked again at once)."""
+    from leoflow_airflow.lifecycle.core import NO_ROOM_BACKOFF_SECONDS
+    from leoflow_airflow.lifecycle.runtime import EndCause, EndKind
+
+    world = World(tmp_path, redispatch_limit="0")
+    w, ref = world.dispatched()
+    world.runtime.causes[ref] = EndCause(EndKind.NO_ROOM, "pod p was refused by its node for lack of room "
+                                                          "(pod reason OutOfcpu)")
+    actions = world.exit(ref, code=None)
+    assert world.row(ref).resolution == Resolution.LAUNCH_FAILED
+    assert not [a for a in actions if isinstance(a, (Fail, Reoffer))]
+    world.clock.t += NO_ROOM_BACKOFF_SECONDS
+    (reoffer,) = [a for a in world.life.cycle() if isinstance(a, Reoffer)]
+    assert reoffer.key == w.key and str(reoffer.workload.ti.id) == ref.ti_id
+
+
 def test_redispatch_limit_fails_through_airflow(tmp_path):
     world = World(tmp_path, redispatch_limit="0")
     w, ref = world.dispatched()

@@ -40,6 +40,8 @@ def rec(state: str | None) -> outcome.OutcomeRecord | None:
         return outcome.killed(ATTEMPT)
     if state == "api_unreachable":
         return outcome.api_unreachable(ATTEMPT)
+    if state == "oom_killed":
+        return outcome.oom_killed(ATTEMPT)
     if state in ("exchange_refused", "exchange_unreachable", "agent_start_failed"):
         return getattr(outcome, state)(None)  # a task pod's agent before its grant: no attempt identity
     return outcome.record_for_state(state, PAYLOADS[state], attempt=ATTEMPT, api_version="2025-09-23")
@@ -60,6 +62,9 @@ MATRIX = [
     (("killed", TI_ID, "running", 1, False), (Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE)),
     # ... and a failure the agent refused after an Execution API call went unanswered (issue 10)
     (("api_unreachable", TI_ID, "running", 1, False), (Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE)),
+    # ... and a failure the agent refused after the OOM killer ended its task process (issue 35, the real node)
+    (("oom_killed", TI_ID, "running", 1, False), (Act.INFRA_REDRIVE, Resolution.OOM_REDRIVE)),
+    (("oom_killed", TI_ID, "queued", 1, False), (Act.REDISPATCH, Resolution.REDISPATCHED)),
     # row 3: no record, RUNNING -> infra loss
     ((None, TI_ID, "running", 1, False), (Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE)),
     # row 4: no record, that ti_id QUEUED (died before /run) -> re-dispatch the same ti_id
@@ -176,3 +181,23 @@ def test_outcome_summary():
     assert outcome_summary(rec("success")) == "success"
     assert outcome_summary(rec("up_for_retry")) == "up_for_retry"
     assert "heartbeat_lost" in outcome_summary(rec("heartbeat_lost"))
+
+
+def test_an_oom_killed_record_on_the_try_an_oom_kill_re_drove_fails_the_task():
+    """The agent's ``oom_killed`` record settles as an OOM kill the runtime reports: re-driven once, then, on the
+    try that re-drive made, failed (``executor.fail``) instead of re-driven again."""
+    action = decide(ti_id=TI_ID, try_number=2, record=rec("oom_killed"), ti=row("running", try_number=2),
+                    oom_redriven=True)
+    assert (action.act, action.resolution) == (Act.TASK_FAIL, Resolution.EXECUTOR_FAILED)
+    assert "OOM" in action.why
+
+
+def test_a_pod_its_node_had_no_room_for_is_re_offered_as_backpressure():
+    """Issue 35, the real node: a QUEUED TI whose pod the kubelet refused for lack of room (``OutOfcpu``) never
+    started: re-dispatched, closed ``launch_failed`` (backpressure: no redispatch_limit spent, never a failure)."""
+    from leoflow_airflow.lifecycle.runtime import EndCause, EndKind
+
+    cause = EndCause(EndKind.NO_ROOM, "pod p-1 was refused by its node for lack of room (pod reason OutOfcpu)")
+    action = decide(ti_id=TI_ID, try_number=1, record=None, ti=row("queued"), cause=cause)
+    assert (action.act, action.resolution) == (Act.REDISPATCH, Resolution.LAUNCH_FAILED)
+    assert "OutOfcpu" in action.why and "backpressure" in action.why

@@ -52,6 +52,7 @@ class Harness:
         self.reported: list[tuple[str, bool]] = []
         self.ti_log: list[tuple[str, str]] = []
         self.record_path = record_path
+        self.oom_killed = False
 
         def api_server(request: httpx.Request) -> httpx.Response:
             if not self.up:
@@ -66,6 +67,7 @@ class Harness:
             task_log=lambda level, message: self.ti_log.append((level, message)),
             max_failed_heartbeats=max_failed,
             killed=lambda: os.path.exists(kill_marker_path(record_path)),
+            oom_killed=lambda: self.oom_killed,
         )
         self.client = heartbeat_counting_client(SdkLikeClient)(transport=self.transport)
         self.client.leoflow_transport = self.transport
@@ -294,3 +296,26 @@ def test_a_failure_without_a_kill_lands(tmp_path):
     h = Harness(str(tmp_path / "record.json"))
     assert h.report(UP_FOR_RETRY).status_code == 200
     assert h.reported == [("up_for_retry", True)] and h.record().state == "up_for_retry"
+
+
+@pytest.mark.parametrize("body", [FAILED, UP_FOR_RETRY], ids=["failed", "up_for_retry"])
+def test_a_failure_after_the_oom_killer_ended_a_process_of_the_attempt_is_refused(tmp_path, body):
+    """Issue 35, the real node: at a container's memory limit a cgroup-v1 kernel kills the largest process, the task
+    process, and the supervisor reports the task failed. That report would spend a user retry: it never leaves, the
+    record says ``oom_killed`` (settled as an OOM kill) and the TI's log says why."""
+    h = Harness(str(tmp_path / "record.json"))
+    h.oom_killed = True
+    with pytest.raises(httpx.HTTPStatusError) as refused:
+        h.report(body)
+    assert refused.value.response.status_code == 409
+    assert not [r for r in h.sent if r.url.path.endswith("/state")], "a failure left after an OOM kill"
+    assert h.record().reason == outcome.Reason.OOM_KILLED and h.record().payload is None and h.reported == []
+    assert any("OOM killer" in m for _, m in h.ti_log), h.ti_log
+
+
+def test_a_success_after_an_oom_kill_lands(tmp_path):
+    """An OOM kill of some other process of the attempt (a subprocess the task tolerated) does not hold a success."""
+    h = Harness(str(tmp_path / "record.json"))
+    h.oom_killed = True
+    assert h.report(SUCCESS).status_code == 200
+    assert h.reported == [("success", True)] and h.record().state == "success"

@@ -306,6 +306,13 @@ DEADLINE_EXCEEDED = "DeadlineExceeded"
 """The pod ``status.reason`` the kubelet sets when ``activeDeadlineSeconds`` (counted from ``status.startTime``;
 leoflow sets it to at most ``[leoflow] credential_ceiling_seconds``) ran out (facts §6.6)."""
 
+NO_ROOM_PREFIX = "OutOf"
+"""How the pod ``status.reason`` of a pod the kubelet refused at admission for lack of a resource begins
+(``OutOfcpu``, ``OutOfmemory``, ``OutOfpods``, ``OutOf<extended resource>``: ``k8s:pkg/kubelet/lifecycle/
+predicate.go``): the pod ends ``Failed`` before any container starts. A scheduler never places a pod past a node's
+allocatable, but a pod bound by ``nodeName`` (or raced past the scheduler's view) meets it (found on the real node,
+issue 35: a warm pool's pods holding the CPU a cold pod requested)."""
+
 INFRA_POD_REASONS: Mapping[str, str] = {
     "Evicted": "evicted by the kubelet (node pressure)",
     "Terminated": "terminated by its node's shutdown",
@@ -340,7 +347,9 @@ def end_cause(view: PodView) -> EndCause | None:
     2. pod reason ``DeadlineExceeded`` → ``DEADLINE_EXCEEDED``, ``"DeadlineExceeded: <the kubelet's message>"``.
        The pod reason is the end the kubelet recorded, while ``DisruptionTarget`` says a disruption began: a pod
        that was being evicted when its deadline ran out ended on its deadline, a task failure;
-    3. a pod reason of :data:`INFRA_POD_REASONS`, or a ``DisruptionTarget`` condition (status True) → ``INFRA_LOSS``
+    3. a pod reason starting :data:`NO_ROOM_PREFIX` → ``NO_ROOM``, ``"pod p-1 was refused by its node for lack of
+       room (pod reason OutOfcpu: <the kubelet's message>)"``;
+    4. a pod reason of :data:`INFRA_POD_REASONS`, or a ``DisruptionTarget`` condition (status True) → ``INFRA_LOSS``
        naming both, e.g. ``"pod p-1 evicted through the Eviction API (DisruptionTarget EvictionByEvictionAPI)"``.
 
     ``Error`` and other exit codes classify nothing (an agent that exits without a record is the table's "no
@@ -357,6 +366,10 @@ def end_cause(view: PodView) -> EndCause | None:
         return EndCause(EndKind.DEADLINE_EXCEEDED,
                         _line(f"DeadlineExceeded: {said} ({pod}, activeDeadlineSeconds: [leoflow] "
                               f"credential_ceiling_seconds)"))
+    if view.reason and view.reason.startswith(NO_ROOM_PREFIX):
+        said = f": {view.message}" if view.message else ""
+        return EndCause(EndKind.NO_ROOM, _line(f"{pod} was refused by its node for lack of room "
+                                               f"(pod reason {view.reason}{said})"))
     parts: list[str] = []
     if view.reason in INFRA_POD_REASONS:
         tail = f": {view.message}" if view.message else ""
