@@ -112,10 +112,11 @@ def agent_image() -> tuple[Path, str]:
 
 
 def start(d: Path, *, timeout: float = 400.0, nodes: int | None = None, real_node: bool = False,
-          images: tuple[Path, ...] = ()) -> K8sEnv:
+          images: tuple[Path, ...] = (), scheduler: bool = False) -> K8sEnv:
     """Start a control plane with its state in directory ``d`` (``scripts/k8senv start --dir d``, about 4 s),
     with ``nodes`` kwok Nodes (``--nodes``; None: k8senv's default, 3; each has room for 2,000 pods), and with
-    ``real_node`` the real node (a kubelet and containerd; ``images``, OCI archives, imported into it).
+    ``real_node`` the real node (a kubelet and containerd; ``images``, OCI archives, imported into it), and with
+    ``scheduler`` (real node only) a kube-scheduler, which binds the pods that name no Node (``--scheduler``).
 
     Raises :class:`K8sEnvError` with k8senv's stderr when it does not come up; whatever it started is then
     stopped again.
@@ -123,6 +124,7 @@ def start(d: Path, *, timeout: float = 400.0, nodes: int | None = None, real_nod
     t0 = time.monotonic()
     r = run_k8senv("start", "--dir", str(d), *(["--nodes", str(nodes)] if nodes is not None else []),
                    *(["--real-node"] if real_node else []), *(a for i in images for a in ("--image", str(i))),
+                   *(["--scheduler"] if scheduler else []),
                    timeout=timeout)
     if r.returncode != 0:
         stop(d)

@@ -163,6 +163,15 @@ class TablesReport:
 
 
 @pytest.fixture(scope="session")
+def kube_node(request: pytest.FixtureRequest) -> str:
+    """What runs the task pods of a Kubernetes module marked ``either_node``: ``"real"`` (the real node: a kubelet
+    and containerd running leoflow's agent image, ``scripts/k8senv start --real-node``) with ``--real-node``, else
+    ``"harness"`` (the node harness, ``tests/k8s/harness.py``). Give it to :class:`devtools.kube.KubeStack` as
+    ``node``."""
+    return "real" if request.config.getoption("--real-node") else "harness"
+
+
+@pytest.fixture(scope="session")
 def airflow_stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackFactory]:
     """``factory(name, **kwargs) -> AirflowStack`` (not yet migrated or started) in a fresh home.
 

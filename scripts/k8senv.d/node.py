@@ -319,9 +319,16 @@ def _kubelet_argv(nd: Path) -> list[str]:
             f"--node-ip={NODE_IP}", f"--node-labels={NODE_LABEL}=true", "--v=2"]
 
 
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+"""The taint a kubelet registers its Node with; the node lifecycle controller removes it once the Node is Ready.
+k8senv runs no such controller (it would also taint a frozen node unreachable and evict its pods: the chaos
+suite's partitions are the tests' to play), so :func:`_wait_ready` removes it, as that controller would: a
+kube-scheduler (``start --scheduler``) places no pod on a Node that carries it."""
+
+
 def _wait_ready(starter: Any, api: Callable[..., dict], procs: dict[str, Any], timeout: float) -> None:
-    """Wait until the Node is Ready (registered again, if it was deleted). Raises NodeError when one of `procs`
-    (name -> Popen) exits or `timeout` seconds pass."""
+    """Wait until the Node is Ready (registered again, if it was deleted) and carries no NOT_READY_TAINT (removed
+    here). Raises NodeError when one of `procs` (name -> Popen) exits or `timeout` seconds pass."""
     deadline = time.monotonic() + timeout
     while True:
         for name, p in procs.items():
@@ -331,9 +338,14 @@ def _wait_ready(starter: Any, api: Callable[..., dict], procs: dict[str, Any], t
             node = api(starter.env, "GET", f"/api/v1/nodes/{NODE_NAME}")
             conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
             if conds.get("Ready") == "True":
-                return
+                taints = node.get("spec", {}).get("taints") or []
+                kept = [t for t in taints if t.get("key") != NOT_READY_TAINT]
+                if kept == taints:
+                    return
+                node["spec"]["taints"] = kept or None  # PUT with its resourceVersion: a 409 is tried again
+                api(starter.env, "PUT", f"/api/v1/nodes/{NODE_NAME}", node)
         except urllib.error.HTTPError as e:
-            if e.code != 404:
+            if e.code not in (404, 409):
                 raise
         if time.monotonic() > deadline:
             raise NodeError(f"Node {NODE_NAME} not Ready after {timeout:g}s:\n{_tail(starter.d / 'kubelet.log')}")

@@ -47,13 +47,24 @@ def body_line(ti, event: str) -> None:
         fh.write(f"{ti.run_id} {ti.try_number} {event} {time.time():.6f} {os.getpid()} {socket.gethostname()}\n")
 
 
+GROW_BYTES = 64 * 2**20
+"""How much a body told to outgrow its memory limit adds at a time (written, so resident)."""
+
+
 def hold(ti, seconds: float = 240.0) -> None:
     """A body the test decides the end of: ``start``, a ``tick`` every 0.2 s until ``traces/release.<run_id>.<try>``
-    exists (at most ``seconds``), ``end`` (tests/integration/test_kube_faults_e2e.py, test_kube_warm_e2e.py)."""
+    exists (at most ``seconds``), ``end`` (tests/integration/test_kube_faults_e2e.py, test_kube_warm_e2e.py). Once
+    ``traces/oom.<run_id>.<try>`` exists it grows by :data:`GROW_BYTES` a tick instead of sleeping: on the real node
+    the kernel's OOM killer ends it at its container's memory limit."""
     body_line(ti, "start")
     release = traces_dir() / f"release.{ti.run_id}.{ti.try_number}"
+    oom = traces_dir() / f"oom.{ti.run_id}.{ti.try_number}"
+    grown: list[bytes] = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not release.exists():
         body_line(ti, "tick")
+        if oom.exists():
+            grown.append(b"\x01" * GROW_BYTES)
+            continue
         time.sleep(0.2)
     body_line(ti, "end")

@@ -15,7 +15,8 @@ killer itself and ignores resources).
 
 ``lf_koom`` (no retries) runs a child process that outgrows the container's memory limit and then fails, as a task
 whose tool was OOM-killed does; ``lf_kpull`` (no retries) names an image that cannot be pulled
-(:data:`MISSING_IMAGE`). Both for ``test_kube_chaos.py`` on the real node.
+(:data:`MISSING_IMAGE`); ``lf_kdeadline`` (no retries) ticks past its pod's ``activeDeadlineSeconds``
+(:data:`DEADLINE_SECONDS`). All three for ``test_kube_chaos.py`` on the real node.
 
 ``lf_kchaos`` runs on the stack's Node (the pod template's); ``lf_kchaos_node`` on :data:`LOST_NODE`
 (``spec.nodeName`` and the harness label in its ``pod_override``), a Node the test serves with a node harness of its
@@ -135,5 +136,27 @@ with DAG(dag_id="lf_kpull", schedule=None, start_date=START, catchup=False, is_p
     def work(ti=None) -> None:  # noqa: F811 - one task per DAG, all named work
         """Never runs: its image cannot be pulled."""
         body_line(ti, "start")
+
+    work()
+
+
+DEADLINE_SECONDS = 20
+"""``lf_kdeadline``'s pod's ``activeDeadlineSeconds`` (its ``pod_override``; leoflow keeps a deadline shorter than
+``[leoflow] credential_ceiling_seconds``): the kubelet ends the pod this long after it started."""
+
+with DAG(dag_id="lf_kdeadline", schedule=None, start_date=START, catchup=False, is_paused_upon_creation=False,
+         max_active_runs=4, default_args={"retries": 0}):
+
+    @task(executor_config={"pod_override": k8s.V1Pod(spec=k8s.V1PodSpec(
+        active_deadline_seconds=DEADLINE_SECONDS, termination_grace_period_seconds=GRACE_SECONDS,
+        containers=[k8s.V1Container(name="base")]))})
+    def work(ti=None) -> None:  # noqa: F811 - one task per DAG, all named work
+        """Tick for far longer than the pod may live; the kubelet ends it first."""
+        body_line(ti, "start")
+        deadline = time.monotonic() + HOLD_SECONDS
+        while time.monotonic() < deadline:
+            body_line(ti, "tick")
+            time.sleep(0.5)
+        body_line(ti, "end")
 
     work()

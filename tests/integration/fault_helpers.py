@@ -194,24 +194,31 @@ class FaultStack(AirflowStack):
 
 @contextmanager
 def kube_fault_stack(work: Path, *, extra_env: dict[str, str], dags: list[str], parallelism: int = 8,
-                     dags_folder: Path = FAULT_DAGS,
-                     example_dags: tuple[str, ...] = ()) -> Iterator[tuple[FaultStack, Any]]:
+                     dags_folder: Path = FAULT_DAGS, example_dags: tuple[str, ...] = (), node: str = "harness",
+                     memory_limit: str | None = None) -> Iterator[tuple[FaultStack, Any]]:
     """``(stack, kube)``: a :class:`FaultStack` under ``work/airflow`` (started, ``dags`` serialized) on a
     :class:`devtools.kube.KubeStack` under ``work/kube`` (``K8SENV_DIR`` reuses a running control plane), for a
     module's Kubernetes end-to-end tests; prints the pods when the body raises, stops both after it and fails
     when a stack process is left. Skips (or fails under ``K8SENV_REQUIRED``) without the Kubernetes binaries.
     ``dags_folder`` (default ``tests/fault_dags``) and ``example_dags`` (Airflow's bundled example files, a second
-    bundle) are the :class:`~devtools.stack.AirflowStack`'s."""
+    bundle) are the :class:`~devtools.stack.AirflowStack`'s; ``node`` what runs the pods (``"harness"`` or
+    ``"real"``, the ``kube_node`` fixture's); ``memory_limit`` (a quantity, e.g. ``"1Gi"``) goes into the pod
+    template as the agent container's ``resources.limits.memory`` (warm pods included)."""
     from devtools.kube import KubeStack, require_binaries
 
     require_binaries()
     t0 = time.monotonic()
     reuse = os.environ.get("K8SENV_DIR")
-    with KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False) as kube:
+    with KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False, node=node) as kube:
         stack = FaultStack(work / "airflow", extra_env=extra_env, parallelism=parallelism, dags_folder=dags_folder,
-                           example_dags=example_dags)
+                           example_dags=example_dags, api_host=kube.api_host)
         try:
             kube.configure(stack)
+            if memory_limit is not None:
+                template = json.loads(kube.pod_template_file.read_text())
+                resources = template["spec"]["containers"][0].setdefault("resources", {})
+                resources.setdefault("limits", {})["memory"] = memory_limit
+                kube.pod_template_file.write_text(json.dumps(template, indent=2) + "\n")
             stack.up(dags)
             print(f"stack up in {time.monotonic() - t0:.0f}s")
             yield stack, kube

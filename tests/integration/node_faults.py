@@ -72,7 +72,7 @@ class HarnessNode:
         run = self.harness.run_named(self.kube.namespace, name)
         kill_tree(run.procs["base"].pid)
 
-    def oom(self, traces: Path, run_id: str, name: str) -> None:
+    def oom(self, traces: Path, run_id: str, name: str, try_number: int | None = None) -> None:
         """The harness plays the OOM killer on the agent container (``OOMKilled``, exit 137)."""
         self.harness.oom_kill(self.kube.namespace, name)
 
@@ -121,10 +121,12 @@ class RealNode:
         if r.returncode != 0:
             raise RuntimeError(f"ctr tasks kill {cid}: {r.stderr.strip()}")
 
-    def oom(self, traces: Path, run_id: str, name: str) -> None:
-        """Tell the run's holding body to outgrow its container's memory limit (``traces/oom.<run_id>``): the
-        kernel's OOM killer ends it."""
-        (traces / f"oom.{run_id}").write_text("grow\n")
+    def oom(self, traces: Path, run_id: str, name: str, try_number: int | None = None) -> None:
+        """Tell the run's holding body to outgrow its container's memory limit (``traces/oom.<run_id>``, or
+        ``traces/oom.<run_id>.<try_number>`` for :func:`fault_trace.hold`'s bodies): the kernel's OOM killer ends
+        it."""
+        suffix = "" if try_number is None else f".{try_number}"
+        (traces / f"oom.{run_id}{suffix}").write_text("grow\n")
 
     def action(self, action: str, **kwargs) -> str:
         """``scripts/k8senv node ACTION`` on this node (:data:`devtools.k8senv.NODE_ACTIONS`)."""

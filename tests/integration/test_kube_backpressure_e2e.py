@@ -1,6 +1,7 @@
 """Issue 9 acceptance, end to end: the cluster saying "not now" or "never" to a task pod, seen through a real
 Airflow (scheduler, dag-processor, api-server on SQLite) with ``[leoflow] runtime = kubernetes`` on the k8senv
-control plane, the pods run by the node harness (devtools/kube.py).
+control plane, the pods run by the real node with ``--real-node`` (a kubelet and containerd running leoflow's agent
+image), else by the node harness (devtools/kube.py).
 
 * A ResourceQuota with no room left: ten tasks stay QUEUED (backpressure, counted as
   ``leoflow.dispatch.backpressure`` at a StatsD listener), none fails or spends a try; once the quota is raised
@@ -41,12 +42,12 @@ from pathlib import Path
 
 import pytest
 
-from devtools.kube import HARNESS_NODE, SCHEDULER_SERVICE_ACCOUNT, KubeStack, require_binaries
+from devtools.kube import SCHEDULER_SERVICE_ACCOUNT, KubeStack, require_binaries
 from devtools.stack import REPO_ROOT, AirflowStack
 from devtools.statsd import StatsdListener, airflow_env
 from tests.integration.lite_procs import wait_for
 
-pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.either_node, pytest.mark.timeout(1200)]
 
 BACKPRESSURE_DAG = "leoflow_test_backpressure"
 PODSECURITY_DAG = "leoflow_test_podsecurity"
@@ -62,6 +63,9 @@ BACKPRESSURE_TIMEOUT = 120.0
 HOLD_SECONDS = 27.0
 """How long the admission webhook holds the APF seat at most (the API server allows a webhook 30 s)."""
 HOLD_LABEL = "leoflow.test/apf-hold"
+FILLER_IMAGE = "127.0.0.1:1/leoflow/filler:1"
+"""The quota filler's image: a registry at port 1 of loopback, which refuses at once (the real node's pull fails
+without a wait; no traffic leaves this machine)."""
 
 
 @dataclass
@@ -75,10 +79,10 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> Iterator[Env]:
-    """A started control plane + harness and a started Airflow whose scheduler and api-server use the
-    least-privilege ServiceAccount kubeconfig and whose metrics go to a StatsD listener; stopped at the end
-    (nothing may be left running)."""
+def env(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory, kube_node: str) -> Iterator[Env]:
+    """A started control plane + node (the real node with ``--real-node``, else the harness) and a started
+    Airflow whose scheduler and api-server use the least-privilege ServiceAccount kubeconfig and whose metrics go
+    to a StatsD listener; stopped at the end (nothing may be left running)."""
     require_binaries()
     work = tmp_path_factory.mktemp("kube-bp")
     dags = work / "dags"
@@ -86,12 +90,12 @@ def env(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> Iter
     for path in DAG_FILES:
         shutil.copyfile(path, dags / path.name)
     reuse = os.environ.get("K8SENV_DIR")
-    kube = KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False)
+    kube = KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False, node=kube_node)
     statsd = StatsdListener()
-    stack = airflow_stack_factory("kube-bp", executor=LEOFLOW, parallelism=len(TASKS) + 2, dags_folder=dags,
-                                  extra_env={"AIRFLOW__LEOFLOW__POD_OVERRIDE_ALLOW": POD_OVERRIDE_ALLOW,
-                                             **airflow_env(statsd.port)})
     with kube, statsd:
+        stack = airflow_stack_factory("kube-bp", executor=LEOFLOW, parallelism=len(TASKS) + 2, dags_folder=dags,
+                                      extra_env={"AIRFLOW__LEOFLOW__POD_OVERRIDE_ALLOW": POD_OVERRIDE_ALLOW,
+                                                 **airflow_env(statsd.port)}, api_host=kube.api_host)
         kube.configure(stack)
         stack.extra_env["AIRFLOW__LEOFLOW__KUBE_CONFIG"] = str(kube.scheduler_kubeconfig(work / "scheduler.kubeconfig"))
         try:
@@ -190,20 +194,22 @@ def _trigger(env: Env) -> tuple[str, set[str]]:
 # ---------------------------------------------------------------------------------------------------- quota
 
 
-def _filler_pod(name: str):
-    """A pod nothing runs, compliant with ``restricted``: it holds one pod of the quota for as long as it exists.
-    It is bound to the harness's Node without the harness label, so the harness leaves it alone; a Node that does
-    not exist would not do: the control plane's PodGC deletes a pod bound to a missing Node after 40-60 s."""
+def _filler_pod(name: str, node_name: str):
+    """A pod that never starts, compliant with ``restricted``: it holds one pod of the quota for as long as it
+    exists. It is bound to the stack's Node (``node_name``): the harness leaves it alone (it has no harness label),
+    the real node cannot pull its image (``ErrImagePull``: :data:`FILLER_IMAGE` names no registry that answers); a
+    Node that does not exist would not do: the control plane's PodGC deletes a pod bound to a missing Node after
+    40-60 s."""
     from kubernetes import client
 
     return client.V1Pod(
         metadata=client.V1ObjectMeta(name=name),
         spec=client.V1PodSpec(
-            node_name=HARNESS_NODE,
+            node_name=node_name,
             security_context=client.V1PodSecurityContext(run_as_non_root=True, run_as_user=1000,
                                                          seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault")),
             containers=[client.V1Container(
-                name="c", image="leoflow.test/filler", security_context=client.V1SecurityContext(
+                name="c", image=FILLER_IMAGE, security_context=client.V1SecurityContext(
                     allow_privilege_escalation=False, capabilities=client.V1Capabilities(drop=["ALL"])))]))
 
 
@@ -222,7 +228,7 @@ def test_a_full_resource_quota_keeps_ten_tasks_queued_then_each_runs_once(env: E
     # a pod admitted before the quota controller gave the quota its status is charged only at its full resync
     wait_for(lambda: (core.read_namespaced_resource_quota("full", ns).status.hard or {}).get("pods") == "1",
              30, what="the quota controller to give the quota its status")
-    core.create_namespaced_pod(ns, _filler_pod("quota-filler"))
+    core.create_namespaced_pod(ns, _filler_pod("quota-filler", env.kube.node_name))
     try:
         wait_for(lambda: (core.read_namespaced_resource_quota("full", ns).status.used or {}).get("pods") == "1",
                  30, what="the quota to count the filler pod")

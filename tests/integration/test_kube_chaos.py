@@ -98,9 +98,9 @@ pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.either_node, pyt
 # printed; issue 34)
 
 DAG, NODE_DAG, TASK = "lf_kchaos", "lf_kchaos_node", "work"
-OOM_DAG, PULL_DAG = "lf_koom", "lf_kpull"
-"""``tests/fault_dags/leoflow_kchaos.py``'s DAGs whose task fails after the OOM killer ended a child of it, and whose
-image cannot be pulled."""
+OOM_DAG, PULL_DAG, DEADLINE_DAG = "lf_koom", "lf_kpull", "lf_kdeadline"
+"""``tests/fault_dags/leoflow_kchaos.py``'s DAGs whose task fails after the OOM killer ended a child of it, whose
+image cannot be pulled, and whose pod outlives its ``activeDeadlineSeconds``."""
 MISSING_IMAGE = "127.0.0.1:1/leoflow/missing:1"
 """``tests/fault_dags/leoflow_kchaos.py``'s ``MISSING_IMAGE``."""
 LOST_NODE = "harness-node-lost"
@@ -157,7 +157,7 @@ WAVE_BUDGET = 12 * 60.0  # seconds for one wave's runs to end on a loaded 2-core
 PODGC_BOUND = 150.0  # PodGC: a pass every 20 s, a 40 s quarantine; margin for a loaded host
 ALLOW = ("metadata.labels, metadata.annotations, spec.containers.image, spec.containers.imagePullPolicy, "
          "spec.containers.resources, spec.containers.env, spec.nodeSelector, spec.affinity, spec.tolerations, "
-         "spec.priorityClassName, spec.nodeName, spec.terminationGracePeriodSeconds")
+         "spec.priorityClassName, spec.nodeName, spec.terminationGracePeriodSeconds, spec.activeDeadlineSeconds")
 EXTRA = {
     "AIRFLOW__LEOFLOW__POD_OVERRIDE_ALLOW": ALLOW,
     "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "10",
@@ -191,7 +191,7 @@ def kube_stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixture
             stack.extra_env["AIRFLOW__LEOFLOW__KUBE_CONFIG"] = str(_relayed_kubeconfig(kube, relay, work))
             if pod_relay is not None:
                 _relay_pods(stack, kube, pod_relay)
-            stack.up([DAG, NODE_DAG, OOM_DAG, PULL_DAG])
+            stack.up([DAG, NODE_DAG, OOM_DAG, PULL_DAG, DEADLINE_DAG])
             print(f"stack up in {time.monotonic() - t0:.0f}s ({kube.node} node)")
             yield stack, kube, relay, pod_relay, node
         except BaseException:
@@ -508,9 +508,9 @@ def test_kube_chaos(kube_stack, request: pytest.FixtureRequest) -> None:
 @pytest.mark.real_node
 @pytest.mark.chaos_ci
 @pytest.mark.timeout(20 * 60)
-def test_an_oom_killed_child_and_an_image_that_cannot_be_pulled_are_settled_as_the_node_reports_them(
+def test_an_oom_killed_child_an_unpullable_image_and_a_pod_past_its_deadline_are_settled_as_the_node_reports_them(
         kube_stack) -> None:
-    """Issue 35, two real faults of one task pod each, run side by side (one wait, for CI's time):
+    """Issue 35, three real faults of one task pod each, run side by side (one wait, for CI's time):
 
     * **an OOM-killed child**: at the container's memory limit this kernel (cgroup v1) kills the largest process,
       here a child the task runs, not the container; the task then fails as a task does when its tool dies, and the
@@ -522,15 +522,20 @@ def test_an_oom_killed_child_and_an_image_that_cannot_be_pulled_are_settled_as_t
     * **an image that cannot be pulled** (its registry a closed loopback port): the pod waits ``ErrImagePull`` /
       ``ImagePullBackOff`` as the kubelet reports it; past the pull grace (60 s) leoflow deletes the pod and fails
       the task through Airflow's own path, naming the image and the kubelet's reason, without re-running it (the
-      same image fails again). Its body never ran."""
+      same image fails again). Its body never ran;
+    * **a pod past its ``activeDeadlineSeconds``** (20 s, the task's ``pod_override``): the kubelet stops the pod
+      (``Failed``, reason ``DeadlineExceeded``) while its body runs; the task fails at its first try (no retries,
+      ``max_tries`` still 0: never re-driven, a deadline is the user's bound) with a ``leoflow task failed`` Log row
+      giving the kubelet's reason; its body ran once and never ended."""
     from kubernetes import client
 
     stack, kube, _, _, _ = kube_stack
     oom_run = stack.trigger_with(OOM_DAG, None, prefix="oom")
     pull_run = stack.trigger_with(PULL_DAG, None, prefix="pull")
-    states = {dag_id: stack.wait_for_run(dag_id, run_id, timeout=15 * 60, poll=2)
-              for dag_id, run_id in ((OOM_DAG, oom_run), (PULL_DAG, pull_run))}
-    for dag_id, run_id in ((OOM_DAG, oom_run), (PULL_DAG, pull_run)):
+    deadline_run = stack.trigger_with(DEADLINE_DAG, None, prefix="deadline")
+    runs = ((OOM_DAG, oom_run), (PULL_DAG, pull_run), (DEADLINE_DAG, deadline_run))
+    states = {dag_id: stack.wait_for_run(dag_id, run_id, timeout=15 * 60, poll=2) for dag_id, run_id in runs}
+    for dag_id, run_id in runs:
         wait_until(lambda d=dag_id, r=run_id: all(a["state"] == "closed" for a in stack.attempts(d, r, TASK)), 120,
                    f"the {dag_id} run's attempts to be closed")
 
@@ -552,6 +557,19 @@ def test_an_oom_killed_child_and_an_image_that_cannot_be_pulled_are_settled_as_t
     core = client.CoreV1Api(kube.api)
     wait_until(lambda: not [p for p in core.list_namespaced_pod(kube.namespace).items
                             if p.metadata.name.startswith("lf-kpull-")], 120, "the pull run's pod to be deleted")
+
+    ti = stack.ti_row(DEADLINE_DAG, deadline_run, TASK)
+    ledger = [(a["try_number"], a["resolution"]) for a in stack.attempts(DEADLINE_DAG, deadline_run, TASK)]
+    assert (states[DEADLINE_DAG], ti["state"], ti["try_number"], ti["max_tries"]) == ("failed", "failed", 1, 0), \
+        (ti, ledger)
+    assert ledger == [(1, "executor_failed")], ledger
+    events = stack.db("select event, coalesce(extra, '') from log where dag_id=? and run_id=? and task_id=?",
+                      DEADLINE_DAG, deadline_run, TASK)
+    failed = [extra for event, extra in events if event == "leoflow task failed"]
+    assert len(failed) == 1 and failed[0].startswith("DeadlineExceeded:"), events
+    assert [e for e, _ in events if e == "leoflow infra re-drive"] == [], events
+    [body] = executions(stack, DEADLINE_DAG, TASK, deadline_run)
+    assert not body.ended, body
 
 
 @pytest.mark.real_node

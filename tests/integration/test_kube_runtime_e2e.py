@@ -121,8 +121,7 @@ def _minted_token(kube: KubeStack) -> str:
 
 
 @pytest.fixture(scope="module")
-def outcome(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-            airflow_stack_factory) -> Outcome:
+def outcome(tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory, kube_node: str) -> Outcome:
     """Bring the module's one stack up, run the DAG set and the creds DAG once, stop everything, return what
     was seen. A failure is raised again for every test of the module (pytest caches it with the fixture)."""
     require_binaries()
@@ -130,7 +129,7 @@ def outcome(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
     work = tmp_path_factory.mktemp("kube-e2e")
     reuse = os.environ.get("K8SENV_DIR")
-    node = "real" if request.config.getoption("--real-node") else "harness"
+    node = kube_node
     kube = KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False, node=node)
     extra = {"AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
              "AIRFLOW__API__SECRET_KEY": "leoflow-e2e-api-secret-key-" + os.urandom(8).hex(),

@@ -1,12 +1,15 @@
 """Issue 12 item 7, end to end: a task's log is in the Airflow UI while its pod runs and after its pod is gone,
 through Airflow's remote-logging conventions, on a real Airflow with ``[leoflow] runtime = kubernetes`` on the
-k8senv control plane (the node harness runs the pod as a local process, devtools/kube.py).
+k8senv control plane: the real node with ``--real-node`` (a kubelet and containerd running leoflow's agent image;
+the live log comes from the kubelet through the API server's ``pods/log``), else the node harness, which runs the pod
+as a local process (devtools/kube.py).
 
 The stack turns ``[logging] remote_logging`` on with ``logging_config_class`` ``tests.local_remote_log``:
 Airflow's default logging config, and a ``RemoteLogIO`` whose "remote" store is a local directory
 (``remote_base_log_folder``). The pod-side ``airflow.cfg`` says nothing about remote logging: what the pod knows
-of it is what leoflow forwarded (``leoflow_airflow.runtime.kubernetes.logenv``); its template adds only the
-``PYTHONPATH`` an image would give it to import that module. One task of ``leoflow_test_task_log`` prints a
+of it is what leoflow forwarded (``leoflow_airflow.runtime.kubernetes.logenv``); its template adds only what an
+image and a shared volume would give it: the module on its ``PYTHONPATH`` and the "remote" directory
+(:func:`_ship_logging_module`). One task of ``leoflow_test_task_log`` prints a
 marker, waits for the test's gate, prints another:
 
 * while it runs, the task log read through Airflow's public REST API (what the UI's Logs tab reads) is the
@@ -37,7 +40,7 @@ from devtools.stack import REPO_ROOT
 from tests.integration.lite_procs import wait_for
 from tests.local_remote_log import DROP_UPLOADS_OF
 
-pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.either_node, pytest.mark.timeout(900)]
 
 DAG = "leoflow_test_task_log"
 DAG_FILE = REPO_ROOT / "tests" / "dags" / f"{DAG}.py"
@@ -46,6 +49,8 @@ SECOND = "leoflow-task-log-second-marker"
 THIRD = "leoflow-task-log-lost-upload-marker"
 LEOFLOW = "leoflow_airflow.executor.LeoflowExecutor"
 REMOTE_SOURCE = "leoflow test remote-log directory: "  # tests/local_remote_log.py SOURCE_PREFIX
+LOGGING_MODULE = REPO_ROOT / "tests" / "local_remote_log.py"
+LOGGING_CONFIG_MAP = "leoflow-test-logging"
 
 
 def _log(stack, run_id: str, task_id: str = "talk") -> tuple[list[str], str]:
@@ -62,27 +67,55 @@ def _log(stack, run_id: str, task_id: str = "talk") -> tuple[list[str], str]:
     return sources, "\n".join(rest)
 
 
+def _ship_logging_module(kube: KubeStack, template: dict, home: Path, remote: Path) -> None:
+    """Give the pods of ``template`` (a pod template, changed in place) what an image and a shared volume would give
+    them: the logging module and the "remote" directory at ``remote`` (under ``home``, the stack's home), the path the
+    scheduler side uses.
+
+    Harness: the pods are processes of this machine, ``PYTHONPATH`` the repository root. Real node: the module as a
+    ConfigMap mounted at ``/opt/leoflow-test/tests`` (``PYTHONPATH`` ``/opt/leoflow-test``), and ``remote``, which
+    is under ``home``, mounted from the stack's shared claim (:meth:`KubeStack.real_pod_template_for`) at
+    the same path, writable for the pods' uid."""
+    container = template["spec"]["containers"][0]
+    if kube.node != "real":
+        container["env"].append({"name": "PYTHONPATH", "value": str(REPO_ROOT)})
+        return
+    from kubernetes import client
+
+    client.CoreV1Api(kube.api).create_namespaced_config_map(kube.namespace, client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(name=LOGGING_CONFIG_MAP),
+        data={LOGGING_MODULE.name: LOGGING_MODULE.read_text()}))
+    remote.mkdir(parents=True, exist_ok=True)
+    os.chmod(remote, 0o777)
+    template["spec"]["volumes"].append({"name": "logging-module", "configMap": {"name": LOGGING_CONFIG_MAP}})
+    container["env"].append({"name": "PYTHONPATH", "value": "/opt/leoflow-test"})
+    container["volumeMounts"] += [
+        {"name": "logging-module", "mountPath": "/opt/leoflow-test/tests", "readOnly": True},
+        {"name": "shared", "mountPath": str(remote), "subPath": remote.relative_to(home).as_posix()}]
+
+
 def test_the_task_log_is_the_pod_log_while_it_runs_and_the_remote_copy_after_its_pod_is_gone(
-        tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory) -> None:
+        tmp_path_factory: pytest.TempPathFactory, airflow_stack_factory, kube_node: str) -> None:
     require_binaries()
     work = tmp_path_factory.mktemp("kube-logs")
     dags = work / "dags"
     dags.mkdir()
     shutil.copyfile(DAG_FILE, dags / DAG_FILE.name)
-    remote = work / "remote-logs"
     reuse = os.environ.get("K8SENV_DIR")
-    kube = KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False)
-    stack = airflow_stack_factory("kube-logs", executor=LEOFLOW, dags_folder=dags, extra_env={
-        "AIRFLOW__LOGGING__REMOTE_LOGGING": "True",
-        "AIRFLOW__LOGGING__REMOTE_BASE_LOG_FOLDER": str(remote),
-        "AIRFLOW__LOGGING__LOGGING_CONFIG_CLASS": "tests.local_remote_log.LOGGING_CONFIG",
-        "AIRFLOW__LEOFLOW__POD_RETENTION_SUCCESS": "0",
-    })
+    kube = KubeStack(work / "kube", reuse_dir=Path(reuse) if reuse else None, build=False, node=kube_node)
     with kube:
+        stack = airflow_stack_factory("kube-logs", executor=LEOFLOW, dags_folder=dags, api_host=kube.api_host,
+                                      extra_env={
+                                          "AIRFLOW__LOGGING__REMOTE_LOGGING": "True",
+                                          "AIRFLOW__LOGGING__LOGGING_CONFIG_CLASS": "tests.local_remote_log.LOGGING_CONFIG",
+                                          "AIRFLOW__LEOFLOW__POD_RETENTION_SUCCESS": "0",
+                                      })
+        # under the stack's home: the real node's pods reach it through the stack's shared claim
+        remote = stack.home / "remote-logs"
+        stack.extra_env["AIRFLOW__LOGGING__REMOTE_BASE_LOG_FOLDER"] = str(remote)
         kube.configure(stack)
-        # the image would ship the logging module; here the template's PYTHONPATH stands in for it
         template = json.loads(kube.pod_template_file.read_text())
-        template["spec"]["containers"][0]["env"].append({"name": "PYTHONPATH", "value": str(REPO_ROOT)})
+        _ship_logging_module(kube, template, stack.home, remote)
         template["spec"]["containers"][0]["env"].append({"name": DROP_UPLOADS_OF, "value": "lost_upload"})
         kube.pod_template_file.write_text(json.dumps(template, indent=2) + "\n")
         assert "remote" not in (kube.pod_home / "airflow.cfg").read_text()

@@ -1,7 +1,7 @@
 """Issue 11 acceptance for Kubernetes warm pods, end to end: a real Airflow (scheduler, dag-processor, api-server on
-SQLite) with ``[leoflow] runtime = kubernetes`` on the k8senv control plane (its real garbage collector), the node
-harness running every pod, warm pods included, as local processes running the real agent
-(``python -m leoflow_agent warm-pod``). One stack for the module (:class:`~fault_helpers.FaultStack` on
+SQLite) with ``[leoflow] runtime = kubernetes`` on the k8senv control plane (its real garbage collector), every pod,
+warm pods included, running the real agent (``python -m leoflow_agent warm-pod``): on the real node with
+``--real-node`` (a kubelet and containerd, leoflow's agent image), else in the node harness as local processes. One stack for the module (:class:`~fault_helpers.FaultStack` on
 ``tests/fault_dags``, DAGs in ``tests/fault_dags/leoflow_warm.py``); the tests run in file order:
 
 1. the pools fill before any run (``prewarm``): each DAG version gets ``min_idle`` registered warm pods, each owned by
@@ -45,8 +45,9 @@ from devtools.runs import run_all
 from devtools.stack import API_USER, OUR_DAGS
 from devtools.statsd import StatsdListener, airflow_env
 from fault_helpers import FAULT_DAGS, FaultStack, executions, kube_fault_stack, overlaps, wait_until
+from node_faults import HarnessNode, RealNode
 
-pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.either_node, pytest.mark.timeout(1800)]
 
 HOLD_DAG, CHAIN_DAG, ISO_DAG = "lf_kwarm", "lf_kwarm_chain", "lf_kwarm_iso"
 DAGS = [HOLD_DAG, CHAIN_DAG, ISO_DAG]
@@ -62,6 +63,9 @@ PARITY_POOLS["leoflow_fanout"] = {"min_idle": 2, "max_pool_size": 3}
 """The parity set's pools: no ``prewarm`` (a pool exists while its DAG has a queued or running run), small (each warm
 pod is a real process on a 2-core machine); a task that finds no idle warm pod gets a cold pod, as it would."""
 LABEL = "leoflow.io/"
+MEMORY_LIMIT = "1Gi"
+"""The agent container's memory limit in the module's pod template (warm pods included): an idle warm pod uses about
+250 MiB; the real node's OOM test grows a body past it."""
 INFRA = "leoflow infra re-drive"
 EXTRA = {
     "AIRFLOW__LEOFLOW__WARM_POOLS": json.dumps({**POOLS, **PARITY_POOLS}),
@@ -79,16 +83,25 @@ def statsd():
 
 
 @pytest.fixture(scope="module")
-def kube_stack(tmp_path_factory: pytest.TempPathFactory, statsd: StatsdListener):
-    """``(stack, kube)``: the module's Airflow (started, :data:`DAGS` serialized) on its Kubernetes."""
+def kube_stack(tmp_path_factory: pytest.TempPathFactory, statsd: StatsdListener, kube_node: str):
+    """``(stack, kube)``: the module's Airflow (started, :data:`DAGS` serialized) on its Kubernetes (the real node
+    with ``--real-node``, else the harness), every pod's agent container limited to :data:`MEMORY_LIMIT`."""
     work = tmp_path_factory.mktemp("kube-warm")
     dags = work / "dags"
     dags.mkdir()
     for path in [*sorted(FAULT_DAGS.glob("*.py")), *sorted(OUR_DAGS.glob("*.py"))]:
         shutil.copyfile(path, dags / path.name)
     with kube_fault_stack(work, extra_env={**EXTRA, **airflow_env(statsd.port)}, dags=[*DAGS, *PARITY_DAGS],
-                          dags_folder=dags, example_dags=expected.KUBE_EXAMPLE_FILES) as both:
+                          dags_folder=dags, example_dags=expected.KUBE_EXAMPLE_FILES, node=kube_node,
+                          memory_limit=MEMORY_LIMIT) as both:
         yield both
+
+
+@pytest.fixture(scope="module")
+def node(kube_stack) -> HarnessNode | RealNode:
+    """The faults of the node that runs the module's pods (:mod:`node_faults`)."""
+    _, kube = kube_stack
+    return RealNode(kube) if kube.node == "real" else HarnessNode(kube, kube.harness)
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -214,17 +227,6 @@ def _check_bodies(stack: FaultStack, run_id: str, *, lost_tries: set[int], ended
         assert not (e.ended and execs[i + 1:]), f"a body ran after one that ended: {execs}"
 
 
-def _kill_container(kube: KubeStack, name: str) -> None:
-    """SIGKILL every process of warm pod ``name``'s container, as a node's OOM killer or a crash would (the
-    harness reports the container terminated, exit 137)."""
-    from tests.k8s.harness import kill_tree
-
-    run = kube.harness.run_named(kube.namespace, name)
-    assert run is not None, f"the harness runs no pod {name}"
-    for proc in list(run.procs.values()):
-        kill_tree(proc.pid)
-
-
 # ---------------------------------------------------------------------------------------------------- tests
 
 
@@ -313,16 +315,17 @@ def test_what_an_attempt_leaves_is_gone_before_the_next_attempt_on_its_worker(ku
     assert any(p.startswith("/tmp/") for p in written), written
 
 
-def test_a_warm_worker_killed_mid_attempt_is_redriven_on_the_infra_budget_and_the_pool_refills(kube_stack,
+def test_a_warm_worker_killed_mid_attempt_is_redriven_on_the_infra_budget_and_the_pool_refills(kube_stack, node,
                                                                                                 statsd) -> None:
-    """The warm pod running ``lf_kwarm.work``'s body is SIGKILLed whole. The attempt is re-driven once on the infra
+    """Every process of the warm pod running ``lf_kwarm.work``'s body is SIGKILLed (the harness kills its process
+    tree; on the real node containerd kills the container's processes: exit 137). The attempt is re-driven once on the infra
     budget (try 2, ``max_tries`` 0 → 1, a Log row ``leoflow infra re-drive``), try 2 runs and succeeds, no body
     ran twice at once nor after one had ended, and the pool is back to ``min_idle`` idle workers."""
     stack, kube = kube_stack
     _wait_pools_full(stack, kube)
     run_id = stack.trigger_with(HOLD_DAG)
     pod = _running_on_warm(stack, kube, run_id, 1)
-    _kill_container(kube, pod["metadata"]["name"])
+    node.kill_container(pod["metadata"]["name"], pod["metadata"]["uid"])
     _running_on_warm(stack, kube, run_id, 2)
     _release(stack, run_id, 2)
     assert stack.wait_for_run(HOLD_DAG, run_id, timeout=240) == "success"
@@ -338,22 +341,25 @@ def test_a_warm_worker_killed_mid_attempt_is_redriven_on_the_infra_budget_and_th
     assert pod["metadata"]["uid"] not in {r["pod_uid"] for r in _idle(stack, kube, HOLD_DAG)}
 
 
-def test_an_oom_killed_warm_worker_is_named_in_the_task_s_log(kube_stack, statsd) -> None:
-    """The harness OOM-kills the warm pod running ``lf_kwarm.work``'s body (``OOMKilled``, exit 137): the
-    warm-worker-lost path re-drives it once on the infra budget, the Log row names ``OOMKilled``, and the
-    recovery is counted as ``leoflow.recovery.oom_redrive``."""
+def test_an_oom_killed_warm_worker_is_named_in_the_task_s_log(kube_stack, node, statsd) -> None:
+    """An OOM kill while ``lf_kwarm.work``'s body runs on a warm pod: the harness OOM-kills the whole pod
+    (``OOMKilled``, exit 137), which the warm-worker-lost path settles; on the real node the body outgrows the
+    container's :data:`MEMORY_LIMIT` and the kernel's OOM killer ends the task process alone (cgroup v1), which the
+    warm pod's agent refuses to report as the task's failure (``oom_killed``). Either way the attempt is re-driven
+    once on the infra budget, the Log row names the OOM kill, and the recovery is counted as
+    ``leoflow.recovery.oom_redrive``."""
     stack, kube = kube_stack
     _wait_pools_full(stack, kube)
     run_id = stack.trigger_with(HOLD_DAG)
     pod = _running_on_warm(stack, kube, run_id, 1)
-    kube.harness.oom_kill(kube.namespace, pod["metadata"]["name"])
+    node.oom(stack.traces_dir, run_id, pod["metadata"]["name"], try_number=1)
     _running_on_warm(stack, kube, run_id, 2)
     _release(stack, run_id, 2)
     assert stack.wait_for_run(HOLD_DAG, run_id, timeout=240) == "success"
     ti = stack.ti_row(HOLD_DAG, run_id, "work")
     assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 2, 1), ti
     infra = [extra for event, extra in _log_rows(stack, HOLD_DAG, run_id, "work") if event == INFRA]
-    assert len(infra) == 1 and "OOMKilled" in infra[0], infra
+    assert len(infra) == 1 and ("OOMKilled" in infra[0] or "OOM killer" in infra[0]), infra
     ledger = _settled(stack, HOLD_DAG, run_id, "work")
     assert [r[3] for r in ledger] == ["oom_redrive", "reported"], ledger
     _check_bodies(stack, run_id, lost_tries={1}, ended_tries={2})
@@ -365,8 +371,9 @@ def test_the_parity_dag_set_ends_as_cold_with_warm_pools_on(kube_stack) -> None:
     fills for its queued run, then all are unpaused at once. Every run ends as under LocalExecutor (run and task
     states, the callbacks' trace lines); every DAG's tasks took warm pods (attempts in the ledger bound to a warm
     pod); every cold pod created during the run carries exactly one attempt; every attempt epoch was reported by
-    its worker, one per try but a reschedule's (no re-drive, nothing ran twice). None of the set asks for resources in its
-    ``executor_config``, so none is cold by design."""
+    its worker, one per try but a reschedule's (no re-drive, nothing ran twice), except cold pods the node refused for
+    lack of room (the real node's 2 CPUs), which were re-offered as backpressure without a try spent. None of the set
+    asks for resources in its ``executor_config``, so none is cold by design."""
     stack, kube = kube_stack
     for dag_id in PARITY_DAGS:
         stack.pause(dag_id)
@@ -386,7 +393,8 @@ def test_the_parity_dag_set_ends_as_cold_with_warm_pools_on(kube_stack) -> None:
                     if line.split(" ", 1)[0] in PARITY_DAGS)
     assert traces == list(expected.EXPECTED_TRACES)
 
-    cols = ("dag_id", "task_id", "map_index", "try_number", "attempt_epoch", "state", "resolution", "pod_uid", "ti_id")
+    cols = ("dag_id", "task_id", "map_index", "try_number", "attempt_epoch", "state", "resolution", "pod_uid", "ti_id",
+            "detail")
 
     def attempts() -> list[dict]:
         rows = [dict(zip(cols, row)) for d in PARITY_DAGS
@@ -404,13 +412,21 @@ def test_the_parity_dag_set_ends_as_cold_with_warm_pools_on(kube_stack) -> None:
     assert [r for r in rows if r["pod_uid"] not in warm | cold] == []
     cold_uids = [r["pod_uid"] for r in rows if r["pod_uid"] in cold]
     assert sorted(cold_uids) == sorted(cold), "a cold pod carried no attempt, or more than one"
-    # nothing ran twice: every epoch reported by its worker (no infra re-drive), and a task instance has one epoch
-    # per try plus one per reschedule Airflow recorded (leoflow_sensor's reschedule mode reschedules once)
-    assert {r["resolution"] for r in rows} == {"reported"}, rows
+    # a cold pod the node had no room for (the real node: 2 CPUs hold 20 pods of 100m, fewer than the pools and the
+    # cold pods together) is refused by the kubelet before it starts (OutOfcpu): that launch is re-offered as
+    # backpressure, no try spent (the TI states above) and no body started
+    no_room = [r for r in rows if r["resolution"] == "launch_failed"]
+    assert [r for r in no_room if "refused by its node for lack of room" not in (r["detail"] or "")] == [], no_room
+    if kube.node != "real":
+        assert no_room == [], no_room
+    ran = [r for r in rows if r["resolution"] != "launch_failed"]
+    # nothing ran twice: every other epoch reported by its worker (no infra re-drive), and a task instance has one
+    # such epoch per try plus one per reschedule Airflow recorded (leoflow_sensor's reschedule mode reschedules once)
+    assert {r["resolution"] for r in ran} == {"reported"}, ran
     reschedules = Counter(str(ti_id).replace("-", "") for (ti_id,) in stack.db("select ti_id from task_reschedule"))
-    epochs = Counter(r["ti_id"].replace("-", "") for r in rows)
+    epochs = Counter(r["ti_id"].replace("-", "") for r in ran)
     tries_of: dict[str, set[int]] = {}
-    for r in rows:
+    for r in ran:
         tries_of.setdefault(r["ti_id"].replace("-", ""), set()).add(r["try_number"])
     assert {ti: n for ti, n in epochs.items() if n != len(tries_of[ti]) + reschedules[ti]} == {}, rows
     assert sum(reschedules[ti] for ti in epochs) == 1, reschedules

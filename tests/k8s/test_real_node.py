@@ -10,6 +10,8 @@ these put the same questions to a real kubelet (the facts the harness models are
   computes it;
 * the ends leoflow reads from pod status (:func:`leoflow_airflow.runtime.kubernetes.status.end_cause`):
   ``OOMKilled`` under a memory limit, ``DeadlineExceeded``, an eviction through the Eviction API;
+* a pod no Node fits: the kube-scheduler's ``PodScheduled`` condition is what leoflow's start check reads as
+  backpressure (:func:`leoflow_airflow.runtime.kubernetes.decide.start_progress`), and the pod runs once it fits;
 * a deleted pod's container gets SIGTERM, and a finalizer keeps the ended pod (its record readable) until removed;
 * pods reach this machine at the bridge address and nothing beyond it;
 * the agent image (``scripts/k8senv image``) has the Dockerfile's user, entrypoint and command, and the Python
@@ -21,6 +23,7 @@ Run with ``--real-node`` (root; builds the kubelet and the images on first use).
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 import re
 import socket
 import subprocess
@@ -36,6 +39,8 @@ from kubernetes import client, config
 
 from devtools import k8senv
 from devtools.dockerfile import image_process
+from leoflow_airflow.lifecycle.runtime import StartState
+from leoflow_airflow.runtime.kubernetes.decide import start_progress
 from leoflow_airflow.runtime.kubernetes.status import EndKind, end_cause, pod_view
 from tests.k8s.harness import MAX_LOG_MESSAGE_BYTES, MAX_LOG_MESSAGE_LINES, kubelet_message
 
@@ -54,12 +59,12 @@ def _release(core: client.CoreV1Api, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory):
-    """A control plane with the real node and no kwok Node, the agent image imported; yields
+    """A control plane with the real node, a kube-scheduler and no kwok Node, the agent image imported; yields
     ``(env, core, image)`` (the CoreV1Api as admin, the agent image's name) and stops it all at the end."""
     k8senv.build(with_node=True)
     archive, image = k8senv.agent_image()
     d = tmp_path_factory.mktemp("real-node")
-    env = k8senv.start(d, nodes=0, real_node=True, images=(archive,))
+    env = k8senv.start(d, nodes=0, real_node=True, images=(archive,), scheduler=True)
     api = config.new_client_from_config(config_file=str(env.kubeconfig))
     core = client.CoreV1Api(api)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
@@ -168,6 +173,49 @@ def test_the_ends_leoflow_reads_come_from_the_kubelet(node) -> None:
     assert cause is not None and cause.kind is EndKind.INFRA_LOSS, cause
     assert "EvictionByEvictionAPI" in cause.reason
     _release(core, "evicted")
+
+
+def _condition(pod: dict, kind: str) -> dict | None:
+    return next((c for c in pod.get("status", {}).get("conditions") or [] if c["type"] == kind), None)
+
+
+def _unschedulable(pod: dict) -> bool:
+    c = _condition(pod, "PodScheduled")
+    return c is not None and c["status"] == "False" and c.get("reason") == "Unschedulable"
+
+
+def test_a_pod_no_node_fits_waits_as_backpressure_and_runs_once_it_fits(node) -> None:
+    """Two pods that name no Node, left to the kube-scheduler: one whose nodeSelector no Node matches, one asking
+    for more CPU than the node has. Each stays Pending with condition ``PodScheduled`` False, reason
+    ``Unschedulable``, the scheduler's "0/1 nodes are available" message; leoflow's start check reads each as
+    ``NO_ROOM`` (backpressure, bounded by ``[leoflow] pod_unschedulable_timeout`` from the condition's
+    ``lastTransitionTime``) naming that message. Once the Node carries the label, the first is bound to it and runs
+    to its end; the second stays unschedulable."""
+    env, core, _ = node
+    label, node_name = "leoflow.test/room", env.real_node["name"]
+    _pod(core, env, "no-node", "echo ran", nodeName=None, nodeSelector={label: "yes"})
+    _pod(core, env, "no-cpu", "echo ran", nodeName=None, container={"resources": {"requests": {"cpu": "64"}}})
+    try:
+        for name, said in (("no-node", "didn't match Pod's node affinity/selector"), ("no-cpu", "Insufficient cpu")):
+            pod = _wait(core, name, _unschedulable, timeout=60)
+            assert pod["spec"].get("nodeName") is None
+            message = _condition(pod, "PodScheduled")["message"]
+            assert message.startswith("0/1 nodes are available") and said in message, message
+            view = pod_view(pod)
+            progress = start_progress(view, first_seen=view.created_at, unschedulable_timeout=300)
+            assert progress.state is StartState.NO_ROOM, progress
+            assert progress.since == view.unschedulable_since is not None
+            assert progress.until - progress.since == timedelta(seconds=300)
+            assert message in progress.reason and f"pod {name} is unschedulable" in progress.reason
+        core.patch_node(node_name, {"metadata": {"labels": {label: "yes"}}})
+        ran = _wait(core, "no-node", _ended, timeout=120)
+        assert (ran["spec"]["nodeName"], ran["status"]["phase"]) == (node_name, "Succeeded")
+        assert _condition(ran, "PodScheduled")["status"] == "True"
+        assert _unschedulable(_raw(core, "no-cpu"))
+    finally:
+        core.patch_node(node_name, {"metadata": {"labels": {label: None}}})
+        for name in ("no-node", "no-cpu"):
+            core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
 
 
 def test_a_deleted_pod_gets_sigterm_and_its_finalizer_keeps_its_record(node) -> None:
