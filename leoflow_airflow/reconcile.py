@@ -87,9 +87,10 @@ def decide(
                           "the task failed after an Execution API call went unanswered; the agent refused "
                           "that failure")
         if record is not None and record.reason == Reason.OOM_KILLED and record.payload is None:
-            return settle_by_cause(EndCause(EndKind.OOM_KILLED, "the OOM killer ended a process of the attempt "
-                                                                "and the agent refused the failure it caused"),
-                                   oom_redriven=oom_redriven)
+            said = "the OOM killer ended a process of the attempt and the agent refused the failure it caused"
+            if cause is not None and cause.kind is EndKind.OOM_KILLED:  # the runtime names the container and pod
+                said = f"{cause.reason}: {said}"
+            return settle_by_cause(EndCause(EndKind.OOM_KILLED, said), oom_redriven=oom_redriven)
         if record is not None and record.reason == Reason.KILLED and record.payload is None:
             return Action(Act.INFRA_REDRIVE, Resolution.INFRA_REDRIVE,
                           "leoflow killed the attempt; the agent refused the failure the kill caused")

@@ -1,4 +1,4 @@
-"""Test DAG (tests/integration/test_kube_faults_e2e.py, "finalizer"): a success whose pod is force-deleted after it ended,
+"""Test DAG (tests/integration/test_kube_pod_ends_e2e.py, "finalizer"): a success whose pod is force-deleted after it ended,
 before any scheduler read it.
 
 ``body`` appends ``started`` to ``$AIRFLOW_HOME/traces/finalizer_body.txt``, waits (at most 10 min) for the file

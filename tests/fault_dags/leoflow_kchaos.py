@@ -140,7 +140,7 @@ with DAG(dag_id="lf_kpull", schedule=None, start_date=START, catchup=False, is_p
     work()
 
 
-DEADLINE_SECONDS = 20
+DEADLINE_SECONDS = 45
 """``lf_kdeadline``'s pod's ``activeDeadlineSeconds`` (its ``pod_override``; leoflow keeps a deadline shorter than
 ``[leoflow] credential_ceiling_seconds``): the kubelet ends the pod this long after it started."""
 

@@ -76,6 +76,11 @@ class HarnessNode:
         """The harness plays the OOM killer on the agent container (``OOMKilled``, exit 137)."""
         self.harness.oom_kill(self.kube.namespace, name)
 
+    def exceed_deadline(self, name: str) -> None:
+        """The harness plays the kubelet's ``activeDeadlineSeconds`` check on pod ``name`` now (``DeadlineExceeded``):
+        it counts no deadline itself."""
+        self.harness.exceed_deadline(self.kube.namespace, name)
+
 
 class RealNode:
     """The real node's side of each fault (module docstring). ``kube`` a started ``KubeStack(node="real")``."""
@@ -127,6 +132,9 @@ class RealNode:
         it."""
         suffix = "" if try_number is None else f".{try_number}"
         (traces / f"oom.{run_id}{suffix}").write_text("grow\n")
+
+    def exceed_deadline(self, name: str) -> None:
+        """Nothing to do: the kubelet ends pod ``name`` itself once its ``activeDeadlineSeconds`` ran out."""
 
     def action(self, action: str, **kwargs) -> str:
         """``scripts/k8senv node ACTION`` on this node (:data:`devtools.k8senv.NODE_ACTIONS`)."""

@@ -1,18 +1,20 @@
-"""Issues 9 and 10 acceptance, end to end: what a user sees when things go wrong under ``[leoflow] runtime =
-kubernetes`` on a real Airflow (scheduler, dag-processor, api-server on SQLite; the k8senv control plane with its real
-PodGC; the node harness runs the pods, devtools/kube.py). One stack for the module (:class:`~fault_helpers.FaultStack`
-on ``tests/fault_dags`` pointed at a :class:`~devtools.kube.KubeStack`); the tests run in file order, in three groups:
+"""Issues 9 and 10 acceptance, end to end, for what needs the node harness: several Nodes at once, and a pod held
+unstarted at a chosen moment (a real node per machine, whose pods name it, can do neither; DESIGN §6). A real Airflow
+(scheduler, dag-processor, api-server on SQLite) with ``[leoflow] runtime = kubernetes`` on the k8senv control plane
+with its real PodGC; the node harness runs the pods (devtools/kube.py). One stack for the module
+(:class:`~fault_helpers.FaultStack` on ``tests/fault_dags`` pointed at a :class:`~devtools.kube.KubeStack`); the tests
+run in file order. How the other pod ends (OOM, eviction, deadline), adoption and the finalizer are settled runs on
+the real node: ``test_kube_pod_ends_e2e.py``.
 
-**How a pod's end is settled** (issue 10 item 2), each fault once, deterministically: node loss, OOM kill, eviction,
-``DeadlineExceeded``. The bodies (``tests/fault_dags/leoflow_kube.py``) tick into ``traces/<dag>.work.body`` until the
-test releases their try (``traces/release.<run_id>.<try>``), so every fault lands while a body runs. ``[leoflow]
-pod_override_allow`` adds ``spec.nodeName`` and ``spec.terminationGracePeriodSeconds``: ``lf_knode`` runs on a Node of
-its own (``harness-node-lost``, served by a second node harness) so losing it leaves the stack's ``harness-node``
-alone, and both DAGs' pods stop 2 s after a SIGTERM (the Task SDK's task process ignores SIGTERM). The checks shared by
-all (:func:`_check_bodies`): no body that recorded its end ran again, no two bodies of one TI overlapped, and a body
-whose pod was lost or stopped never ended.
+**A lost and an unreachable Node** (issue 10 item 2): ``lf_knode`` runs on a Node of its own (``harness-node-lost``,
+served by a second node harness) so losing it leaves the stack's ``harness-node`` alone. The body
+(``tests/fault_dags/leoflow_kube.py``) ticks into ``traces/lf_knode.work.body`` until the test releases its try
+(``traces/release.<run_id>.<try>``), so the fault lands while it runs. ``[leoflow] pod_override_allow`` adds
+``spec.nodeName`` and ``spec.terminationGracePeriodSeconds``: the pods stop 2 s after a SIGTERM (the Task SDK's task
+process ignores SIGTERM). The checks shared by all (:func:`kube_attempts.check_bodies`): no body that recorded its end
+ran again, no two bodies of one TI overlapped, and a body whose pod was lost or stopped never ended.
 
-**Adoption, revoke and token lifetimes** (issue 9), with:
+**Revoke and token lifetimes** (issue 9), each with a pod the harness holds unstarted, with:
 
 * ``[scheduler] task_queued_timeout`` :data:`QUEUED_TIMEOUT` (checked every 2 s): Airflow revokes a TI held
   QUEUED that long and queues it again (``_handle_tasks_stuck_in_queued``: ``executor.revoke_task(ti=ti)``,
@@ -21,42 +23,47 @@ whose pod was lost or stopped never ended.
   :data:`JWT_LEEWAY`: an execution token is refused :data:`TOKEN_DEAD_AFTER` seconds after it is minted, unless
   the api-server's ``Refreshed-API-Token`` header replaced it (it does on every request while less than
   ``max(20 %, 30 s)`` of its life is left: here always);
-* ``[scheduler] scheduler_health_check_threshold`` 10 s and ``orphaned_tasks_check_interval`` 15 s, so a new
-  scheduler adopts a SIGKILLed one's tasks within the test;
 * ``[leoflow] pod_retention_success`` an hour: no pod is deleted by the retention GC during the module, so every
-  deletion the pod recorder sees is a fault, an adoption or a revoke decision.
-
-**The finalizer** (issue 10 item 4): a success whose pod is force-deleted after termination, before any scheduler
-read it, is settled SUCCESS from the record the finalizer kept; the body ran once.
+  deletion the pod recorder sees is a fault or a revoke decision.
 
 Each asserts what a user notices: TI states, try numbers and ``max_tries``, the Log rows of the TI's event log, how
-often each body ran, and every version of every pod the namespace held. The adoption and finalizer tests restart the
-scheduler; the stack stays whole.
+often each body ran, and every version of every pod the namespace held.
 
-Wall time on the 2-core host: about 11 min at low load (the stack's start 55-100 s; node loss 82 s, of which PodGC's
-wait 56 s; OOM 21 s, eviction 20 s, deadline 17 s; adoption 60 s; the revoke's wait for ``task_queued_timeout``
-100 s; token lifetimes 60 s; finalizer 65 s; measured when ``task_queued_timeout`` was 90 s and ``[leoflow]
-pod_termination_valve`` 60 s: each wait is 20 s and 35 s shorter now).
+Wall time on the 2-core host: about 7 min at low load (the stack's start 35-100 s; node loss 130 s, of which PodGC's
+wait 56 s and the heartbeat's silence; the unreachable node 130 s; the revoke's wait for ``task_queued_timeout``
+78 s; token lifetimes 46 s).
 """
 
 from __future__ import annotations
 
 import json
-import signal
 import time
-import uuid
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 
 from devtools.kube import KubeStack
-from fault_helpers import FaultStack, executions, kube_fault_stack, overlaps, wait_until
+from fault_helpers import FaultStack, executions, kube_fault_stack, wait_until
+from kube_attempts import (
+    LABEL,
+    TASK,
+    check_bodies,
+    closed_rows,
+    deleted_while_active,
+    ended_pods,
+    ledger_rows,
+    log_rows,
+    pod_phase,
+    release_try,
+    running_try,
+    settled_rows,
+    ti_id_of,
+)
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.timeout(2400)]
 
-# --- node loss, OOM, eviction, deadline (tests/fault_dags/leoflow_kube.py)
-HOLD_DAG, NODE_DAG, KTASK = "lf_khold", "lf_knode", "work"
+# --- node loss (tests/fault_dags/leoflow_kube.py)
+NODE_DAG, KTASK = "lf_knode", TASK
 LOST_NODE = "harness-node-lost"
 """``tests/fault_dags/leoflow_kube.py``'s ``LOST_NODE``."""
 ALLOW = ("metadata.labels, metadata.annotations, spec.containers.image, spec.containers.imagePullPolicy, "
@@ -70,7 +77,7 @@ scripts/k8senv), plus margin for a loaded host. The attempt settles later: PodGC
 once the task's heartbeat has been silent for ``[leoflow] agent_lost_threshold`` (120 s; k8s review §14), then the
 re-drive names PodGC's disruption, and the pod goes when leoflow releases its finalizer."""
 
-# --- adoption, revoke, token lifetimes (tests/fault_dags/leoflow_holes.py and leoflow_more.py)
+# --- revoke, token lifetimes (tests/fault_dags/leoflow_holes.py and leoflow_more.py)
 QUEUED_TIMEOUT = 70
 """``[scheduler] task_queued_timeout``: three times a cold pod's way from create to ``/run`` on a loaded 2-core
 host (observed 23 s for one pod at load 6.7: exchange after 2 s, then the Task SDK's start), above the token
@@ -90,22 +97,17 @@ HEARTBEAT = 5
 may bring a refreshed token)."""
 MAX_FAILED_HEARTBEATS = 3
 """``[workers] max_failed_heartbeats`` (default): a supervisor whose token died kills its task after this many."""
-ADOPT_DAG, ADOPT_TASKS = "lf_adopt", [f"t{i}" for i in range(5)]
 REVOKE_DAG, REVOKE_TASK = "lf_h10", "work"
 WAIT_DAG, WAIT_TASK = "lf_budget", "work"
 LONG_DAG, LONG_TASK = "lf_user", "long"
 STUCK = "stuck in queued reschedule"
 """The event Airflow logs when it revokes a TI stuck in QUEUED and sets it back to SCHEDULED."""
-LABEL = "leoflow.io/"
-
-# --- the finalizer (tests/fault_dags/leoflow_finalizer.py)
-FINALIZER_DAG = "leoflow_test_finalizer"
 
 INFRA = "leoflow infra re-drive"
 VALVE = 25
-"""``[leoflow] pod_termination_valve`` for the module (default 60): the pods its other tests delete (a revoke, an
-eviction) are on a running harness node and report their terminated status within seconds."""
-DAGS = [HOLD_DAG, NODE_DAG, ADOPT_DAG, REVOKE_DAG, WAIT_DAG, LONG_DAG, FINALIZER_DAG]
+"""``[leoflow] pod_termination_valve`` for the module (default 60): the pods its tests delete (a revoke) are on a
+running harness node and report their terminated status within seconds."""
+DAGS = [NODE_DAG, REVOKE_DAG, WAIT_DAG, LONG_DAG]
 EXTRA = {
     "AIRFLOW__LEOFLOW__POD_OVERRIDE_ALLOW": ALLOW,
     "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "10",
@@ -131,52 +133,6 @@ def kube_stack(tmp_path_factory: pytest.TempPathFactory):
 # ---------------------------------------------------------------------------------------------------- helpers
 
 
-def _closed_rows(stack: FaultStack, run_id: str, dag_id: str) -> list[tuple]:
-    """``(try_number, attempt_epoch, state, resolution)`` of each ledger row of the ``work`` TI once every row is
-    closed (a pod's end is seen after its TI's report), or as they are after 90 s (:func:`_settled`)."""
-    return [(r["try_number"], r["attempt_epoch"], r["state"], r["resolution"])
-            for r in _settled(stack, dag_id, run_id, KTASK)]
-
-
-def _log_rows(stack: FaultStack, dag_id: str, run_id: str) -> list[tuple[str, str]]:
-    """``(event, extra)`` of the TI's event log (Airflow's ``log`` table, the UI's event log), oldest first."""
-    return stack.db("select event, coalesce(extra, '') from log where dag_id=? and run_id=? and task_id=? "
-                    "order by id", dag_id, run_id, KTASK)
-
-
-def _running_try(stack: FaultStack, kube: KubeStack, dag_id: str, run_id: str, try_number: int) -> str:
-    """Wait until the body of ``try_number`` has started in a Running pod whose UID the ledger holds; the pod's
-    name."""
-    def started() -> str | None:
-        if not [e for e in executions(stack, dag_id, KTASK, run_id) if e.try_number == try_number]:
-            return None
-        rows = [r for r in _ledger(stack, dag_id, run_id, KTASK) if r["try_number"] == try_number and r["pod_uid"]]
-        if not rows:
-            return None
-        name, uid = rows[-1]["pod_name"], rows[-1]["pod_uid"]
-        versions = kube.pods().get(uid)
-        return name if versions and (versions[-1].get("status") or {}).get("phase") == "Running" else None
-
-    return wait_until(started, 240, f"{dag_id} try {try_number}'s body running in its pod")
-
-
-def _release(stack: FaultStack, run_id: str, try_number: int) -> None:
-    (stack.traces_dir / f"release.{run_id}.{try_number}").write_text("go\n")
-
-
-def _check_bodies(stack: FaultStack, dag_id: str, run_id: str, *, lost_tries: set[int], ended_tries: set[int]) -> list:
-    """The body executions of the TI, after asserting: one per try in ``lost_tries | ended_tries``, those of
-    ``lost_tries`` never ended (their pod was lost or stopped before the body's end), those of ``ended_tries``
-    ended; no two overlapped; none started after one had ended (a recorded success never runs again)."""
-    execs = executions(stack, dag_id, KTASK, run_id)
-    assert sorted(e.try_number for e in execs) == sorted(lost_tries | ended_tries), execs
-    assert {e.try_number for e in execs if not e.ended} == lost_tries, execs
-    assert overlaps(execs) == [], execs
-    for i, e in enumerate(execs):
-        assert not (e.ended and execs[i + 1:]), f"a body ran after one that ended: {execs}"
-    return execs
-
-
 def _disruption(pod: dict) -> dict | None:
     return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == "DisruptionTarget"),
                 None)
@@ -189,49 +145,14 @@ def _callbacks(stack: FaultStack, dag_id: str) -> list[str]:
             if line.startswith(dag_id + " ")]
 
 
-def _ti_id(stack: FaultStack, dag_id: str, run_id: str, task_id: str) -> str:
-    return str(uuid.UUID(stack.ti_row(dag_id, run_id, task_id)["id"]))
-
-
-def _pods_of(kube: KubeStack, ti_id: str) -> dict[str, list[dict]]:
-    """``{uid: every version seen, oldest first}`` of the pods labelled with ``ti_id``."""
-    return {uid: versions for uid, versions in kube.pods().items()
-            if versions[-1]["metadata"]["labels"].get(LABEL + "ti-id") == ti_id}
-
-
-def _ended_pods(kube: KubeStack, ti_id: str, timeout: float = 60.0) -> dict[str, list[dict]]:
-    """:func:`_pods_of` once each pod is Succeeded, Failed or deleted (its agent may still be exiting when its
-    TI is already SUCCESS), or as they are after ``timeout`` seconds (the assertions then show what still runs)."""
-    def ended() -> dict[str, list[dict]] | None:
-        pods = _pods_of(kube, ti_id)
-        done = all(_phase(v[-1]) in ("Succeeded", "Failed") or v[-1]["metadata"].get("deletionTimestamp")
-                   for v in pods.values())
-        return pods if pods and done else None
-
-    try:
-        return wait_until(ended, timeout, f"the pods of TI {ti_id} to end")
-    except TimeoutError:
-        return _pods_of(kube, ti_id)
-
-
 def _label(pod: dict, key: str) -> str | None:
     return pod["metadata"]["labels"].get(LABEL + key)
-
-
-def _phase(pod: dict) -> str | None:
-    return (pod.get("status") or {}).get("phase")
 
 
 def _started(pod: dict) -> bool:
     """Whether the pod's container ever ran (a Running or terminated container state)."""
     states = [s.get("state") or {} for s in (pod.get("status") or {}).get("containerStatuses") or []]
     return any("running" in s or "terminated" in s for s in states)
-
-
-def _deleted_while_active(versions: list[dict]) -> list[str]:
-    """Versions that carry a ``deletionTimestamp`` while the pod was not yet Succeeded or Failed."""
-    return [v["metadata"]["resourceVersion"] for v in versions
-            if v["metadata"].get("deletionTimestamp") and _phase(v) not in ("Succeeded", "Failed")]
 
 
 def _ts(text: str) -> float:
@@ -248,37 +169,12 @@ def _held(harness, dag_id: str) -> tuple[str, float] | None:
     return None
 
 
-def _ledger(stack: FaultStack, dag_id: str, run_id: str, task_id: str) -> list[dict]:
-    """The ledger rows of one TI, oldest first, with the pod columns."""
-    cols = ("try_number", "attempt_epoch", "state", "resolution", "pod_name", "pod_uid", "dispatched_at",
-            "exchanged_at")
-    rows = stack.db(f"select {', '.join(cols)} from leoflow_attempt where dag_id=? and run_id=? and task_id=? "
-                    "order by id", dag_id, run_id, task_id)
-    return [dict(zip(cols, row)) for row in rows]
-
-
-def _settled(stack: FaultStack, dag_id: str, run_id: str, task_id: str, timeout: float = 90.0) -> list[dict]:
-    """The ledger rows once every epoch is CLOSED (its pod's end seen), or as they are after ``timeout``."""
-    def closed() -> list[dict] | None:
-        rows = _ledger(stack, dag_id, run_id, task_id)
-        return rows if rows and all(r["state"] == "closed" for r in rows) else None
-
-    try:
-        return wait_until(closed, timeout, f"every epoch of {dag_id}.{task_id} to be settled")
-    except TimeoutError:
-        return _ledger(stack, dag_id, run_id, task_id)
-
-
 def _live_pods(kube: KubeStack) -> list[dict]:
     """The task namespace's pods as the API server lists them now."""
     from kubernetes import client
 
     return json.loads(client.CoreV1Api(kube.api).list_namespaced_pod(kube.namespace, _preload_content=False)
                       .data)["items"]
-
-
-def _scheduler_jobs(stack: FaultStack) -> list[int]:
-    return [j for (j,) in stack.db("select id from job where job_type = 'SchedulerJob' order by id")]
 
 
 # ---------------------------------------------------------------------------------------------------- tests
@@ -299,13 +195,13 @@ def test_a_lost_node_s_task_is_rerun_as_a_new_try_on_the_infra_budget(kube_stack
     try:
         lost.start()
         run = stack.trigger_with(NODE_DAG)
-        first_pod = _running_try(stack, kube, NODE_DAG, run, 1)
+        first_pod = running_try(stack, kube, NODE_DAG, run, 1)
         before = stack.ti_row(NODE_DAG, run, KTASK)
         assert (before["state"], before["try_number"], before["max_tries"]) == ("running", 1, 0), before
 
         lost.lose_node()
         t_lost = time.monotonic()
-        first_uid = next(r["pod_uid"] for r in _ledger(stack, NODE_DAG, run, KTASK) if r["pod_name"] == first_pod)
+        first_uid = next(r["pod_uid"] for r in ledger_rows(stack, NODE_DAG, run, KTASK) if r["pod_name"] == first_pod)
 
         def deleted() -> bool:  # PodGC marked it Failed and deleted it; leoflow's finalizer may still hold it
             kube.record_current()
@@ -317,8 +213,8 @@ def test_a_lost_node_s_task_is_rerun_as_a_new_try_on_the_infra_budget(kube_stack
         print(f"node loss: PodGC deleted the pod {time.monotonic() - t_lost:.0f}s after the Node's deletion")
         replacement = NodeHarness(kube.api, LOST_NODE, kube.workdir / "harness-replacement").start()
 
-        _running_try(stack, kube, NODE_DAG, run, 2)
-        _release(stack, run, 2)
+        running_try(stack, kube, NODE_DAG, run, 2)
+        release_try(stack, run, 2)
         assert stack.wait_for_run(NODE_DAG, run, timeout=240) == "success"
     finally:
         lost.stop()
@@ -331,13 +227,13 @@ def test_a_lost_node_s_task_is_rerun_as_a_new_try_on_the_infra_budget(kube_stack
     first_versions = kube.pods()[first_uid]
     failed = [v for v in first_versions if (v.get("status") or {}).get("phase") == "Failed"]
     assert failed and (_disruption(failed[0]) or {}).get("reason") == "DeletionByPodGC", first_versions[-1]["status"]
-    rows = _log_rows(stack, NODE_DAG, run)
+    rows = log_rows(stack, NODE_DAG, run)
     infra = [extra for event, extra in rows if event == INFRA]
     assert len(infra) == 1 and "DeletionByPodGC" in infra[0] and "max_tries 0 -> 1" in infra[0], rows
     assert FAILED not in [e for e, _ in rows], rows
-    ledger = _closed_rows(stack, run, NODE_DAG)
+    ledger = closed_rows(stack, run, NODE_DAG)
     assert ledger == [(1, 1, "closed", "infra_redrive"), (2, 1, "closed", "reported")], ledger
-    _check_bodies(stack, NODE_DAG, run, lost_tries={1}, ended_tries={2})
+    check_bodies(stack, NODE_DAG, run, lost_tries={1}, ended_tries={2})
     assert _callbacks(stack, NODE_DAG) == [f"{NODE_DAG} {KTASK} 2 success"]
 
 
@@ -364,7 +260,7 @@ def test_a_pod_on_an_unreachable_node_is_rerun_once_the_valve_opens(kube_stack) 
     try:
         node.start()
         run = stack.trigger_with(NODE_DAG)
-        pod = _running_try(stack, kube, NODE_DAG, run, 1)
+        pod = running_try(stack, kube, NODE_DAG, run, 1)
         node.become_unreachable()
         deleted_at = time.monotonic()
         client.CoreV1Api(kube.api).delete_namespaced_pod(pod, kube.namespace, body=client.V1DeleteOptions(
@@ -374,8 +270,8 @@ def test_a_pod_on_an_unreachable_node_is_rerun_once_the_valve_opens(kube_stack) 
         waited = time.monotonic() - deleted_at
         kept = _live_pods(kube)
         back = NodeHarness(kube.api, LOST_NODE, kube.workdir / "harness-back").start()
-        _running_try(stack, kube, NODE_DAG, run, 2)
-        _release(stack, run, 2)
+        running_try(stack, kube, NODE_DAG, run, 2)
+        release_try(stack, run, 2)
         assert stack.wait_for_run(NODE_DAG, run, timeout=240) == "success"
     finally:
         node.stop()
@@ -389,161 +285,14 @@ def test_a_pod_on_an_unreachable_node_is_rerun_once_the_valve_opens(kube_stack) 
     assert old["metadata"].get("deletionTimestamp") and old["status"]["phase"] == "Running", old["status"]
     ti = stack.ti_row(NODE_DAG, run, KTASK)
     assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 2, 1), ti
-    rows = _log_rows(stack, NODE_DAG, run)
+    rows = log_rows(stack, NODE_DAG, run)
     infra = [extra for event, extra in rows if event == INFRA]
     assert len(infra) == 1 and f"pod {pod} on node {LOST_NODE} was deleted and reported no end" in infra[0], rows
     assert f"[leoflow] pod_termination_valve {VALVE} s" in infra[0] and "max_tries 0 -> 1" in infra[0], rows
     assert FAILED not in [e for e, _ in rows], rows
-    assert _closed_rows(stack, run, NODE_DAG) == [(1, 1, "closed", "infra_redrive"), (2, 1, "closed", "reported")]
-    _check_bodies(stack, NODE_DAG, run, lost_tries={1}, ended_tries={2})
+    assert closed_rows(stack, run, NODE_DAG) == [(1, 1, "closed", "infra_redrive"), (2, 1, "closed", "reported")]
+    check_bodies(stack, NODE_DAG, run, lost_tries={1}, ended_tries={2})
     assert _callbacks(stack, NODE_DAG) == callbacks + [f"{NODE_DAG} {KTASK} 2 success"]
-
-
-def test_an_oom_kill_is_redriven_once_and_the_log_names_it(kube_stack) -> None:
-    """The harness OOM-kills the agent container of ``lf_khold.work`` while its body runs (``OOMKilled``, exit 137;
-    the whole container's processes die). Re-driven once on the infra budget: try 2, ``max_tries`` 0 → 1, the Log
-    row names ``OOMKilled, exit 137, container base``; try 2 runs and succeeds. A second run is OOM-killed on both
-    tries: the second kill fails the TI through Airflow (no third try) with a ``leoflow task failed`` Log row
-    naming it."""
-    stack, kube = kube_stack
-    once = stack.trigger_with(HOLD_DAG)
-    twice = stack.trigger_with(HOLD_DAG)
-    for run in (once, twice):
-        kube.harness.oom_kill(kube.namespace, _running_try(stack, kube, HOLD_DAG, run, 1))
-    _running_try(stack, kube, HOLD_DAG, once, 2)
-    _release(stack, once, 2)
-    kube.harness.oom_kill(kube.namespace, _running_try(stack, kube, HOLD_DAG, twice, 2))
-    assert stack.wait_for_run(HOLD_DAG, once, timeout=240) == "success"
-    assert stack.wait_for_run(HOLD_DAG, twice, timeout=240) == "failed"
-
-    ti = stack.ti_row(HOLD_DAG, once, KTASK)
-    assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 2, 1), ti
-    rows = _log_rows(stack, HOLD_DAG, once)
-    infra = [extra for event, extra in rows if event == INFRA]
-    assert len(infra) == 1 and infra[0].startswith("OOMKilled, exit 137, container base (pod "), rows
-    assert "max_tries 0 -> 1" in infra[0], rows
-    ledger = _closed_rows(stack, once, HOLD_DAG)
-    assert ledger == [(1, 1, "closed", "oom_redrive"), (2, 1, "closed", "reported")], ledger
-    _check_bodies(stack, HOLD_DAG, once, lost_tries={1}, ended_tries={2})
-
-    ti = stack.ti_row(HOLD_DAG, twice, KTASK)
-    assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("failed", 2, 1), ti
-    rows = _log_rows(stack, HOLD_DAG, twice)
-    assert [e for e, _ in rows].count(INFRA) == 1, rows
-    failed = [extra for event, extra in rows if event == FAILED]
-    assert len(failed) == 1 and failed[0].startswith("OOMKilled, exit 137, container base (pod "), rows
-    assert "OOM-killed again" in failed[0], rows
-    ledger = _closed_rows(stack, twice, HOLD_DAG)
-    assert ledger == [(1, 1, "closed", "oom_redrive"), (2, 1, "closed", "executor_failed")], ledger
-    _check_bodies(stack, HOLD_DAG, twice, lost_tries={1, 2}, ended_tries=set())
-
-
-def test_an_eviction_through_the_eviction_api_is_redriven_naming_it(kube_stack) -> None:
-    """``lf_khold.work``'s pod is evicted through the real Eviction API while its body runs (no
-    PodDisruptionBudget: the API server adds ``DisruptionTarget`` ``EvictionByEvictionAPI`` and deletes it; the
-    harness stops it as a kubelet does). Re-driven on the infra budget: try 2, ``max_tries`` 0 → 1, the Log row
-    names ``EvictionByEvictionAPI``, no retry or failure callback; try 2 succeeds; try 1's body never ended."""
-    from kubernetes import client
-
-    stack, kube = kube_stack
-    run = stack.trigger_with(HOLD_DAG)
-    pod = _running_try(stack, kube, HOLD_DAG, run, 1)
-    client.CoreV1Api(kube.api).create_namespaced_pod_eviction(pod, kube.namespace, client.V1Eviction(
-        metadata=client.V1ObjectMeta(name=pod, namespace=kube.namespace)))
-    _running_try(stack, kube, HOLD_DAG, run, 2)
-    _release(stack, run, 2)
-    assert stack.wait_for_run(HOLD_DAG, run, timeout=240) == "success"
-
-    ti = stack.ti_row(HOLD_DAG, run, KTASK)
-    assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 2, 1), ti
-    rows = _log_rows(stack, HOLD_DAG, run)
-    infra = [extra for event, extra in rows if event == INFRA]
-    assert len(infra) == 1 and "EvictionByEvictionAPI" in infra[0] and "max_tries 0 -> 1" in infra[0], rows
-    ledger = _closed_rows(stack, run, HOLD_DAG)
-    assert ledger == [(1, 1, "closed", "infra_redrive"), (2, 1, "closed", "reported")], ledger
-    _check_bodies(stack, HOLD_DAG, run, lost_tries={1}, ended_tries={2})
-
-
-def test_a_pod_past_its_deadline_fails_the_task_with_the_reason_never_redriven(kube_stack) -> None:
-    """The harness ends ``lf_khold.work``'s pod as the kubelet's ``activeDeadlineSeconds`` check does (Failed,
-    reason ``DeadlineExceeded``) while its body runs: the TI fails at try 1 (``max_tries`` still 0, no infra
-    re-drive) with a ``leoflow task failed`` Log row naming ``DeadlineExceeded``; its body ran once, never ended."""
-    stack, kube = kube_stack
-    run = stack.trigger_with(HOLD_DAG)
-    kube.harness.exceed_deadline(kube.namespace, _running_try(stack, kube, HOLD_DAG, run, 1))
-    assert stack.wait_for_run(HOLD_DAG, run, timeout=240) == "failed"
-
-    ti = stack.ti_row(HOLD_DAG, run, KTASK)
-    assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("failed", 1, 0), ti
-    rows = _log_rows(stack, HOLD_DAG, run)
-    assert INFRA not in [e for e, _ in rows], rows
-    failed = [extra for event, extra in rows if event == FAILED]
-    assert len(failed) == 1 and failed[0].startswith("DeadlineExceeded: Pod was active on the node longer than the "
-                                                     "specified deadline"), rows
-    ledger = _closed_rows(stack, run, HOLD_DAG)
-    assert ledger == [(1, 1, "closed", "executor_failed")], ledger
-    _check_bodies(stack, HOLD_DAG, run, lost_tries={1}, ended_tries=set())
-
-
-def test_scheduler_sigkilled_with_five_pods_running_adopts_them_all(kube_stack) -> None:
-    """Five tasks run in five pods, each body holding until released; the scheduler is SIGKILLed and a new one
-    started. The new scheduler's job owns every TI; every pod the namespace ever held for those TIs is one of the
-    five seen before the kill (none created), none got a ``deletionTimestamp`` while it ran (none deleted), each
-    body ran once, and every TI ends SUCCESS at try 1 with one ledger epoch, reported by its own agent."""
-    stack, kube = kube_stack
-    run = stack.trigger_with(ADOPT_DAG)
-
-    def all_running() -> dict[str, str] | None:
-        if not all(executions(stack, ADOPT_DAG, t, run) for t in ADOPT_TASKS):
-            return None
-        rows = {t: _ledger(stack, ADOPT_DAG, run, t) for t in ADOPT_TASKS}
-        if not all(len(r) == 1 and r[0]["pod_uid"] for r in rows.values()):
-            return None  # the scheduler has not yet recorded every pod's UID: the state the restart must find
-        uids = {t: r[0]["pod_uid"] for t, r in rows.items()}
-        pods = kube.pods()
-        running = all(pods.get(uid) and _phase(pods[uid][-1]) == "Running" for uid in uids.values())
-        return uids if running else None
-
-    before = wait_until(all_running, 240, "five pods Running, their bodies started and their UIDs recorded")
-    (old_job,) = {stack.ti_row(ADOPT_DAG, run, t)["queued_by_job_id"] for t in ADOPT_TASKS}
-
-    stack.kill_component("scheduler", signal.SIGKILL)
-    stack.start_component("scheduler")
-
-    def adopted() -> int | None:
-        jobs = [j for j in _scheduler_jobs(stack) if j != old_job]
-        if not jobs:
-            return None
-        owners = {stack.ti_row(ADOPT_DAG, run, t)["queued_by_job_id"] for t in ADOPT_TASKS}
-        return jobs[-1] if owners == {jobs[-1]} else None
-
-    new_job = wait_until(adopted, 240, "the new scheduler's job to own every TI")
-    stack.release(run)
-    assert stack.wait_for_run(ADOPT_DAG, run, timeout=240) == "success"
-
-    problems = []
-    for t in ADOPT_TASKS:
-        ti = stack.ti_row(ADOPT_DAG, run, t)
-        epochs = [(r["try_number"], r["attempt_epoch"], r["state"], r["resolution"], r["pod_uid"])
-                  for r in _settled(stack, ADOPT_DAG, run, t)]
-        pods = _ended_pods(kube, _ti_id(stack, ADOPT_DAG, run, t))
-        execs = executions(stack, ADOPT_DAG, t, run)
-        if (ti["state"], ti["try_number"], ti["queued_by_job_id"]) != ("success", 1, new_job):
-            problems.append(f"{t}: must succeed at try 1 under the new scheduler's job {new_job}: {ti}")
-        if list(pods) != [before[t]]:
-            problems.append(f"{t}: pods {sorted(pods)}, expected only the one running before the kill {before[t]}")
-        for uid, versions in pods.items():
-            if _deleted_while_active(versions):
-                problems.append(f"{t}: pod {uid} was deleted while it ran: {_deleted_while_active(versions)}")
-            if _phase(versions[-1]) != "Succeeded":
-                problems.append(f"{t}: pod {uid} ended {_phase(versions[-1])}")
-        if len(execs) != 1 or not execs[0].ended or execs[0].try_number != 1:
-            problems.append(f"{t}: the body must run once, at try 1, to its end: {execs}")
-        if epochs != [(1, 1, "closed", "reported", before[t])]:
-            problems.append(f"{t}: ledger {epochs}")
-        if INFRA in stack.log_events(ADOPT_DAG, run, t):
-            problems.append(f"{t}: re-driven: {stack.log_events(ADOPT_DAG, run, t)}")
-    assert not problems, "\n".join(problems)
 
 
 def test_revoke_of_a_ti_stuck_in_queued_deletes_that_epochs_pod_only(kube_stack) -> None:
@@ -566,13 +315,13 @@ def test_revoke_of_a_ti_stuck_in_queued_deletes_that_epochs_pod_only(kube_stack)
     finally:
         harness.hold_pods(None)
 
-    ti_id = _ti_id(stack, REVOKE_DAG, run, REVOKE_TASK)
+    ti_id = ti_id_of(stack, REVOKE_DAG, run, REVOKE_TASK)
     ti = stack.ti_row(REVOKE_DAG, run, REVOKE_TASK)
-    rows = _settled(stack, REVOKE_DAG, run, REVOKE_TASK)
-    pods = _ended_pods(kube, ti_id)
+    rows = settled_rows(stack, REVOKE_DAG, run, REVOKE_TASK)
+    pods = ended_pods(kube, ti_id)
     execs = executions(stack, REVOKE_DAG, REVOKE_TASK, run)
     events = stack.log_events(REVOKE_DAG, run, REVOKE_TASK)
-    seen = {uid: [(_phase(v), bool(v["metadata"].get("deletionTimestamp"))) for v in versions]
+    seen = {uid: [(pod_phase(v), bool(v["metadata"].get("deletionTimestamp"))) for v in versions]
             for uid, versions in pods.items()}
 
     assert events.count(STUCK) == 1 and INFRA not in events, events
@@ -592,7 +341,7 @@ def test_revoke_of_a_ti_stuck_in_queued_deletes_that_epochs_pod_only(kube_stack)
     # epoch 2's pod: created after epoch 1's deletion, ran untouched to Succeeded, still there
     assert _ts(second[0]["metadata"]["creationTimestamp"]) >= _ts(first[-1]["metadata"]["deletionTimestamp"]) - 1, seen
     assert _label(second[0], "attempt-epoch") == "2" and _label(second[0], "try-number") == "1", seen
-    assert _deleted_while_active(second) == [] and _phase(second[-1]) == "Succeeded", seen
+    assert deleted_while_active(second) == [] and pod_phase(second[-1]) == "Succeeded", seen
     assert second_uid in {p["metadata"]["uid"] for p in _live_pods(kube)}, seen
     assert len(execs) == 1 and execs[0].ended and execs[0].try_number == 1, execs
     assert (ti["state"], ti["try_number"]) == ("success", 1), ti
@@ -627,12 +376,12 @@ def test_tokens_outlive_jwt_expiration_pending_and_running(kube_stack) -> None:
         {WAIT_DAG: "success", LONG_DAG: "success"}
 
     # the waiting pod: started only after a token's life, exchanged after that, ran once
-    (row,) = _settled(stack, WAIT_DAG, wait_run, WAIT_TASK)
-    pod = _ended_pods(kube, _ti_id(stack, WAIT_DAG, wait_run, WAIT_TASK))[uid]
+    (row,) = settled_rows(stack, WAIT_DAG, wait_run, WAIT_TASK)
+    pod = ended_pods(kube, ti_id_of(stack, WAIT_DAG, wait_run, WAIT_TASK))[uid]
     started = min(_ts(s["state"]["running"]["startedAt"]) for v in pod
                   for s in (v.get("status") or {}).get("containerStatuses") or [] if "running" in s["state"])
     assert started - _ts(pod[0]["metadata"]["creationTimestamp"]) > TOKEN_DEAD_AFTER, pod[-1].get("status")
-    assert _phase(pod[-1]) == "Succeeded", pod[-1].get("status")
+    assert pod_phase(pod[-1]) == "Succeeded", pod[-1].get("status")
     assert (row["attempt_epoch"], row["state"], row["resolution"], row["pod_uid"]) == (1, "closed", "reported", uid), row
     assert _ts(row["exchanged_at"]) - _ts(row["dispatched_at"]) > TOKEN_DEAD_AFTER, row
     execs = executions(stack, WAIT_DAG, WAIT_TASK, wait_run)
@@ -646,67 +395,11 @@ def test_tokens_outlive_jwt_expiration_pending_and_running(kube_stack) -> None:
     assert execs[0].last - execs[0].start >= work_for, execs
     ti = stack.ti_row(LONG_DAG, long_run, LONG_TASK)
     assert (ti["state"], ti["try_number"]) == ("success", 1), ti
-    (row,) = _settled(stack, LONG_DAG, long_run, LONG_TASK)
+    (row,) = settled_rows(stack, LONG_DAG, long_run, LONG_TASK)
     assert (row["state"], row["resolution"]) == ("closed", "reported"), row
     for dag_id, run, task in ((WAIT_DAG, wait_run, WAIT_TASK), (LONG_DAG, long_run, LONG_TASK)):
         events = stack.log_events(dag_id, run, task)
         assert STUCK not in events and INFRA not in events, (dag_id, events)
-
-
-def _lines(path: Path) -> list[str]:
-    return [line.split(" pid=")[0] for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def test_a_success_force_deleted_after_termination_is_settled_from_its_record_and_ran_once(kube_stack) -> None:
-    """"A success whose pod is force-deleted after termination: with the finalizer, settled SUCCESS from the record;
-    the body ran once". ``leoflow_test_finalizer``'s ``body`` waits for the test's go; the test freezes the scheduler
-    (SIGSTOP), lets the body finish: its agent writes the outcome record into the termination message and is
-    SIGKILLed before its terminal PATCH (TEST-ONLY fault ``after_record``), so the record is the only evidence of the
-    success. The pod ends; the test deletes it with grace 0 (``kubectl delete --force --grace-period=0``, what PodGC
-    does), kills the frozen scheduler (it never read the pod) and starts a new one. The finalizer kept the pod,
-    terminal and deleting, so the successor reads the record, settles the body SUCCESS from it (the ledger says
-    ``replayed``), releases the finalizer and the pod goes; the body ran once and ``downstream`` ran once. Without
-    the finalizer the delete would take the record with the pod, and the successor would re-run the body on the
-    infra budget."""
-    from kubernetes import client
-
-    stack, kube = kube_stack
-    core = client.CoreV1Api(kube.api)
-    ns = kube.namespace
-    body_trace = stack.traces_dir / "finalizer_body.txt"
-    run_id = stack.trigger_with(FINALIZER_DAG)
-    wait_until(lambda: _lines(body_trace) == ["started"], 300, "the body to start in its pod")
-    [pod] = [p for p in core.list_namespaced_pod(ns).items
-             if (p.metadata.labels.get(LABEL + "dag-id"), p.metadata.labels.get(LABEL + "task-id"))
-             == (FINALIZER_DAG, "body")]
-    name, uid = pod.metadata.name, pod.metadata.uid
-    stack.stop_component("scheduler")  # from here on no scheduler reads the pod
-    (stack.traces_dir / f"finalizer_go.{run_id}").write_text("go\n")
-
-    def ended():
-        p = core.read_namespaced_pod(name, ns)
-        return p if p.status.phase in ("Succeeded", "Failed") else None
-
-    ended_pod = wait_until(ended, 120, "the body's pod to end")
-    message = ended_pod.status.container_statuses[0].state.terminated.message
-    assert message and '"state":"success"' in message.replace(" ", ""), message
-    core.delete_namespaced_pod(name, ns, body=client.V1DeleteOptions(
-        grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)))
-    kept = core.read_namespaced_pod(name, ns)  # the finalizer keeps it, record and all
-    assert kept.metadata.uid == uid and kept.metadata.deletion_timestamp is not None
-    assert kept.status.container_statuses[0].state.terminated.message == message
-    stack.kill_component("scheduler", signal.SIGKILL, resume=True)  # it never read the pod
-    stack.start_component("scheduler")
-    state = stack.wait_for_run(FINALIZER_DAG, run_id, timeout=600)
-    wait_until(lambda: uid not in {p.metadata.uid for p in core.list_namespaced_pod(ns).items}, 120,
-               "the successor to release the settled pod")
-    tasks = stack.task_states(FINALIZER_DAG, run_id)
-    assert state == "success" and tasks == {"body": "success", "downstream": "success"}, (state, tasks)
-    assert _lines(body_trace) == ["started", "ran"]  # the body ran once
-    assert _lines(stack.traces_dir / "finalizer_downstream.txt") == ["ran"]
-    rows = [(r["try_number"], r["attempt_epoch"], r["state"], r["resolution"])
-            for r in _ledger(stack, FINALIZER_DAG, run_id, "body")]
-    assert rows == [(1, 1, "closed", "replayed")]  # settled SUCCESS from the record
 
 
 # ---------------------------------------------------------------------------------------------------- plumbing

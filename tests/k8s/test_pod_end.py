@@ -9,7 +9,7 @@ from the ledger. The pods run ``sleep`` under the harness (no agent); a test tha
 termination file through an annotation.
 
 The same against a real Airflow (a task that really re-runs, ``max_tries`` up by one, the Log rows in the UI) is
-``tests/integration/test_kube_faults_e2e.py``.
+``tests/integration/test_kube_pod_ends_e2e.py`` (and, for a lost Node, ``test_kube_faults_e2e.py``).
 """
 
 from __future__ import annotations

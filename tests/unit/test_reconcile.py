@@ -201,3 +201,17 @@ def test_a_pod_its_node_had_no_room_for_is_re_offered_as_backpressure():
     action = decide(ti_id=TI_ID, try_number=1, record=None, ti=row("queued"), cause=cause)
     assert (action.act, action.resolution) == (Act.REDISPATCH, Resolution.LAUNCH_FAILED)
     assert "OutOfcpu" in action.why and "backpressure" in action.why
+
+
+def test_an_oom_killed_record_names_the_container_the_runtime_reports_oom_killed():
+    """Issue 35, the real node: the kernel killed the task process alone, the agent refused the failure
+    (``oom_killed``) and the container runtime still names the container ``OOMKilled`` (with the agent's exit code):
+    the re-drive's reason, which the TI's Log row shows, names that container and its pod, then the refusal."""
+    from leoflow_airflow.lifecycle.runtime import EndCause, EndKind
+
+    cause = EndCause(EndKind.OOM_KILLED, "OOMKilled, exit 0, container base (pod p-1)")
+    action = decide(ti_id=TI_ID, try_number=1, record=rec("oom_killed"), ti=row("running"), cause=cause)
+    assert (action.act, action.resolution) == (Act.INFRA_REDRIVE, Resolution.OOM_REDRIVE)
+    assert action.why.startswith("OOMKilled, exit 0, container base (pod p-1): the OOM killer ended a process"), action
+    bare = decide(ti_id=TI_ID, try_number=1, record=rec("oom_killed"), ti=row("running"))  # Lite: no runtime cause
+    assert bare.why.startswith("the OOM killer ended a process of the attempt"), bare
