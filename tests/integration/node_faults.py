@@ -141,6 +141,12 @@ class RealNode:
         return k8senv.node_action(self.dir, action, **kwargs)
 
 
+def node_of(kube) -> HarnessNode | RealNode:
+    """The faults of the node a started :class:`devtools.kube.KubeStack` runs its pods on: :class:`RealNode` for
+    ``node="real"``, else :class:`HarnessNode` over its node harness."""
+    return RealNode(kube) if kube.node == "real" else HarnessNode(kube, kube.harness)
+
+
 def host_pid(pod_uid: str, ns_pid: int) -> int | None:
     """The PID on this machine of the process of pod ``pod_uid`` (its cgroup path names ``pod<uid>``, as the
     kubelet's cgroupfs driver does) whose PID in its own namespace is ``ns_pid``; None when there is none."""

@@ -89,7 +89,7 @@ from devtools.kube import KubeStack, require_binaries
 from devtools.stack import StackError
 from fault_helpers import (FaultStack, chaos_table, executions, newer_pods_touched, overlaps, pod_order, pod_phase,
                            pods_by_ti, wait_until)
-from node_faults import HarnessNode, RealNode, alive, held_file
+from node_faults import HarnessNode, alive, held_file, node_of
 from tests.k8s.test_informer import CuttableRelay
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.either_node, pytest.mark.slow, pytest.mark.chaos,
@@ -185,7 +185,7 @@ def kube_stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixture
         server = urllib.parse.urlsplit(kube.env.server)
         relay = CuttableRelay((server.hostname, server.port))
         pod_relay = None if real else CuttableRelay(("127.0.0.1", stack.api_port))
-        node = RealNode(kube) if real else HarnessNode(kube, kube.harness)
+        node = node_of(kube)
         try:
             kube.configure(stack)
             stack.extra_env["AIRFLOW__LEOFLOW__KUBE_CONFIG"] = str(_relayed_kubeconfig(kube, relay, work))

@@ -48,7 +48,7 @@ from kube_attempts import (
     settled_rows,
     ti_id_of,
 )
-from node_faults import HarnessNode, RealNode
+from node_faults import HarnessNode, RealNode, node_of
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.either_node, pytest.mark.timeout(1800)]
 
@@ -90,8 +90,7 @@ def kube_stack(tmp_path_factory: pytest.TempPathFactory, kube_node: str):
 @pytest.fixture(scope="module")
 def node(kube_stack) -> HarnessNode | RealNode:
     """The faults of the node that runs the module's pods (:mod:`node_faults`)."""
-    _, kube = kube_stack
-    return RealNode(kube) if kube.node == "real" else HarnessNode(kube, kube.harness)
+    return node_of(kube_stack[1])
 
 
 def test_an_oom_kill_is_redriven_once_and_the_log_names_it(kube_stack, node) -> None:

@@ -44,8 +44,9 @@ from devtools.kube import KubeStack
 from devtools.runs import run_all
 from devtools.stack import API_USER, OUR_DAGS
 from devtools.statsd import StatsdListener, airflow_env
-from fault_helpers import FAULT_DAGS, FaultStack, executions, kube_fault_stack, overlaps, wait_until
-from node_faults import HarnessNode, RealNode
+from fault_helpers import FAULT_DAGS, FaultStack, executions, kube_fault_stack, wait_until
+from kube_attempts import check_bodies, closed_rows, ledger_rows, release_try
+from node_faults import HarnessNode, RealNode, node_of
 
 pytestmark = [pytest.mark.k8s, pytest.mark.airflow, pytest.mark.either_node, pytest.mark.timeout(1800)]
 
@@ -100,8 +101,7 @@ def kube_stack(tmp_path_factory: pytest.TempPathFactory, statsd: StatsdListener,
 @pytest.fixture(scope="module")
 def node(kube_stack) -> HarnessNode | RealNode:
     """The faults of the node that runs the module's pods (:mod:`node_faults`)."""
-    _, kube = kube_stack
-    return RealNode(kube) if kube.node == "real" else HarnessNode(kube, kube.harness)
+    return node_of(kube_stack[1])
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -174,32 +174,12 @@ def _wait_pools_full(stack: FaultStack, kube: KubeStack, timeout: float = 300.0)
         raise
 
 
-def _ledger(stack: FaultStack, dag_id: str, run_id: str, task_id: str) -> list[dict]:
-    cols = ("try_number", "attempt_epoch", "state", "resolution", "pod_name", "pod_uid")
-    rows = stack.db(f"select {', '.join(cols)} from leoflow_attempt where dag_id=? and run_id=? and task_id=? "
-                    "order by id", dag_id, run_id, task_id)
-    return [dict(zip(cols, row)) for row in rows]
-
-
-def _settled(stack: FaultStack, dag_id: str, run_id: str, task_id: str, timeout: float = 90.0) -> list[tuple]:
-    """``(try_number, attempt_epoch, state, resolution)`` once every epoch is closed (or after ``timeout``)."""
-    def closed() -> list[dict] | None:
-        rows = _ledger(stack, dag_id, run_id, task_id)
-        return rows if rows and all(r["state"] == "closed" for r in rows) else None
-
-    try:
-        rows = wait_until(closed, timeout, f"every epoch of {dag_id}.{task_id} to be settled")
-    except TimeoutError:
-        rows = _ledger(stack, dag_id, run_id, task_id)
-    return [(r["try_number"], r["attempt_epoch"], r["state"], r["resolution"]) for r in rows]
-
-
 def _running_on_warm(stack: FaultStack, kube: KubeStack, run_id: str, try_number: int) -> dict:
     """Wait until ``lf_kwarm.work`` try ``try_number``'s body runs on a warm pod; that pod's latest version."""
     def running() -> dict | None:
         if not [e for e in executions(stack, HOLD_DAG, "work", run_id) if e.try_number == try_number]:
             return None
-        rows = [r for r in _ledger(stack, HOLD_DAG, run_id, "work") if r["try_number"] == try_number]
+        rows = [r for r in ledger_rows(stack, HOLD_DAG, run_id, "work") if r["try_number"] == try_number]
         if not rows or not rows[-1]["pod_uid"]:
             return None
         return _warm_pods(kube).get(rows[-1]["pod_uid"])
@@ -207,24 +187,9 @@ def _running_on_warm(stack: FaultStack, kube: KubeStack, run_id: str, try_number
     return wait_until(running, 240, f"{HOLD_DAG} try {try_number}'s body running on a warm pod")
 
 
-def _release(stack: FaultStack, run_id: str, try_number: int) -> None:
-    (stack.traces_dir / f"release.{run_id}.{try_number}").write_text("go\n")
-
-
 def _log_rows(stack: FaultStack, dag_id: str, run_id: str, task_id: str) -> list[tuple[str, str]]:
     return stack.db("select event, coalesce(extra, '') from log where dag_id=? and run_id=? and task_id=? "
                     "order by id", dag_id, run_id, task_id)
-
-
-def _check_bodies(stack: FaultStack, run_id: str, *, lost_tries: set[int], ended_tries: set[int]) -> None:
-    """One body per try of ``lost_tries | ended_tries``; the lost ones never ended; no two overlapped; none
-    started after one had ended."""
-    execs = executions(stack, HOLD_DAG, "work", run_id)
-    assert sorted(e.try_number for e in execs) == sorted(lost_tries | ended_tries), execs
-    assert {e.try_number for e in execs if not e.ended} == lost_tries, execs
-    assert overlaps(execs) == [], execs
-    for i, e in enumerate(execs):
-        assert not (e.ended and execs[i + 1:]), f"a body ran after one that ended: {execs}"
 
 
 # ---------------------------------------------------------------------------------------------------- tests
@@ -288,7 +253,7 @@ def test_a_warm_dag_s_tasks_start_without_a_pod_create(kube_stack, statsd) -> No
     for i in range(4):
         ti = stack.ti_row(CHAIN_DAG, run_id, f"link_{i}")
         assert (ti["state"], ti["try_number"]) == ("success", 1), ti
-        rows = _ledger(stack, CHAIN_DAG, run_id, f"link_{i}")
+        rows = ledger_rows(stack, CHAIN_DAG, run_id, f"link_{i}")
         assert [r["pod_uid"] in warm for r in rows] == [True], rows
     assert _task_pods(kube, CHAIN_DAG) == []
     created = [uid for uid in kube.pods() if uid not in before and _labels(kube.pods()[uid][-1]).get(
@@ -308,7 +273,7 @@ def test_what_an_attempt_leaves_is_gone_before_the_next_attempt_on_its_worker(ku
     _wait_pools_full(stack, kube)
     run_id = stack.trigger_with(ISO_DAG)
     assert stack.wait_for_run(ISO_DAG, run_id, timeout=240) == "success"
-    pods = {r["pod_uid"] for task in ("write", "check") for r in _ledger(stack, ISO_DAG, run_id, task)}
+    pods = {r["pod_uid"] for task in ("write", "check") for r in ledger_rows(stack, ISO_DAG, run_id, task)}
     assert len(pods) == 1 and pods <= set(_warm_pods(kube)), pods
     written = json.loads(stack.db("select value from xcom where dag_id=? and run_id=? and task_id='write'",
                                   ISO_DAG, run_id)[0][0])
@@ -327,15 +292,15 @@ def test_a_warm_worker_killed_mid_attempt_is_redriven_on_the_infra_budget_and_th
     pod = _running_on_warm(stack, kube, run_id, 1)
     node.kill_container(pod["metadata"]["name"], pod["metadata"]["uid"])
     _running_on_warm(stack, kube, run_id, 2)
-    _release(stack, run_id, 2)
+    release_try(stack, run_id, 2)
     assert stack.wait_for_run(HOLD_DAG, run_id, timeout=240) == "success"
     ti = stack.ti_row(HOLD_DAG, run_id, "work")
     assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 2, 1), ti
     rows = _log_rows(stack, HOLD_DAG, run_id, "work")
     assert [e for e, _ in rows].count(INFRA) == 1, rows
-    ledger = _settled(stack, HOLD_DAG, run_id, "work")
+    ledger = closed_rows(stack, run_id, HOLD_DAG)
     assert [r[3] for r in ledger] == ["infra_redrive", "reported"], ledger
-    _check_bodies(stack, run_id, lost_tries={1}, ended_tries={2})
+    check_bodies(stack, HOLD_DAG, run_id, lost_tries={1}, ended_tries={2})
     assert "leoflow.recovery.infra_redrive" in statsd.wait_names({"leoflow.recovery.infra_redrive"})
     _wait_pools_full(stack, kube)
     assert pod["metadata"]["uid"] not in {r["pod_uid"] for r in _idle(stack, kube, HOLD_DAG)}
@@ -354,15 +319,15 @@ def test_an_oom_killed_warm_worker_is_named_in_the_task_s_log(kube_stack, node, 
     pod = _running_on_warm(stack, kube, run_id, 1)
     node.oom(stack.traces_dir, run_id, pod["metadata"]["name"], try_number=1)
     _running_on_warm(stack, kube, run_id, 2)
-    _release(stack, run_id, 2)
+    release_try(stack, run_id, 2)
     assert stack.wait_for_run(HOLD_DAG, run_id, timeout=240) == "success"
     ti = stack.ti_row(HOLD_DAG, run_id, "work")
     assert (ti["state"], ti["try_number"], ti["max_tries"]) == ("success", 2, 1), ti
     infra = [extra for event, extra in _log_rows(stack, HOLD_DAG, run_id, "work") if event == INFRA]
     assert len(infra) == 1 and ("OOMKilled" in infra[0] or "OOM killer" in infra[0]), infra
-    ledger = _settled(stack, HOLD_DAG, run_id, "work")
+    ledger = closed_rows(stack, run_id, HOLD_DAG)
     assert [r[3] for r in ledger] == ["oom_redrive", "reported"], ledger
-    _check_bodies(stack, run_id, lost_tries={1}, ended_tries={2})
+    check_bodies(stack, HOLD_DAG, run_id, lost_tries={1}, ended_tries={2})
     assert "leoflow.recovery.oom_redrive" in statsd.wait_names({"leoflow.recovery.oom_redrive"})
 
 
