@@ -1,6 +1,6 @@
 """Issue 10 item 7 acceptance: the chaos suite, Kubernetes edition, on a real Airflow with ``[leoflow] runtime =
-kubernetes`` (the k8senv control plane with its real PodGC and Eviction API; the node harness runs the pods,
-devtools/kube.py) and fault injection.
+kubernetes`` (the k8senv control plane with its real PodGC and Eviction API; the real node runs the pods with
+``--real-node``, else the node harness, devtools/kube.py) and fault injection.
 
 With ``--chaos``, at least 60 runs (with ``--chaos-ci``: :data:`CI_RUNS`, one wave) of ``lf_kchaos`` (one task
 ``work``, one retry; ``tests/fault_dags/leoflow_kchaos.py``), triggered in waves of :data:`WAVE` at once. A seeded RNG (the seed is printed; ``LEOFLOW_CHAOS_SEED`` replays it,
